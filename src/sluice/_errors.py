@@ -1,0 +1,197 @@
+"""The exceptions sluice raises or records, all under one root.
+
+::
+
+    SluiceError
+    ├── ConfigError                  a deployment or engine setting is wrong
+    ├── InvalidRequestError          refused before anything was sent
+    │   └── CapacityError            can never fit the deployment's limits
+    ├── EngineClosedError            the engine is closed or closing
+    ├── CancelledError               the job was cancelled before it finished
+    ├── DeadlineExceededError        the job's total deadline ran out
+    └── ProviderError                the provider (or the way to it) failed
+        ├── RetryableError           worth another attempt
+        │   ├── RateLimitError           429
+        │   ├── OverloadedError          529 / "overloaded"
+        │   ├── ServerError              5xx, 408, 409
+        │   ├── AttemptTimeoutError      no answer within the attempt timeout
+        │   ├── ConnectError             connection refused / reset / closed
+        │   └── MalformedResponseError   a body that is not what the API returns
+        └── FatalProviderError       retrying cannot help
+            ├── BadRequestError          400, 422
+            ├── AuthenticationError      401
+            ├── PermissionDeniedError    403
+            └── NotFoundError            404
+
+A :class:`ProviderError` carries the HTTP status, the provider's request id and the
+provider's own error type, so a person can act on it (and quote it to support).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AttemptTimeoutError",
+    "AuthenticationError",
+    "BadRequestError",
+    "CancelledError",
+    "CapacityError",
+    "ConfigError",
+    "ConnectError",
+    "DeadlineExceededError",
+    "EngineClosedError",
+    "FatalProviderError",
+    "InvalidRequestError",
+    "MalformedResponseError",
+    "NotFoundError",
+    "OverloadedError",
+    "PermissionDeniedError",
+    "ProviderError",
+    "RateLimitError",
+    "RetryableError",
+    "ServerError",
+    "SluiceError",
+    "error_for_status",
+]
+
+
+class SluiceError(Exception):
+    """Root of every error sluice raises or records in a :class:`~sluice.Result`."""
+
+    #: A short stable name for reports and JSON output ("rate_limited", "bad_request"...).
+    kind: str = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r})"
+
+
+class ConfigError(SluiceError, ValueError):
+    kind = "config_error"
+
+
+class InvalidRequestError(SluiceError, ValueError):
+    kind = "invalid_request"
+
+
+class CapacityError(InvalidRequestError):
+    """The request needs more than the deployment can ever grant in one window."""
+
+    kind = "exceeds_capacity"
+
+
+class EngineClosedError(SluiceError, RuntimeError):
+    kind = "engine_closed"
+
+
+class CancelledError(SluiceError):
+    kind = "cancelled"
+
+
+class DeadlineExceededError(SluiceError):
+    kind = "deadline_exceeded"
+
+
+class ProviderError(SluiceError):
+    """A failed attempt at the provider; ``retryable`` says whether another may help."""
+
+    kind = "provider_error"
+    retryable = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        request_id: str | None = None,
+        provider_type: str | None = None,
+        retry_after: float | None = None,
+        should_retry: bool | None = None,
+    ) -> None:
+        parts = [message]
+        if status is not None:
+            parts.insert(0, f"HTTP {status}:")
+        if request_id:
+            parts.append(f"(request id {request_id})")
+        super().__init__(" ".join(parts))
+        self.status = status
+        self.request_id = request_id
+        self.provider_type = provider_type
+        #: Seconds the server asked us to wait (``retry-after-ms`` / ``retry-after``).
+        self.retry_after = retry_after
+        #: The server's own verdict (``x-should-retry``), which wins over the status.
+        self.should_retry = should_retry
+
+
+class RetryableError(ProviderError):
+    kind = "retryable_error"
+    retryable = True
+
+
+class RateLimitError(RetryableError):
+    kind = "rate_limited"
+
+
+class OverloadedError(RetryableError):
+    kind = "overloaded"
+
+
+class ServerError(RetryableError):
+    kind = "server_error"
+
+
+class AttemptTimeoutError(RetryableError):
+    kind = "timeout"
+
+
+class ConnectError(RetryableError):
+    kind = "connection_error"
+
+
+class MalformedResponseError(RetryableError):
+    kind = "malformed_response"
+
+
+class FatalProviderError(ProviderError):
+    kind = "provider_error"
+
+
+class BadRequestError(FatalProviderError):
+    kind = "bad_request"
+
+
+class AuthenticationError(FatalProviderError):
+    kind = "authentication_error"
+
+
+class PermissionDeniedError(FatalProviderError):
+    kind = "permission_denied"
+
+
+class NotFoundError(FatalProviderError):
+    kind = "not_found"
+
+
+_BY_STATUS: dict[int, type[ProviderError]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    408: ServerError,
+    409: ServerError,
+    422: BadRequestError,
+    429: RateLimitError,
+    529: OverloadedError,
+}
+
+
+def error_for_status(status: int) -> type[ProviderError]:
+    """The error class for an HTTP status: 429 and 5xx retry, other 4xx do not."""
+    cls = _BY_STATUS.get(status)
+    if cls is not None:
+        return cls
+    if status >= 500:
+        return ServerError
+    return FatalProviderError

@@ -1,0 +1,422 @@
+"""Rate limits as reservations: requests and tokens per window, and requests in flight.
+
+Each deployment gets one :class:`LocalLimiter`. Two mechanisms work together:
+
+* a **sliding-window ledger** of what was granted in the last ``window`` seconds
+  guarantees the stated limit exactly: never more than ``rpm`` requests or ``tpm``
+  tokens in *any* window, not just in calendar minutes;
+* a **pacer** (GCRA, the "virtual scheduling" form of a token bucket) spreads the
+  limit evenly, because providers enforce a per-minute limit over shorter slices
+  (60,000/min may be enforced as 1,000/s). ``burst_*`` lets that much go at once,
+  explicitly; the default is none.
+
+Waiters are served in (priority, arrival) order — never by size, so a large request
+is not starved by small ones — and are woken by a single timer set for the moment the
+head of the queue can go, or by a release. Nothing polls, and no lock is held across
+a sleep. A 429 pauses the whole deployment; ``x-ratelimit-*`` headers tighten the
+local view when the server has seen traffic we have not (another process, another
+tool on the same key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+from ._errors import CapacityError
+
+__all__ = ["Limiter", "LocalLimiter", "RateLimitSnapshot", "Reservation"]
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimitSnapshot:
+    """What a response's rate-limit headers said (None where a header was absent)."""
+
+    limit_requests: float | None = None
+    remaining_requests: float | None = None
+    reset_requests: float | None = None
+    limit_tokens: float | None = None
+    remaining_tokens: float | None = None
+    reset_tokens: float | None = None
+
+
+class Reservation(Protocol):
+    """Capacity granted to one attempt; settle it exactly once it is known what happened."""
+
+    tokens: int
+
+    def reconcile(self, actual_tokens: int) -> None:
+        """Replace the estimated token cost with the cost the provider reported."""
+
+    def done(self) -> None:
+        """The attempt is over (answer or error): free its in-flight slot."""
+
+    def refund(self) -> None:
+        """The attempt was never sent: give back everything it took."""
+
+
+class Limiter(Protocol):
+    """Admission control for one deployment."""
+
+    def check(self, tokens: int) -> None:
+        """Raise :class:`CapacityError` if ``tokens`` can never be granted."""
+
+    async def acquire(self, tokens: int, priority: int = 0, seq: int | None = None) -> Reservation:
+        """Wait (FIFO within ``priority``) until one request of ``tokens`` may be sent."""
+
+    def penalize(self, seconds: float) -> None:
+        """Pause the whole deployment for ``seconds`` (the server said 429)."""
+
+    def observe(self, snapshot: RateLimitSnapshot) -> None:
+        """Learn from the server's rate-limit headers."""
+
+
+class _Entry:
+    """One grant in the ledger; mutable so reconciliation can correct it in place."""
+
+    __slots__ = ("requests", "t", "tokens")
+
+    def __init__(self, t: float, tokens: int) -> None:
+        self.t = t
+        self.requests = 1
+        self.tokens = tokens
+
+
+class _Grant:
+    __slots__ = ("_entry", "_limiter", "_open", "tokens")
+
+    def __init__(self, limiter: LocalLimiter, entry: _Entry) -> None:
+        self._limiter = limiter
+        self._entry = entry
+        self._open = True
+        self.tokens = entry.tokens
+
+    def reconcile(self, actual_tokens: int) -> None:
+        self._limiter._adjust(self._entry, requests=0, tokens=actual_tokens - self._entry.tokens)
+
+    def done(self) -> None:
+        if self._open:
+            self._open = False
+            self._limiter._release_slot()
+
+    def refund(self) -> None:
+        self._limiter._adjust(self._entry, requests=-self._entry.requests, tokens=-self._entry.tokens)
+        self.done()
+
+    def __repr__(self) -> str:
+        return f"Reservation(tokens={self._entry.tokens}, open={self._open})"
+
+
+class _Waiter:
+    __slots__ = ("future", "tokens")
+
+    def __init__(self, future: asyncio.Future[_Grant], tokens: int) -> None:
+        self.future = future
+        self.tokens = tokens
+
+
+class LocalLimiter:
+    """In-process limits for one deployment (see the module docstring)."""
+
+    __slots__ = (
+        "_ext_requests",
+        "_ext_tokens",
+        "_ext_until_requests",
+        "_ext_until_tokens",
+        "_heap",
+        "_in_flight",
+        "_ledger",
+        "_loop",
+        "_paused_until",
+        "_seq",
+        "_tat_requests",
+        "_tat_tokens",
+        "_timer",
+        "_timer_at",
+        "_used_requests",
+        "_used_tokens",
+        "burst_requests",
+        "burst_tokens",
+        "max_in_flight",
+        "name",
+        "requests_limit",
+        "tokens_limit",
+        "window",
+    )
+
+    def __init__(
+        self,
+        *,
+        requests: float | None = None,
+        tokens: float | None = None,
+        window: float = 60.0,
+        max_in_flight: int | None = None,
+        burst_requests: float = 0.0,
+        burst_tokens: float = 0.0,
+        name: str = "deployment",
+    ) -> None:
+        self.name = name
+        self.requests_limit = requests
+        self.tokens_limit = tokens
+        self.window = window
+        self.max_in_flight = max_in_flight
+        self.burst_requests = burst_requests
+        self.burst_tokens = burst_tokens
+        self._ledger: deque[_Entry] = deque()
+        self._used_requests = 0
+        self._used_tokens = 0
+        self._tat_requests = -math.inf
+        self._tat_tokens = -math.inf
+        self._ext_requests = 0.0
+        self._ext_until_requests = -math.inf
+        self._ext_tokens = 0.0
+        self._ext_until_tokens = -math.inf
+        self._paused_until = -math.inf
+        self._in_flight = 0
+        self._heap: list[tuple[int, int, _Waiter]] = []
+        self._seq = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- the public protocol -------------------------------------------------------
+
+    def check(self, tokens: int) -> None:
+        if self.tokens_limit is not None and tokens > self.tokens_limit:
+            raise CapacityError(
+                f"needs ~{tokens} tokens (prompt estimate + max_tokens) but {self.name} allows "
+                f"{self.tokens_limit:g} tokens per {self.window:g} s; lower max_tokens or "
+                "shorten the prompt"
+            )
+
+    async def acquire(self, tokens: int, priority: int = 0, seq: int | None = None) -> _Grant:
+        self.check(tokens)
+        loop = self._loop or self._bind()
+        if not self._heap:
+            now = loop.time()
+            if self._ready_at(tokens, now) <= now:
+                return self._grant(tokens, now)
+        future: asyncio.Future[_Grant] = loop.create_future()
+        order = next(self._seq) if seq is None else seq
+        heapq.heappush(self._heap, (priority, order, _Waiter(future, tokens)))
+        self._wake()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                future.result().refund()  # granted in the same tick we were cancelled
+            self._wake()
+            raise
+
+    def penalize(self, seconds: float) -> None:
+        loop = self._loop or self._bind()
+        until = loop.time() + max(0.0, seconds)
+        if until > self._paused_until:
+            self._paused_until = until
+            self._wake()
+
+    def observe(self, snapshot: RateLimitSnapshot) -> None:
+        loop = self._loop or self._bind()
+        now = loop.time()
+        self._expire(now)
+        changed = False
+        if snapshot.limit_requests is not None and (
+            self.requests_limit is None or snapshot.limit_requests < self.requests_limit
+        ):
+            self.requests_limit = snapshot.limit_requests
+            changed = True
+        if snapshot.limit_tokens is not None and (
+            self.tokens_limit is None or snapshot.limit_tokens < self.tokens_limit
+        ):
+            self.tokens_limit = snapshot.limit_tokens
+            changed = True
+        if (
+            self.requests_limit is not None
+            and snapshot.remaining_requests is not None
+            and snapshot.reset_requests is not None
+        ):
+            unseen = self.requests_limit - self._used_requests - snapshot.remaining_requests
+            if unseen > 0:
+                self._ext_requests = unseen
+                self._ext_until_requests = now + snapshot.reset_requests
+                changed = True
+        if (
+            self.tokens_limit is not None
+            and snapshot.remaining_tokens is not None
+            and snapshot.reset_tokens is not None
+        ):
+            unseen = self.tokens_limit - self._used_tokens - snapshot.remaining_tokens
+            if unseen > 0:
+                self._ext_tokens = unseen
+                self._ext_until_tokens = now + snapshot.reset_tokens
+                changed = True
+        if changed:
+            self._wake()
+
+    # -- introspection ---------------------------------------------------------------
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for _, _, w in self._heap if not w.future.done())
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def __repr__(self) -> str:
+        limits = []
+        if self.requests_limit is not None:
+            limits.append(f"requests={self._used_requests}/{self.requests_limit:g}")
+        if self.tokens_limit is not None:
+            limits.append(f"tokens={self._used_tokens}/{self.tokens_limit:g}")
+        if self.max_in_flight is not None:
+            limits.append(f"in_flight={self._in_flight}/{self.max_in_flight}")
+        return (
+            f"<LocalLimiter {self.name} per {self.window:g}s {' '.join(limits) or 'unlimited'} "
+            f"waiting={self.waiting}>"
+        )
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.window
+        ledger = self._ledger
+        while ledger and ledger[0].t <= horizon:
+            entry = ledger.popleft()
+            self._used_requests -= entry.requests
+            self._used_tokens -= entry.tokens
+
+    def _ready_at(self, tokens: int, now: float) -> float:
+        """The earliest time a request of ``tokens`` could go; inf while slots are full."""
+        if self.max_in_flight is not None and self._in_flight >= self.max_in_flight:
+            return math.inf
+        self._expire(now)
+        at = self._paused_until
+        if self.requests_limit is not None:
+            interval = self.window / self.requests_limit
+            at = max(
+                at,
+                self._tat_requests - self.burst_requests * interval,
+                self._window_ready(1, self.requests_limit, True, now),
+            )
+        if self.tokens_limit is not None and tokens:
+            interval = self.window / self.tokens_limit
+            at = max(
+                at,
+                self._tat_tokens - self.burst_tokens * interval,
+                self._window_ready(tokens, self.tokens_limit, False, now),
+            )
+        return at
+
+    def _window_ready(self, amount: int, limit: float, requests: bool, now: float) -> float:
+        """When the sliding window will have room for ``amount`` more (requests or tokens).
+
+        Room grows as ledger entries age out and when the outside traffic learnt from
+        headers expires; both only grow with time, so the first moment that fits wins.
+        """
+        if requests:
+            used, ext, ext_until = self._used_requests, self._ext_requests, self._ext_until_requests
+        else:
+            used, ext, ext_until = self._used_tokens, self._ext_tokens, self._ext_until_tokens
+        if now >= ext_until:
+            ext = 0.0
+        if used + ext + amount <= limit:
+            return now
+        for entry in self._ledger:
+            at = entry.t + self.window
+            if ext and ext_until <= at:
+                if used + amount <= limit:
+                    return ext_until
+                ext = 0.0
+            used -= entry.requests if requests else entry.tokens
+            if used + ext + amount <= limit:
+                return at
+        return ext_until if ext and amount <= limit else math.inf
+
+    def _grant(self, tokens: int, now: float) -> _Grant:
+        entry = _Entry(now, tokens)
+        self._ledger.append(entry)
+        self._used_requests += 1
+        self._used_tokens += tokens
+        if self.requests_limit is not None:
+            self._tat_requests = max(self._tat_requests, now) + self.window / self.requests_limit
+        if self.tokens_limit is not None and tokens:
+            self._tat_tokens = max(self._tat_tokens, now) + tokens * self.window / self.tokens_limit
+        self._in_flight += 1
+        return _Grant(self, entry)
+
+    def _adjust(self, entry: _Entry, *, requests: int, tokens: int) -> None:
+        """Correct a grant after the fact (reconcile or refund) in ledger and pacer."""
+        if not requests and not tokens:
+            return
+        now = self._now()
+        self._expire(now)
+        in_window = entry.t > now - self.window  # after _expire: exactly "still in the ledger"
+        entry.requests += requests
+        entry.tokens += tokens
+        if in_window:
+            self._used_requests += requests
+            self._used_tokens += tokens
+        if requests and self.requests_limit is not None:
+            self._tat_requests += requests * self.window / self.requests_limit
+        if tokens and self.tokens_limit is not None:
+            self._tat_tokens += tokens * self.window / self.tokens_limit
+        if requests < 0 or tokens < 0:
+            self._wake()
+
+    def _release_slot(self) -> None:
+        self._in_flight -= 1
+        if self._heap:
+            self._wake()
+
+    def _now(self) -> float:
+        return (self._loop or self._bind()).time()
+
+    def _wake(self) -> None:
+        """Grant every waiter that fits now, in order; set one timer for the next."""
+        heap = self._heap
+        now = self._now()
+        while heap:
+            waiter = heap[0][2]
+            if waiter.future.done():
+                heapq.heappop(heap)
+                continue
+            if self.tokens_limit is not None and waiter.tokens > self.tokens_limit:
+                heapq.heappop(heap)  # the server told us the limit is lower than configured
+                try:
+                    self.check(waiter.tokens)
+                except CapacityError as error:
+                    waiter.future.set_exception(error)
+                continue
+            at = self._ready_at(waiter.tokens, now)
+            if at <= now:
+                heapq.heappop(heap)
+                waiter.future.set_result(self._grant(waiter.tokens, now))
+                continue
+            self._arm(at)
+            return
+        self._arm(math.inf)
+
+    def _arm(self, at: float) -> None:
+        if at == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = at
+        if at != math.inf:
+            self._timer = (self._loop or self._bind()).call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = math.inf
+        self._wake()

@@ -1,0 +1,329 @@
+"""The values that flow through sluice: Request, Result, Usage, Timings, Deployment.
+
+Values only: no I/O here. They are frozen and slotted so they are cheap to create by
+the million and safe to share between tasks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ._errors import ConfigError, InvalidRequestError, SluiceError
+
+if TYPE_CHECKING:
+    from .providers import Provider
+
+__all__ = [
+    "Deployment",
+    "Priority",
+    "Request",
+    "Result",
+    "Secret",
+    "Timings",
+    "Usage",
+    "request_key",
+]
+
+
+class Priority:
+    """Lanes: a lower number is served first; within a lane, first come first served."""
+
+    INTERACTIVE = 0
+    NORMAL = 50
+    BATCH = 100
+
+
+_KEY_VERSION = "sluice-request-v1"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Request:
+    """One chat completion to run.
+
+    ``params`` holds any further provider parameters (``top_p``, ``tools``,
+    ``response_format``...): they are passed through to the provider untouched.
+    ``id`` is yours to set (a row id, a ``custom_id``); without one the request's
+    content hash is used, which makes reruns and caching idempotent.
+    """
+
+    model: str
+    messages: Sequence[Mapping[str, Any]]
+    max_tokens: int | None = None
+    temperature: float | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    id: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    priority: int | None = None
+
+    def __post_init__(self) -> None:
+        problem = _request_problem(self)
+        if problem:
+            where = f"request {self.id!r}" if self.id is not None else "request"
+            raise InvalidRequestError(f"{where}: {problem}")
+
+    @classmethod
+    def from_prompt(cls, model: str, prompt: str, **kwargs: Any) -> Request:
+        """A one-message request: the everyday "ask this" case."""
+        return cls(model=model, messages=[{"role": "user", "content": prompt}], **kwargs)
+
+
+def _request_problem(r: Request) -> str | None:
+    """What is wrong with a request, in words, or None."""
+    if not isinstance(r.model, str) or not r.model.strip():
+        return f"model must be a non-empty string, got {r.model!r}"
+    if isinstance(r.messages, (str, bytes)) or not isinstance(r.messages, Sequence):
+        return f"messages must be a list of {{'role': ..., 'content': ...}}, got {type(r.messages).__name__}"
+    if not r.messages:
+        return "messages is empty; give at least one message"
+    for i, message in enumerate(r.messages):
+        if not isinstance(message, Mapping):
+            return f"messages[{i}] must be an object, got {type(message).__name__}"
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            return f"messages[{i}] needs a 'role' string"
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            return f"messages[{i}].content must be a string or a list of parts, got {type(content).__name__}"
+        if content is None and "tool_calls" not in message:
+            return f"messages[{i}] has no 'content'"
+    if r.max_tokens is not None and (
+        isinstance(r.max_tokens, bool) or not isinstance(r.max_tokens, int) or r.max_tokens < 1
+    ):
+        return f"max_tokens must be a positive integer, got {r.max_tokens!r}"
+    if r.temperature is not None and (
+        isinstance(r.temperature, bool)
+        or not isinstance(r.temperature, (int, float))
+        or not math.isfinite(r.temperature)
+        or r.temperature < 0
+    ):
+        return f"temperature must be a number >= 0, got {r.temperature!r}"
+    if not isinstance(r.params, Mapping):
+        return f"params must be a mapping, got {type(r.params).__name__}"
+    if not isinstance(r.metadata, Mapping):
+        return f"metadata must be a mapping, got {type(r.metadata).__name__}"
+    if r.id is not None and not isinstance(r.id, str):
+        return f"id must be a string, got {type(r.id).__name__}"
+    if r.priority is not None and (isinstance(r.priority, bool) or not isinstance(r.priority, int)):
+        return f"priority must be an integer, got {r.priority!r}"
+    return None
+
+
+def request_key(request: Request) -> str:
+    """A stable content hash of what the provider would see (versioned).
+
+    Metadata, id and priority are left out: they do not change the answer.
+    """
+    payload = {
+        "v": _KEY_VERSION,
+        "model": request.model,
+        "messages": request.messages,
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "params": request.params,
+    }
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens as the provider reported them."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_input_tokens + other.cached_input_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Where a job's time went, in seconds.
+
+    ``queued``: from submission until it passed the engine's concurrency gate;
+    ``limiter_wait``: total time waiting for rate-limit capacity, over all attempts;
+    ``latency``: the last attempt's time at the provider; ``total``: end to end.
+    """
+
+    queued: float = 0.0
+    limiter_wait: float = 0.0
+    latency: float = 0.0
+    total: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Result:
+    """The outcome of one request: ``ok`` with text and usage, or a typed ``error``."""
+
+    id: str
+    request: Request
+    text: str | None = None
+    error: SluiceError | None = None
+    usage: Usage = field(default_factory=Usage)
+    raw: Mapping[str, Any] | None = None
+    attempts: int = 0
+    timings: Timings = field(default_factory=Timings)
+    deployment: str | None = None
+    finish_reason: str | None = None
+    request_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        return self.request.metadata
+
+    def __repr__(self) -> str:
+        outcome = f"text={_clip(self.text)!r}" if self.ok else f"error={self.error!r}"
+        return f"Result(id={self.id!r}, {outcome}, attempts={self.attempts}, deployment={self.deployment!r})"
+
+
+def _clip(text: str | None, limit: int = 60) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    return text[: limit - 1] + "…"
+
+
+class Secret:
+    """An API key that never shows itself in a repr, a log line or an error."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def get(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('****')" if self._value else "Secret('')"
+
+    __str__ = __repr__
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __reduce__(self) -> Any:  # pickling must not be a way to leak it into a log
+        raise TypeError("a Secret cannot be pickled")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Deployment:
+    """One place a model is served, with its limits.
+
+    ``model`` is ``provider/model`` (``openai/gpt-4o-mini``, ``anthropic/claude-...``,
+    ``simulate/fast``); a bare name means the OpenAI-compatible provider. ``rpm`` and
+    ``tpm`` are requests and tokens per ``window`` seconds; ``max_in_flight`` caps
+    requests awaiting an answer. A per-window limit is paced evenly; ``burst_requests``
+    and ``burst_tokens`` allow that much extra at once, explicitly.
+    """
+
+    model: str
+    rpm: float | None = None
+    tpm: float | None = None
+    max_in_flight: int | None = None
+    window: float = 60.0
+    burst_requests: float = 0.0
+    burst_tokens: float = 0.0
+    base_url: str | None = None
+    api_key: Secret | str | None = None
+    api_key_env: str | None = None
+    name: str | None = None
+    default_max_tokens: int = 1024
+    headers: Mapping[str, str] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    provider: str | Provider | None = None
+
+    def __post_init__(self) -> None:
+        problem = _deployment_problem(self)
+        if problem:
+            raise ConfigError(f"deployment {self.label!r}: {problem}")
+        if isinstance(self.api_key, str):
+            object.__setattr__(self, "api_key", Secret(self.api_key))
+
+    @property
+    def label(self) -> str:
+        """The name shown in results and reports."""
+        return self.name or self.model
+
+    @property
+    def provider_name(self) -> str:
+        if self.provider is not None and not isinstance(self.provider, str):
+            return getattr(self.provider, "name", type(self.provider).__name__)
+        if isinstance(self.provider, str):
+            return self.provider
+        prefix, sep, _ = self.model.partition("/")
+        return prefix if sep else "openai"
+
+    @property
+    def model_name(self) -> str:
+        """The model as the provider knows it (the part after ``provider/``)."""
+        if isinstance(self.provider, str) or self.provider is None:
+            prefix, sep, rest = self.model.partition("/")
+            if sep and (self.provider is None or prefix == self.provider):
+                return rest
+        return self.model
+
+    def __repr__(self) -> str:
+        limits = ", ".join(
+            f"{k}={v}"
+            for k, v in (("rpm", self.rpm), ("tpm", self.tpm), ("max_in_flight", self.max_in_flight))
+            if v is not None
+        )
+        return f"Deployment({self.label!r}{', ' + limits if limits else ''})"
+
+
+def _positive(value: object) -> bool:
+    return (
+        not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+    )
+
+
+def _deployment_problem(d: Deployment) -> str | None:
+    if not isinstance(d.model, str) or not d.model.strip():
+        return f"model must be a non-empty string, got {d.model!r}"
+    for name in ("rpm", "tpm"):
+        value = getattr(d, name)
+        if value is not None and not _positive(value):
+            return f"{name} must be a positive number, got {value!r}"
+    if d.max_in_flight is not None and (
+        isinstance(d.max_in_flight, bool) or not isinstance(d.max_in_flight, int) or d.max_in_flight < 1
+    ):
+        return f"max_in_flight must be a positive integer, got {d.max_in_flight!r}"
+    if not _positive(d.window):
+        return f"window must be a positive number of seconds, got {d.window!r}"
+    for name in ("burst_requests", "burst_tokens"):
+        value = getattr(d, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            return f"{name} must be a number >= 0, got {value!r}"
+    if not isinstance(d.default_max_tokens, int) or d.default_max_tokens < 1:
+        return f"default_max_tokens must be a positive integer, got {d.default_max_tokens!r}"
+    if d.base_url is not None and not (
+        isinstance(d.base_url, str) and d.base_url.startswith(("http://", "https://"))
+    ):
+        return f"base_url must start with http:// or https://, got {d.base_url!r}"
+    return None

@@ -1,0 +1,119 @@
+"""When to try again and how long to wait: pure functions and one policy object.
+
+The order of the server's hints follows the official OpenAI SDK: ``retry-after-ms``,
+then ``retry-after`` in seconds, then ``retry-after`` as an HTTP date; an explicit
+``x-should-retry`` header wins over the status code.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ._errors import ConfigError, ProviderError, SluiceError
+
+__all__ = ["RetryPolicy", "backoff_delay", "parse_retry_after", "parse_should_retry"]
+
+
+def backoff_delay(
+    attempt: int,
+    *,
+    base: float,
+    cap: float,
+    hint: float | None = None,
+    rand: Callable[[], float] = random.random,
+) -> float:
+    """Seconds to wait before attempt ``attempt + 1`` (``attempt`` counts from 1).
+
+    Exponential with full jitter: uniform in ``[0, min(cap, base * 2**(attempt-1)))``,
+    which spreads a crowd of retries instead of waking them together. A server hint
+    (``Retry-After``) wins and is used as given: the server knows when it will have room.
+    """
+    if hint is not None and hint >= 0:
+        return hint
+    ceiling = min(cap, base * 2.0 ** max(0, attempt - 1))
+    return ceiling * rand()
+
+
+def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """The server's wait hint in seconds, or None. ``now`` is wall-clock (for HTTP dates)."""
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            value = float(ms) / 1000.0
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value) and value >= 0:
+            return value
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(raw) if raw.strip() else None
+        if parsed is None or parsed.tzinfo is None:
+            return None
+        import time
+
+        current = time.time() if now is None else now
+        return max(0.0, parsed.timestamp() - current)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def parse_should_retry(headers: Mapping[str, str]) -> bool | None:
+    """The ``x-should-retry`` verdict: True, False, or None when absent."""
+    value = headers.get("x-should-retry")
+    if value == "true":
+        return True
+    if value == "false":
+        return False
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Bounded retries: attempts, a total deadline and a per-attempt timeout.
+
+    Retried: 408, 409, 429, 5xx, 529, timeouts, connection errors, malformed or
+    truncated bodies. Never retried: 400, 401, 403, 404, 422 and invalid requests.
+    """
+
+    max_attempts: int = 6
+    base_delay: float = 0.5
+    max_delay: float = 60.0
+    #: Seconds from a job's first attempt after which no new attempt starts.
+    deadline: float | None = 900.0
+    #: Seconds one attempt may take before it counts as a timeout.
+    attempt_timeout: float | None = 600.0
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.max_attempts, bool)
+            or not isinstance(self.max_attempts, int)
+            or self.max_attempts < 1
+        ):
+            raise ConfigError(f"RetryPolicy.max_attempts must be an integer >= 1, got {self.max_attempts!r}")
+        for name in ("base_delay", "max_delay"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(f"RetryPolicy.{name} must be a number >= 0, got {value!r}")
+        for name in ("deadline", "attempt_timeout"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+                raise ConfigError(f"RetryPolicy.{name} must be a positive number or None, got {value!r}")
+
+    def should_retry(self, error: SluiceError, attempt: int) -> bool:
+        """Whether ``error`` after attempt number ``attempt`` deserves another attempt."""
+        if attempt >= self.max_attempts or not isinstance(error, ProviderError):
+            return False
+        if error.should_retry is not None:
+            return error.should_retry
+        return error.retryable
+
+    def delay(self, error: SluiceError, attempt: int) -> float:
+        hint = error.retry_after if isinstance(error, ProviderError) else None
+        return backoff_delay(attempt, base=self.base_delay, cap=self.max_delay, hint=hint)
