@@ -1,1 +1,133 @@
-"""sluice."""
+"""sluice: run many LLM requests at once, as fast as the provider allows, inside its limits.
+
+::
+
+    import sluice
+
+    async with sluice.Engine([sluice.Deployment("openai/gpt-4o-mini", rpm=500, tpm=200_000)]) as engine:
+        result = await engine.complete("openai/gpt-4o-mini", "Say hi")
+        async for result in engine.map(requests):
+            print(result.id, result.text if result.ok else result.error)
+
+    results = sluice.run(prompts, model="simulate/demo")   # blocking, notebook-safe
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._errors import (
+    AttemptTimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    CancelledError,
+    CapacityError,
+    ConfigError,
+    ConnectError,
+    DeadlineExceededError,
+    EngineClosedError,
+    FatalProviderError,
+    InvalidRequestError,
+    MalformedResponseError,
+    NotFoundError,
+    OverloadedError,
+    PermissionDeniedError,
+    ProviderError,
+    RateLimitError,
+    RetryableError,
+    ServerError,
+    SluiceError,
+)
+from ._models import Deployment, Priority, Request, Result, Secret, Timings, Usage, request_key
+from ._retry import RetryPolicy, backoff_delay, parse_retry_after
+
+if TYPE_CHECKING:
+    from ._engine import Engine, RetryEvent
+    from ._limits import Limiter, LocalLimiter, RateLimitSnapshot, Reservation
+    from ._stats import Stats
+    from ._sync import complete, run, run_sync
+    from .providers import CallableProvider, Provider, Reply, SimulatedProvider
+
+# What needs asyncio (~60 ms to import) loads on first use, so ``import sluice`` stays fast.
+_LAZY = {
+    "Engine": "._engine",
+    "RetryEvent": "._engine",
+    "Limiter": "._limits",
+    "LocalLimiter": "._limits",
+    "RateLimitSnapshot": "._limits",
+    "Reservation": "._limits",
+    "Stats": "._stats",
+    "complete": "._sync",
+    "run": "._sync",
+    "run_sync": "._sync",
+    "CallableProvider": ".providers",
+    "Provider": ".providers",
+    "Reply": ".providers",
+    "SimulatedProvider": ".providers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sluice' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttemptTimeoutError",
+    "AuthenticationError",
+    "BadRequestError",
+    "CallableProvider",
+    "CancelledError",
+    "CapacityError",
+    "ConfigError",
+    "ConnectError",
+    "DeadlineExceededError",
+    "Deployment",
+    "Engine",
+    "EngineClosedError",
+    "FatalProviderError",
+    "InvalidRequestError",
+    "Limiter",
+    "LocalLimiter",
+    "MalformedResponseError",
+    "NotFoundError",
+    "OverloadedError",
+    "PermissionDeniedError",
+    "Priority",
+    "Provider",
+    "ProviderError",
+    "RateLimitError",
+    "RateLimitSnapshot",
+    "Reply",
+    "Request",
+    "Reservation",
+    "Result",
+    "RetryEvent",
+    "RetryPolicy",
+    "RetryableError",
+    "Secret",
+    "ServerError",
+    "SimulatedProvider",
+    "SluiceError",
+    "Stats",
+    "Timings",
+    "Usage",
+    "__version__",
+    "backoff_delay",
+    "complete",
+    "parse_retry_after",
+    "request_key",
+    "run",
+    "run_sync",
+]

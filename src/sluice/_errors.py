@@ -29,6 +29,11 @@ provider's own error type, so a person can act on it (and quote it to support).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._limits import RateLimitSnapshot
+
 __all__ = [
     "AttemptTimeoutError",
     "AuthenticationError",
@@ -123,6 +128,8 @@ class ProviderError(SluiceError):
         self.retry_after = retry_after
         #: The server's own verdict (``x-should-retry``), which wins over the status.
         self.should_retry = should_retry
+        #: What the error response's rate-limit headers said, for the limiter to learn from.
+        self.ratelimit: RateLimitSnapshot | None = None
 
 
 class RetryableError(ProviderError):

@@ -40,6 +40,9 @@ class Priority:
 
 _KEY_VERSION = "sluice-request-v1"
 
+#: Provider prefixes sluice knows without being told (``openai/gpt-4o-mini``).
+BUILTIN_PROVIDERS = frozenset({"openai", "azure", "anthropic", "simulate"})
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Request:
@@ -169,10 +172,13 @@ class Timings:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Result:
-    """The outcome of one request: ``ok`` with text and usage, or a typed ``error``."""
+    """The outcome of one request: ``ok`` with text and usage, or a typed ``error``.
 
-    id: str
-    request: Request
+    ``request`` is None only for an input item that could not be made into a request;
+    its ``error`` says why and ``index`` says where it was in the input.
+    """
+
+    request: Request | None
     text: str | None = None
     error: SluiceError | None = None
     usage: Usage = field(default_factory=Usage)
@@ -182,6 +188,17 @@ class Result:
     deployment: str | None = None
     finish_reason: str | None = None
     request_id: str | None = None
+    index: int | None = None
+    key: str | None = None
+
+    @property
+    def id(self) -> str:
+        """The request's own id, else its content hash (computed on demand, not stored)."""
+        if self.key is not None:
+            return self.key
+        if self.request is None:
+            return f"item-{self.index}"
+        return self.request.id if self.request.id is not None else request_key(self.request)
 
     @property
     def ok(self) -> bool:
@@ -189,7 +206,13 @@ class Result:
 
     @property
     def metadata(self) -> Mapping[str, Any]:
-        return self.request.metadata
+        return self.request.metadata if self.request is not None else {}
+
+    def unwrap(self) -> str:
+        """The text, or raise the error: for callers who want exceptions."""
+        if self.error is not None:
+            raise self.error
+        return self.text or ""
 
     def __repr__(self) -> str:
         outcome = f"text={_clip(self.text)!r}" if self.ok else f"error={self.error!r}"
@@ -272,21 +295,22 @@ class Deployment:
 
     @property
     def provider_name(self) -> str:
-        if self.provider is not None and not isinstance(self.provider, str):
-            return getattr(self.provider, "name", type(self.provider).__name__)
-        if isinstance(self.provider, str):
-            return self.provider
+        """``openai/x`` -> openai. An unknown prefix with a ``base_url`` is part of the model
+        name (``meta-llama/Llama-3-8B`` on a vLLM server); without one it is an error later."""
+        if self.provider is not None:
+            if isinstance(self.provider, str):
+                return self.provider
+            return str(getattr(self.provider, "name", type(self.provider).__name__))
         prefix, sep, _ = self.model.partition("/")
-        return prefix if sep else "openai"
+        if not sep or (prefix not in BUILTIN_PROVIDERS and self.base_url is not None):
+            return "openai"
+        return prefix
 
     @property
     def model_name(self) -> str:
-        """The model as the provider knows it (the part after ``provider/``)."""
-        if isinstance(self.provider, str) or self.provider is None:
-            prefix, sep, rest = self.model.partition("/")
-            if sep and (self.provider is None or prefix == self.provider):
-                return rest
-        return self.model
+        """The model as the provider knows it (without the ``provider/`` prefix)."""
+        prefix, sep, rest = self.model.partition("/")
+        return rest if sep and prefix == self.provider_name else self.model
 
     def __repr__(self) -> str:
         limits = ", ".join(

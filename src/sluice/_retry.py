@@ -7,7 +7,6 @@ then ``retry-after`` in seconds, then ``retry-after`` as an HTTP date; an explic
 
 from __future__ import annotations
 
-import email.utils
 import math
 import random
 from collections.abc import Callable, Mapping
@@ -54,7 +53,12 @@ def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> f
     try:
         value = float(raw)
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(raw) if raw.strip() else None
+        import email.utils  # rare path; keeps import time down
+
+        try:
+            parsed = email.utils.parsedate_to_datetime(raw) if raw.strip() else None
+        except (TypeError, ValueError):
+            return None
         if parsed is None or parsed.tzinfo is None:
             return None
         import time

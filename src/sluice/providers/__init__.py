@@ -1,1 +1,70 @@
-"""Providers."""
+"""Providers: how a request reaches a model, and how its answer is read.
+
+Built in: ``openai`` (and every OpenAI-compatible server), ``azure``, ``anthropic``,
+``simulate`` (no network), and :class:`CallableProvider` for any async function.
+A model is named ``provider/model``; a bare name means the OpenAI-compatible provider.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .._errors import ConfigError
+from .._models import Deployment
+from ._anthropic import AnthropicProvider
+from ._base import Provider, Reply, estimate_request_tokens
+from ._callable import CallableProvider
+from ._http import HttpProvider, HttpTransport
+from ._openai import AzureOpenAIProvider, OpenAIProvider
+from ._simulated import SimulatedProvider
+
+__all__ = [
+    "AnthropicProvider",
+    "AzureOpenAIProvider",
+    "CallableProvider",
+    "HttpProvider",
+    "HttpTransport",
+    "OpenAIProvider",
+    "Provider",
+    "ProviderSet",
+    "Reply",
+    "SimulatedProvider",
+    "estimate_request_tokens",
+]
+
+_FACTORIES: dict[str, Callable[[HttpTransport], Provider]] = {
+    "openai": OpenAIProvider,
+    "azure": AzureOpenAIProvider,
+    "anthropic": AnthropicProvider,
+    "simulate": lambda _transport: SimulatedProvider(),
+}
+
+KNOWN = tuple(sorted(_FACTORIES))
+
+
+class ProviderSet:
+    """The providers of one engine, created on first use and sharing one HTTP transport."""
+
+    def __init__(self) -> None:
+        self.transport = HttpTransport()
+        self._by_name: dict[str, Provider] = {}
+
+    def for_deployment(self, deployment: Deployment) -> Provider:
+        if deployment.provider is not None and not isinstance(deployment.provider, str):
+            return deployment.provider
+        name = deployment.provider_name
+        provider = self._by_name.get(name)
+        if provider is None:
+            factory = _FACTORIES.get(name)
+            if factory is None:
+                raise ConfigError(
+                    f"deployment {deployment.label!r}: unknown provider {name!r}; known: "
+                    f"{', '.join(KNOWN)} (or pass provider=CallableProvider(fn))"
+                )
+            provider = self._by_name[name] = factory(self.transport)
+        return provider
+
+    async def aclose(self) -> None:
+        for provider in self._by_name.values():
+            await provider.aclose()
+        await self.transport.aclose()

@@ -1,0 +1,564 @@
+"""The engine: many requests at once, inside each deployment's limits, with honest retries.
+
+One request's way (see ``DESIGN.md``)::
+
+    source -> gate (priority lanes, bounded: back-pressure on the source)
+           -> limiter.acquire(tokens)      # waits FIFO within its lane, woken by timer
+           -> provider.send()              # one pooled HTTP session
+           -> ok: reconcile usage, emit    | retryable: 429 pauses the deployment,
+                                             others back off with jitter, then again
+                                           | final: emit the typed error
+
+The engine owns the loop; the limiter, the providers and the clock (the event loop's)
+are objects handed to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import (
+    AttemptTimeoutError,
+    CancelledError,
+    ConfigError,
+    EngineClosedError,
+    InvalidRequestError,
+    ProviderError,
+    RateLimitError,
+    SluiceError,
+)
+from ._gate import PriorityGate
+from ._limits import Limiter, LocalLimiter
+from ._models import BUILTIN_PROVIDERS, Deployment, Priority, Request, Result, Timings, Usage
+from ._retry import RetryPolicy
+from ._stats import Stats
+from .providers import Provider, ProviderSet
+
+__all__ = ["Engine", "RequestLike", "RetryEvent"]
+
+#: What ``map`` accepts per item: a Request, a dict of Request fields, or a prompt string.
+RequestLike = Request | Mapping[str, Any] | str
+
+
+@dataclass(frozen=True, slots=True)
+class RetryEvent:
+    """Told to ``on_retry`` before the engine waits and tries again."""
+
+    request: Request
+    error: SluiceError
+    attempt: int
+    delay: float
+    deployment: str
+
+
+@dataclass(slots=True)
+class _Route:
+    deployment: Deployment
+    limiter: Limiter
+    provider: Provider
+
+
+@dataclass(slots=True)
+class _Job:
+    request: Request
+    route: _Route
+    tokens: int
+    priority: int
+    seq: int
+    submitted: float
+    index: int | None = None
+
+
+def _default_limiter(deployment: Deployment) -> Limiter:
+    return LocalLimiter(
+        requests=deployment.rpm,
+        tokens=deployment.tpm,
+        window=deployment.window,
+        max_in_flight=deployment.max_in_flight,
+        burst_requests=deployment.burst_requests,
+        burst_tokens=deployment.burst_tokens,
+        name=deployment.label,
+    )
+
+
+class Engine:
+    """Runs requests against deployments. Use ``async with Engine(...) as engine``.
+
+    ``concurrency`` caps requests admitted at once across all deployments (each
+    deployment's own ``max_in_flight`` and rate limits apply inside it); ``buffer``
+    caps results admitted but not yet taken by the consumer of :meth:`map`, which is
+    what keeps memory flat however long the input. Hooks are plain functions, called
+    for every result (``on_result``) and before every retry (``on_retry``).
+    """
+
+    def __init__(
+        self,
+        deployments: Deployment | Iterable[Deployment] = (),
+        *,
+        retry: RetryPolicy | None = None,
+        concurrency: int = 256,
+        buffer: int | None = None,
+        on_result: Callable[[Result], object] | None = None,
+        on_retry: Callable[[RetryEvent], object] | None = None,
+        limiter_factory: Callable[[Deployment], Limiter] = _default_limiter,
+    ) -> None:
+        if isinstance(deployments, Deployment):
+            deployments = [deployments]
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigError(f"concurrency must be a positive integer, got {concurrency!r}")
+        if buffer is not None and (not isinstance(buffer, int) or buffer < 1):
+            raise ConfigError(f"buffer must be a positive integer, got {buffer!r}")
+        self.retry = retry or RetryPolicy()
+        self.concurrency = concurrency
+        self.buffer = buffer or max(concurrency * 4, 64)
+        self.on_result = on_result
+        self.on_retry = on_retry
+        self.stats = Stats()
+        self._limiter_factory = limiter_factory
+        self._providers = ProviderSet()
+        self._routes: dict[str, _Route] = {}
+        self._deployments: list[Deployment] = []
+        for deployment in deployments:
+            self.add_deployment(deployment)
+        self._gate = PriorityGate(concurrency)
+        self._seq = itertools.count()
+        self._tasks: set[asyncio.Task[Result]] = set()
+        self._active_calls = 0
+        self._idle: asyncio.Event | None = None
+        self._stopping = False
+        self._closed = False
+
+    # -- configuration -------------------------------------------------------------------
+
+    def add_deployment(self, deployment: Deployment) -> None:
+        """Serve ``deployment.model`` (and its ``name``) from this deployment."""
+        if not isinstance(deployment, Deployment):
+            raise ConfigError(f"expected a Deployment, got {type(deployment).__name__}")
+        for key in {deployment.model, deployment.label}:
+            if key in self._routes:
+                raise ConfigError(
+                    f"two deployments answer to {key!r}; give each a distinct name= "
+                    "(routing between several deployments of one model comes with the router)"
+                )
+        route = _Route(
+            deployment, self._limiter_factory(deployment), self._providers.for_deployment(deployment)
+        )
+        self._deployments.append(deployment)
+        for key in {deployment.model, deployment.label}:
+            self._routes[key] = route
+
+    @property
+    def deployments(self) -> Sequence[Deployment]:
+        return tuple(self._deployments)
+
+    def limiter(self, model: str) -> Limiter:
+        """The limiter of the deployment serving ``model`` (for introspection)."""
+        return self._route(model).limiter
+
+    def _route(self, model: str) -> _Route:
+        route = self._routes.get(model)
+        if route is not None:
+            return route
+        prefix, sep, _ = model.partition("/")
+        if sep and prefix not in BUILTIN_PROVIDERS:
+            raise InvalidRequestError(
+                f"model {model!r}: unknown provider {prefix!r}; use one of "
+                f"{', '.join(sorted(BUILTIN_PROVIDERS))}, or add a Deployment for it"
+            )
+        # A model nobody configured: serve it without local limits; the limiter still
+        # learns the provider's limits from its x-ratelimit headers and 429s.
+        self.add_deployment(Deployment(model))
+        return self._routes[model]
+
+    # -- running -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Engine:
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        await self.close(drain=exc_type is None)
+
+    async def complete(
+        self,
+        model: str | Request,
+        messages: Sequence[Mapping[str, Any]] | str | None = None,
+        *,
+        priority: int = Priority.INTERACTIVE,
+        **fields: Any,
+    ) -> Result:
+        """Run one request now, ahead of queued batch work. Returns its Result.
+
+        ``engine.complete("openai/gpt-4o-mini", "hi")`` or ``engine.complete(request)``.
+        An invalid request raises :class:`InvalidRequestError` before anything is sent;
+        provider failures come back as ``result.error`` (``result.unwrap()`` raises them).
+        """
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        request = _make_request(model, messages, fields)
+        job = self._job(request, priority if request.priority is None else request.priority)
+        self._active_calls += 1
+        try:
+            await self._gate.acquire(job.priority, job.seq)
+            try:
+                return await self._attempts(job)
+            finally:
+                self._gate.release()
+        finally:
+            self._active_calls -= 1
+            self._maybe_idle()
+
+    async def run(
+        self,
+        requests: Iterable[RequestLike] | AsyncIterable[RequestLike],
+        *,
+        model: str | None = None,
+        priority: int = Priority.BATCH,
+    ) -> list[Result]:
+        """Every result, in input order."""
+        return [r async for r in self.map(requests, model=model, ordered=True, priority=priority)]
+
+    async def map(
+        self,
+        requests: Iterable[RequestLike] | AsyncIterable[RequestLike],
+        *,
+        model: str | None = None,
+        ordered: bool = False,
+        priority: int = Priority.BATCH,
+    ) -> AsyncIterator[Result]:
+        """Results as they complete (or in input order with ``ordered=True``).
+
+        The source is read only as capacity frees up, so a generator of ten million
+        prompts never sits in memory. Every item taken from the source yields exactly
+        one Result; a bad item yields one whose ``error`` names it. Leaving the loop
+        early (break, cancellation) cancels the in-flight requests and waits for them:
+        no task outlives the iteration.
+        """
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Queue[tuple[int, Result] | BaseException | None] = asyncio.Queue()
+        room = asyncio.Semaphore(self.buffer)
+        tasks: set[asyncio.Task[Result]] = set()
+        taken = 0
+        producer_done = False
+
+        def on_done(task: asyncio.Task[Result], *, index: int) -> None:
+            tasks.discard(task)
+            self._tasks.discard(task)
+            if not task.cancelled():
+                error = task.exception()
+                finished.put_nowait(error if error is not None else (index, task.result()))
+            self._maybe_idle()
+
+        async def produce() -> None:
+            nonlocal taken
+            try:
+                async for item in _aiterate(requests):
+                    await room.acquire()
+                    index = taken
+                    taken += 1
+                    prepared = self._prepare_item(item, index, model, priority)
+                    if isinstance(prepared, Result):
+                        finished.put_nowait((index, prepared))
+                        continue
+                    await self._gate.acquire(prepared.priority, prepared.seq)
+                    if self._stopping:
+                        self._gate.release()
+                        finished.put_nowait((index, self._not_started(prepared)))
+                        break
+                    task = loop.create_task(self._admitted(prepared))
+                    tasks.add(task)
+                    self._tasks.add(task)
+                    task.add_done_callback(functools.partial(on_done, index=index))
+                    if self._stopping:
+                        break
+            finally:
+                finished.put_nowait(None)
+
+        producer = loop.create_task(produce())
+        received = 0
+        waiting: dict[int, Result] = {}
+        next_index = 0
+        try:
+            while not producer_done or received < taken:
+                item = await finished.get()
+                if item is None:
+                    producer_done = True
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                received += 1
+                index, result = item
+                if not ordered:
+                    room.release()
+                    yield result
+                    continue
+                waiting[index] = result
+                while next_index in waiting:
+                    ready = waiting.pop(next_index)
+                    next_index += 1
+                    room.release()
+                    yield ready
+            await producer  # surfaces an error raised by the source itself
+        finally:
+            if not producer.done():
+                producer.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(producer, *tasks, return_exceptions=True)
+
+    def stop(self) -> None:
+        """Stop admitting new work; what is in flight finishes and is delivered."""
+        self._stopping = True
+
+    async def close(self, *, drain: bool = True) -> None:
+        """Stop admitting; let in-flight requests finish (or cancel them); release connections."""
+        self._stopping = True
+        self._closed = True
+        if not drain:
+            for task in list(self._tasks):
+                task.cancel()
+        while self._tasks or self._active_calls:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._providers.aclose()
+
+    def _maybe_idle(self) -> None:
+        if self._idle is not None and not self._tasks and not self._active_calls:
+            self._idle.set()
+
+    # -- one job ---------------------------------------------------------------------------
+
+    def _job(self, request: Request, priority: int, index: int | None = None) -> _Job:
+        route = self._route(request.model)
+        tokens = route.provider.estimate_tokens(request, route.deployment)
+        route.limiter.check(tokens)
+        self.stats.submitted += 1
+        loop = asyncio.get_running_loop()
+        return _Job(request, route, tokens, priority, next(self._seq), loop.time(), index)
+
+    def _prepare_item(self, item: object, index: int, model: str | None, priority: int) -> _Job | Result:
+        """A job for an input item, or a failed Result saying why it cannot be one."""
+        try:
+            request = _coerce(item, model)
+            return self._job(request, priority if request.priority is None else request.priority, index)
+        except SluiceError as error:
+            self.stats.submitted += 1
+            key = item.get("id") if isinstance(item, Mapping) else None
+            result = Result(
+                request=item if isinstance(item, Request) else None,
+                error=error,
+                index=index,
+                key=key if isinstance(key, str) else None,
+            )
+            self._emit(result)
+            return result
+
+    def _not_started(self, job: _Job) -> Result:
+        result = Result(
+            job.request, error=CancelledError("not started: the engine was stopping"), index=job.index
+        )
+        self._emit(result)
+        return result
+
+    async def _admitted(self, job: _Job) -> Result:
+        try:
+            return await self._attempts(job)
+        finally:
+            self._gate.release()
+
+    async def _attempts(self, job: _Job) -> Result:
+        """Attempt until success, a final error, the attempt budget or the deadline."""
+        loop = asyncio.get_running_loop()
+        route, policy = job.route, self.retry
+        started = loop.time()
+        deadline = started + policy.deadline if policy.deadline is not None else None
+        waited = latency = 0.0
+        attempt = 0
+        sent = False
+        try:
+            while True:
+                attempt += 1
+                before = loop.time()
+                reservation = await route.limiter.acquire(job.tokens, job.priority, job.seq)
+                sent_at = loop.time()
+                waited += sent_at - before
+                timeout = policy.attempt_timeout
+                if deadline is not None:
+                    timeout = min(timeout or deadline - sent_at, deadline - sent_at)
+                self.stats.attempts += 1
+                sent = True
+                try:
+                    async with asyncio.timeout(timeout):
+                        reply = await route.provider.send(job.request, route.deployment)
+                except asyncio.CancelledError:
+                    reservation.done()
+                    raise
+                except TimeoutError:
+                    error: SluiceError = AttemptTimeoutError(
+                        f"no answer from {route.deployment.label} within {timeout:g} s"
+                    )
+                except ProviderError as exc:
+                    error = exc
+                else:
+                    latency = loop.time() - sent_at
+                    usage = reply.usage
+                    reservation.reconcile(usage.total_tokens or job.tokens)
+                    reservation.done()
+                    if reply.ratelimit is not None:
+                        route.limiter.observe(reply.ratelimit)
+                    return self._finish(
+                        job,
+                        attempt,
+                        started,
+                        waited,
+                        latency,
+                        text=reply.text,
+                        usage=usage,
+                        raw=reply.raw,
+                        finish_reason=reply.finish_reason,
+                        request_id=reply.request_id,
+                    )
+                latency = loop.time() - sent_at
+                reservation.done()
+                delay = await self._after_failure(job, error, attempt, deadline)
+                if delay is None:
+                    return self._finish(job, attempt, started, waited, latency, error=error)
+                if delay > 0 and not isinstance(error, RateLimitError):
+                    await asyncio.sleep(delay)  # a 429's pause is the limiter's to keep
+        except asyncio.CancelledError:
+            note = "it was sent and may have been answered" if sent else "it was never sent"
+            self._finish(job, attempt, started, waited, latency, error=CancelledError(f"cancelled; {note}"))
+            raise
+
+    async def _after_failure(
+        self, job: _Job, error: SluiceError, attempt: int, deadline: float | None
+    ) -> float | None:
+        """Learn from a failed attempt; the delay before the next, or None to give up."""
+        route = job.route
+        if isinstance(error, ProviderError) and error.ratelimit is not None:
+            route.limiter.observe(error.ratelimit)
+        if isinstance(error, RateLimitError):
+            self.stats.rate_limited += 1
+            pause = error.retry_after
+            if pause is None:  # no hint: pause the deployment for the un-jittered backoff
+                pause = min(self.retry.max_delay, self.retry.base_delay * 2.0 ** (attempt - 1))
+            route.limiter.penalize(pause)
+        if not self.retry.should_retry(error, attempt):
+            return None
+        delay = self.retry.delay(error, attempt)
+        now = asyncio.get_running_loop().time()
+        if deadline is not None and now + delay >= deadline:
+            return None
+        self.stats.retries += 1
+        if self.on_retry is not None:
+            self.on_retry(RetryEvent(job.request, error, attempt, delay, route.deployment.label))
+        return delay
+
+    def _finish(
+        self,
+        job: _Job,
+        attempts: int,
+        started: float,
+        waited: float,
+        latency: float,
+        *,
+        error: SluiceError | None = None,
+        text: str | None = None,
+        usage: Usage | None = None,
+        raw: Mapping[str, Any] | None = None,
+        finish_reason: str | None = None,
+        request_id: str | None = None,
+    ) -> Result:
+        now = asyncio.get_running_loop().time()
+        result = Result(
+            job.request,
+            text=text,
+            error=error,
+            usage=usage or Usage(),
+            raw=raw,
+            attempts=attempts,
+            timings=Timings(
+                queued=started - job.submitted,
+                limiter_wait=waited,
+                latency=latency,
+                total=now - job.submitted,
+            ),
+            deployment=job.route.deployment.label,
+            finish_reason=finish_reason,
+            request_id=request_id,
+            index=job.index,
+        )
+        self._emit(result)
+        return result
+
+    def _emit(self, result: Result) -> None:
+        self.stats.record(result)
+        if self.on_result is not None:
+            self.on_result(result)
+
+    def __repr__(self) -> str:
+        names = ", ".join(d.label for d in self._deployments)
+        state = "closed" if self._closed else "stopping" if self._stopping else "open"
+        return f"<Engine [{names}] {state} in_flight={self._gate.held}>"
+
+
+def _make_request(
+    model: str | Request, messages: Sequence[Mapping[str, Any]] | str | None, fields: Mapping[str, Any]
+) -> Request:
+    if isinstance(model, Request):
+        if messages is not None or fields:
+            raise InvalidRequestError("complete(request) takes no further messages or fields")
+        return model
+    if messages is None:
+        raise InvalidRequestError("complete(model, messages): messages are missing")
+    if isinstance(messages, str):
+        return Request.from_prompt(model, messages, **fields)
+    try:
+        return Request(model=model, messages=messages, **fields)
+    except TypeError as exc:
+        raise InvalidRequestError(f"complete(): {exc}") from None
+
+
+_REQUEST_FIELDS = frozenset(Request.__dataclass_fields__)
+
+
+def _coerce(item: object, model: str | None) -> Request:
+    """An input item as a Request: a Request, a dict of its fields, or a prompt string."""
+    if isinstance(item, Request):
+        return item
+    if isinstance(item, str):
+        if model is None:
+            raise InvalidRequestError("a prompt string needs map(..., model=...) to say which model")
+        return Request.from_prompt(model, item)
+    if isinstance(item, Mapping):
+        unknown = set(item) - _REQUEST_FIELDS
+        if unknown:
+            raise InvalidRequestError(
+                f"unknown field(s) {sorted(unknown)}; a request has {sorted(_REQUEST_FIELDS)} "
+                "(put provider parameters under 'params')"
+            )
+        fields = dict(item)
+        if "model" not in fields:
+            if model is None:
+                raise InvalidRequestError("no 'model' in the item and no map(..., model=...) default")
+            fields["model"] = model
+        if "messages" not in fields:
+            raise InvalidRequestError("no 'messages' in the item")
+        return Request(**fields)
+    raise InvalidRequestError(f"cannot make a request from a {type(item).__name__}")
+
+
+async def _aiterate(source: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]:
+    if isinstance(source, AsyncIterable):
+        async for item in source:
+            yield item
+    else:
+        for item in source:
+            yield item

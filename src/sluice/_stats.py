@@ -1,0 +1,94 @@
+"""Running statistics of an engine: counts, tokens, retries, 429s, latency percentiles.
+
+Latencies go into a log-bucketed histogram (2 % wide buckets): memory stays constant
+over a ten-million-request job and percentiles are within 2 %.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._models import Result
+
+__all__ = ["LatencyHistogram", "Stats"]
+
+_LOG_BASE = math.log(1.02)
+
+
+class LatencyHistogram:
+    __slots__ = ("_buckets", "count", "total")
+
+    def __init__(self) -> None:
+        self._buckets: Counter[int] = Counter()
+        self.count = 0
+        self.total = 0.0
+
+    def add(self, seconds: float) -> None:
+        self._buckets[math.floor(math.log(max(seconds, 1e-6)) / _LOG_BASE)] += 1
+        self.count += 1
+        self.total += seconds
+
+    def percentile(self, q: float) -> float | None:
+        """The ``q``-th percentile (0-100) as the upper edge of its bucket."""
+        if not self.count:
+            return None
+        rank = max(1, math.ceil(self.count * q / 100.0))
+        seen = 0
+        for bucket in sorted(self._buckets):
+            seen += self._buckets[bucket]
+            if seen >= rank:
+                return math.exp((bucket + 1) * _LOG_BASE)
+        return None  # pragma: no cover - rank never exceeds count
+
+
+@dataclass(slots=True)
+class Stats:
+    """What an engine has done so far. Read it any time; ``snapshot()`` for a plain dict."""
+
+    submitted: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    attempts: int = 0
+    retries: int = 0
+    rate_limited: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+
+    @property
+    def finished(self) -> int:
+        return self.succeeded + self.failed + self.cancelled
+
+    def record(self, result: Result) -> None:
+        if result.ok:
+            self.succeeded += 1
+            self.input_tokens += result.usage.input_tokens
+            self.output_tokens += result.usage.output_tokens
+            self.latency.add(result.timings.latency)
+        elif result.error is not None and result.error.kind == "cancelled":
+            self.cancelled += 1
+        else:
+            self.failed += 1
+            self.errors[result.error.kind if result.error is not None else "error"] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "submitted": self.submitted,
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "cancelled": self.cancelled,
+            "attempts": self.attempts,
+            "retries": self.retries,
+            "rate_limited": self.rate_limited,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "errors": dict(self.errors),
+            "latency_p50": self.latency.percentile(50),
+            "latency_p90": self.latency.percentile(90),
+            "latency_p99": self.latency.percentile(99),
+        }

@@ -1,0 +1,193 @@
+"""The shared HTTP machinery: one pooled aiohttp session, and a base for JSON APIs.
+
+aiohttp is imported lazily: ``import sluice`` stays fast, and only an engine that
+talks HTTP pays for it. One session (one connection pool) serves every deployment:
+on a 2-core machine raw aiohttp did ~7,900 req/s against a fake server where httpx
+did ~290 and the openai SDK ~390.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .._errors import (
+    AttemptTimeoutError,
+    ConfigError,
+    ConnectError,
+    MalformedResponseError,
+    ProviderError,
+    error_for_status,
+)
+from .._limits import RateLimitSnapshot
+from .._models import Deployment, Request, Secret
+from .._retry import parse_retry_after, parse_should_retry
+from ._base import Reply, estimate_request_tokens
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["HttpProvider", "HttpTransport"]
+
+
+class HttpTransport:
+    """One lazily created aiohttp session shared by every HTTP provider of an engine."""
+
+    def __init__(self, *, limit: int = 0) -> None:
+        self._limit = limit
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            import aiohttp
+
+            connector = aiohttp.TCPConnector(limit=self._limit, limit_per_host=0, ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                json_serialize=json.dumps,
+                raise_for_status=False,
+                timeout=aiohttp.ClientTimeout(total=None),  # the engine times each attempt
+                auto_decompress=True,
+            )
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+
+def resolve_key(deployment: Deployment, default_env: str | None) -> Secret | None:
+    """The API key: given explicitly, or from ``api_key_env``, or the provider's usual variable."""
+    if isinstance(deployment.api_key, Secret) and deployment.api_key:
+        return deployment.api_key
+    env = deployment.api_key_env or default_env
+    if env:
+        value = os.environ.get(env)
+        if value:
+            return Secret(value)
+        if deployment.api_key_env:
+            raise ConfigError(
+                f"deployment {deployment.label!r}: environment variable {env} (api_key_env) is not set"
+            )
+    return None
+
+
+class HttpProvider(ABC):
+    """A JSON-over-HTTP chat API. Subclasses say how to build, parse and classify."""
+
+    name = "http"
+
+    def __init__(self, transport: HttpTransport) -> None:
+        self._transport = transport
+        self._prepared: dict[int, tuple[Deployment, str, dict[str, str]]] = {}
+
+    # -- what a subclass provides ------------------------------------------------------
+
+    @abstractmethod
+    def endpoint(self, deployment: Deployment) -> tuple[str, dict[str, str]]:
+        """URL and headers (auth included) for a deployment; computed once per deployment."""
+
+    @abstractmethod
+    def build_body(self, request: Request, deployment: Deployment) -> dict[str, Any]:
+        """The JSON body of one request."""
+
+    @abstractmethod
+    def parse_reply(self, body: Mapping[str, Any]) -> Reply:
+        """Text and usage from a 200 body; raise MalformedResponseError if it is not one."""
+
+    @abstractmethod
+    def parse_error(self, body: Any) -> tuple[str, str | None]:
+        """(message, provider error type) from an error body."""
+
+    @abstractmethod
+    def parse_ratelimit(self, headers: Mapping[str, str]) -> RateLimitSnapshot | None:
+        """What the rate-limit headers say, or None when there are none."""
+
+    request_id_header = "x-request-id"
+
+    # -- the shared part ------------------------------------------------------------------
+
+    def estimate_tokens(self, request: Request, deployment: Deployment) -> int:
+        return estimate_request_tokens(request, deployment)
+
+    def _endpoint_for(self, deployment: Deployment) -> tuple[str, dict[str, str]]:
+        cached = self._prepared.get(id(deployment))
+        if cached is None or cached[0] is not deployment:
+            url, headers = self.endpoint(deployment)
+            headers = {"content-type": "application/json", **headers, **deployment.headers}
+            cached = (deployment, url, headers)
+            self._prepared[id(deployment)] = cached
+        return cached[1], cached[2]
+
+    async def send(self, request: Request, deployment: Deployment) -> Reply:
+        import aiohttp
+
+        url, headers = self._endpoint_for(deployment)
+        data = json.dumps(self.build_body(request, deployment), ensure_ascii=False).encode()
+        session = self._transport.session()
+        try:
+            async with session.post(url, data=data, headers=headers) as response:
+                payload = await response.read()
+                status = response.status
+                response_headers: Mapping[str, str] = response.headers
+        except TimeoutError:  # aiohttp's own socket timeouts; the engine times whole attempts
+            raise AttemptTimeoutError(f"socket timeout talking to {deployment.label}") from None
+        except aiohttp.ClientPayloadError as exc:
+            raise MalformedResponseError(f"truncated response body from {deployment.label}: {exc}") from None
+        except aiohttp.ClientError as exc:
+            raise ConnectError(f"{type(exc).__name__} talking to {deployment.label}: {exc}") from None
+        request_id = response_headers.get(self.request_id_header)
+        ratelimit = self.parse_ratelimit(response_headers)
+        if status != 200:
+            raise self._error(status, payload, response_headers, request_id, ratelimit)
+        try:
+            body = json.loads(payload)
+        except ValueError:
+            raise MalformedResponseError(
+                f"{deployment.label} answered 200 with a body that is not JSON ({len(payload)} bytes)",
+                request_id=request_id,
+            ) from None
+        if not isinstance(body, Mapping):
+            raise MalformedResponseError(f"{deployment.label} answered 200 with JSON that is not an object")
+        reply = self.parse_reply(body)
+        return Reply(
+            text=reply.text,
+            usage=reply.usage,
+            raw=body,
+            finish_reason=reply.finish_reason,
+            request_id=request_id,
+            ratelimit=ratelimit,
+        )
+
+    def _error(
+        self,
+        status: int,
+        payload: bytes,
+        headers: Mapping[str, str],
+        request_id: str | None,
+        ratelimit: RateLimitSnapshot | None,
+    ) -> ProviderError:
+        try:
+            message, provider_type = self.parse_error(json.loads(payload))
+        except ValueError:
+            message, provider_type = payload[:200].decode("utf-8", "replace") or "(empty body)", None
+        error = error_for_status(status)(
+            message,
+            status=status,
+            request_id=request_id,
+            provider_type=provider_type,
+            retry_after=parse_retry_after(headers),
+            should_retry=parse_should_retry(headers),
+        )
+        error.ratelimit = ratelimit
+        return error
+
+    async def aclose(self) -> None:  # noqa: B027 - deliberately empty, not abstract
+        """Nothing of its own: the engine closes the shared transport."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}>"

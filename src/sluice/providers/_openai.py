@@ -1,0 +1,175 @@
+"""OpenAI-compatible chat completions: OpenAI, Azure OpenAI, vLLM, Ollama, OpenRouter,
+Together, Groq, DeepSeek — anything that speaks ``POST {base_url}/chat/completions``.
+
+Like the official SDK, the base URL and key default to ``OPENAI_BASE_URL`` and
+``OPENAI_API_KEY``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from .._errors import ConfigError, MalformedResponseError
+from .._limits import RateLimitSnapshot
+from .._models import Deployment, Request, Usage
+from ._base import Reply
+from ._http import HttpProvider, resolve_key
+
+__all__ = ["AzureOpenAIProvider", "OpenAIProvider", "parse_openai_duration"]
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def parse_openai_duration(text: str | None) -> float | None:
+    """OpenAI's reset format (``"1s"``, ``"6m0s"``, ``"20ms"``, ``"1h2m3.5s"``) in seconds."""
+    if not text:
+        return None
+    text = text.strip()
+    try:
+        return max(0.0, float(text))  # some compatible servers send plain seconds
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+
+
+def _number(headers: Mapping[str, str], name: str) -> float | None:
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+class OpenAIProvider(HttpProvider):
+    """``POST {base_url}/chat/completions`` with a bearer key."""
+
+    name = "openai"
+    key_env = "OPENAI_API_KEY"
+    base_url_env = "OPENAI_BASE_URL"
+
+    def base_url(self, deployment: Deployment) -> str:
+        return (deployment.base_url or os.environ.get(self.base_url_env) or DEFAULT_BASE_URL).rstrip("/")
+
+    def endpoint(self, deployment: Deployment) -> tuple[str, dict[str, str]]:
+        base = self.base_url(deployment)
+        key = resolve_key(deployment, self.key_env)
+        headers: dict[str, str] = {}
+        if key:
+            headers["authorization"] = f"Bearer {key.get()}"
+        elif urlsplit(base).hostname == "api.openai.com":
+            raise ConfigError(
+                f"deployment {deployment.label!r}: no API key; set {self.key_env} or give api_key_env"
+            )
+        return f"{base}/chat/completions", headers
+
+    def _max_tokens_field(self, deployment: Deployment) -> str:
+        configured = deployment.options.get("max_tokens_field")
+        if isinstance(configured, str):
+            return configured
+        # OpenAI's reasoning models refuse "max_tokens"; most compatible servers only know it.
+        host = urlsplit(self.base_url(deployment)).hostname
+        return "max_completion_tokens" if host == "api.openai.com" else "max_tokens"
+
+    def build_body(self, request: Request, deployment: Deployment) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": deployment.model_name, "messages": list(request.messages)}
+        if request.max_tokens is not None:
+            body[self._max_tokens_field(deployment)] = request.max_tokens
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        body.update(request.params)
+        return body
+
+    def parse_reply(self, body: Mapping[str, Any]) -> Reply:
+        choices = body.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+            raise MalformedResponseError("response has no choices")
+        choice = choices[0]
+        message = choice.get("message")
+        if not isinstance(message, Mapping):
+            raise MalformedResponseError("response choice has no message")
+        content = message.get("content")
+        usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
+        assert isinstance(usage, Mapping)
+        prompt_details = usage.get("prompt_tokens_details") or {}
+        completion_details = usage.get("completion_tokens_details") or {}
+        return Reply(
+            text=content if isinstance(content, str) else None,
+            usage=Usage(
+                input_tokens=_int(usage.get("prompt_tokens")),
+                output_tokens=_int(usage.get("completion_tokens")),
+                cached_input_tokens=_int(prompt_details.get("cached_tokens")),
+                reasoning_tokens=_int(completion_details.get("reasoning_tokens")),
+            ),
+            finish_reason=choice.get("finish_reason"),
+        )
+
+    def parse_error(self, body: Any) -> tuple[str, str | None]:
+        error = body.get("error") if isinstance(body, Mapping) else None
+        if isinstance(error, Mapping):
+            code = error.get("code") or error.get("type")
+            return str(error.get("message") or "error"), str(code) if code else None
+        if isinstance(error, str):
+            return error, None
+        return str(body)[:200], None
+
+    def parse_ratelimit(self, headers: Mapping[str, str]) -> RateLimitSnapshot | None:
+        if "x-ratelimit-remaining-requests" not in headers and "x-ratelimit-remaining-tokens" not in headers:
+            return None
+        return RateLimitSnapshot(
+            limit_requests=_number(headers, "x-ratelimit-limit-requests"),
+            remaining_requests=_number(headers, "x-ratelimit-remaining-requests"),
+            reset_requests=parse_openai_duration(headers.get("x-ratelimit-reset-requests")),
+            limit_tokens=_number(headers, "x-ratelimit-limit-tokens"),
+            remaining_tokens=_number(headers, "x-ratelimit-remaining-tokens"),
+            reset_tokens=parse_openai_duration(headers.get("x-ratelimit-reset-tokens")),
+        )
+
+
+class AzureOpenAIProvider(OpenAIProvider):
+    """Azure OpenAI: ``{endpoint}/openai/deployments/{model}/chat/completions?api-version=``."""
+
+    name = "azure"
+    key_env = "AZURE_OPENAI_API_KEY"
+    base_url_env = "AZURE_OPENAI_ENDPOINT"
+    default_api_version = "2024-10-21"
+
+    def endpoint(self, deployment: Deployment) -> tuple[str, dict[str, str]]:
+        base = deployment.base_url or os.environ.get(self.base_url_env)
+        if not base:
+            raise ConfigError(
+                f"deployment {deployment.label!r}: Azure needs base_url (https://NAME.openai.azure.com) "
+                f"or {self.base_url_env}"
+            )
+        version = str(
+            deployment.options.get("api_version")
+            or os.environ.get("OPENAI_API_VERSION")
+            or self.default_api_version
+        )
+        key = resolve_key(deployment, self.key_env)
+        if not key:
+            raise ConfigError(f"deployment {deployment.label!r}: no API key; set {self.key_env}")
+        url = (
+            f"{base.rstrip('/')}/openai/deployments/{deployment.model_name}/chat/completions"
+            f"?api-version={version}"
+        )
+        return url, {"api-key": key.get()}
+
+    def _max_tokens_field(self, deployment: Deployment) -> str:
+        configured = deployment.options.get("max_tokens_field")
+        return configured if isinstance(configured, str) else "max_tokens"

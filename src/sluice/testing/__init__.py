@@ -1,0 +1,43 @@
+"""A fake LLM provider on a real loopback socket, for tests and benchmarks.
+
+``FakeServer`` speaks OpenAI Chat Completions (``POST /v1/chat/completions``) and
+Anthropic Messages (``POST /v1/messages``) and enforces rate limits the way the real
+providers do, so a client can be tested end to end (limits, 429s with ``retry-after``,
+retries, faults, billing) without the internet or an API key::
+
+    from sluice.testing import FakeServer
+
+    async def test_my_client() -> None:
+        async with FakeServer(rpm=600, tpm=100_000, window=60.0) as server:
+            server.inject("503", times=2)            # the next two requests fail
+            ...  # point your client at server.url (OpenAI) or server.anthropic_url
+            assert server.stats.duplicate_successes == 0
+
+From synchronous code use ``with FakeServer().running_in_thread() as server:``; for a
+server in its own process run ``python -m sluice.testing --port 0 --rpm 1200`` and read
+the ``listening on http://127.0.0.1:PORT`` line it prints (``GET /_fake/stats`` returns
+its counters as JSON).
+
+Replies are deterministic: the text is ``"echo: "`` and the start of the last user
+message; prompt tokens are sluice's own estimate; completion tokens are
+``min(max_tokens, output_tokens)``. A request reserves ``prompt + max_tokens`` tokens
+when admitted and is settled to its real usage when answered; rejected requests do not
+count. ``stats`` records what the client did, including ``duplicate_successes``: requests
+whose key (``Idempotency-Key`` header, else the body's hash) had already succeeded.
+"""
+
+from __future__ import annotations
+
+from ._faults import Fault, FaultSpec
+from ._limits import openai_duration
+from ._server import FakeServer
+from ._stats import LedgerEntry, ServerStats
+
+__all__ = [
+    "FakeServer",
+    "Fault",
+    "FaultSpec",
+    "LedgerEntry",
+    "ServerStats",
+    "openai_duration",
+]

@@ -1,0 +1,117 @@
+"""Run the fake provider in its own process: ``python -m sluice.testing --port 0``.
+
+It prints ``listening on http://HOST:PORT`` once it accepts connections and serves until
+SIGINT or SIGTERM, so a benchmark can measure a client without sharing its CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import signal
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from ._faults import Fault
+from ._server import FakeServer
+
+
+def _optional_float(text: str) -> float | None:
+    return None if text.lower() in ("none", "off", "0") else float(text)
+
+
+def _fault_rate(text: str) -> tuple[str, float]:
+    kind, _, rate = text.partition("=")
+    try:
+        return Fault(kind).value, float(rate)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected KIND=PROBABILITY, got {text!r}") from None
+
+
+def _price(text: str) -> tuple[str, tuple[float, float]]:
+    model, _, prices = text.partition("=")
+    try:
+        given, taken = (float(part) for part in prices.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MODEL=IN,OUT, got {text!r}") from None
+    return model, (given, taken)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sluice.testing", description="Fake OpenAI/Anthropic server."
+    )
+    add = parser.add_argument
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=8765, help="0 picks a free port (default 8765)")
+    add("--rpm", type=float, default=None, help="requests per window (default: unlimited)")
+    add("--tpm", type=float, default=None, help="tokens per window (default: unlimited)")
+    add("--window", type=float, default=60.0, help="window in seconds (default 60)")
+    add("--slice", type=_optional_float, default=1.0, help="even-slicing seconds, or none")
+    add("--jitter", type=float, default=0.02, help="slice tolerance in seconds")
+    add("--latency", type=float, default=0.0, help="seconds before each answer")
+    add("--latency-jitter", type=float, default=0.0, help="extra random latency, seconds")
+    add("--output-tokens", type=int, default=16, help="completion tokens per answer")
+    add("--api-key", default=None, help="require this key")
+    add("--seed", type=int, default=None, help="seed for random faults and latency")
+    add("--fault-rate", type=_fault_rate, action="append", default=[], metavar="KIND=P")
+    add("--price", type=_price, action="append", default=[], metavar="MODEL=IN,OUT")
+    add("--no-retry-after", action="store_true", help="omit retry-after on 429s")
+    return parser
+
+
+def _server(args: argparse.Namespace) -> FakeServer:
+    return FakeServer(
+        rpm=args.rpm,
+        tpm=args.tpm,
+        window=args.window,
+        slice=args.slice,
+        jitter=args.jitter,
+        latency=args.latency,
+        latency_jitter=args.latency_jitter,
+        output_tokens=args.output_tokens,
+        api_key=args.api_key,
+        fault_rates=dict(args.fault_rate),
+        seed=args.seed,
+        send_retry_after=not args.no_retry_after,
+        prices=dict(args.price),
+        host=args.host,
+        port=args.port,
+    )
+
+
+async def _serve(server: FakeServer) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with server:
+        print(f"listening on {server.anthropic_url}", flush=True)
+        await stop.wait()
+
+
+def _runner() -> Callable[[Coroutine[Any, Any, None]], None]:
+    """uvloop's ``run`` when it is installed (it is optional), else asyncio's."""
+    with contextlib.suppress(ImportError):
+        run: Callable[[Coroutine[Any, Any, None]], None] = importlib.import_module("uvloop").run
+        return run
+    return asyncio.run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the options, serve until a signal arrives, exit 0."""
+    args = _parser().parse_args(argv)
+    try:
+        server = _server(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _runner()(_serve(server))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""The fake provider: request flow, limits, faults, counting and billing.
+
+See the package docstring (:mod:`sluice.testing`) for how to use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Mapping
+from hashlib import sha256
+from typing import Any
+
+from aiohttp import web
+
+from ._faults import STATUS_OF, Fault, FaultPlan, FaultSpec
+from ._formats import AnthropicFormat, ApiError, Call, Format, OpenAIFormat, dumps, loads
+from ._lifecycle import LoopbackServer
+from ._limits import Limiter, Rejection, retry_after_headers
+from ._stats import LedgerEntry, ServerStats, cost_usd
+
+__all__ = ["FakeServer"]
+
+#: What the ``malformed`` fault sends with status 200.
+_MALFORMED_BODY = b'{"id": "chatcmpl-broken", "object": "chat.completion", "choi'
+_JSON = "application/json"
+
+
+class FakeServer(LoopbackServer):
+    """An OpenAI- and Anthropic-compatible HTTP server on loopback, with real limits.
+
+    Every knob is keyword-only. ``latency``, ``latency_jitter``, ``output_tokens``,
+    ``api_key``, ``send_retry_after`` and ``prices`` may be changed while it runs.
+    """
+
+    def __init__(
+        self,
+        *,
+        rpm: float | None = None,
+        tpm: float | None = None,
+        window: float = 60.0,
+        slice: float | None = 1.0,
+        jitter: float = 0.02,
+        latency: float = 0.0,
+        latency_jitter: float = 0.0,
+        output_tokens: int = 16,
+        api_key: str | None = None,
+        fault_rates: Mapping[str, float] | None = None,
+        seed: int | None = None,
+        send_retry_after: bool = True,
+        prices: Mapping[str, tuple[float, float]] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        if output_tokens < 0:
+            raise ValueError("output_tokens must not be negative")
+        self.latency = latency
+        self.latency_jitter = latency_jitter
+        self.output_tokens = output_tokens
+        self.api_key = api_key
+        self.send_retry_after = send_retry_after
+        self.prices: dict[str, tuple[float, float]] = dict(prices or {})
+        super().__init__(host, port)
+        self._limiter: Limiter | None = None
+        if rpm is not None or tpm is not None:
+            self._limiter = Limiter(rpm, tpm, window, slice, jitter)
+        self._faults = FaultPlan(fault_rates, seed)
+        self._rng = random.Random(seed)
+        self._routes: dict[str, Format] = {
+            "/v1/chat/completions": OpenAIFormat(),
+            "/v1/messages": AnthropicFormat(),
+        }
+        self.stats = ServerStats()
+        self.ledger: list[LedgerEntry] = []
+        self._billed = 0.0
+        self._seq = 0
+        self._in_flight = 0
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being handled right now."""
+        return self._in_flight
+
+    @property
+    def total_billed_usd(self) -> float:
+        """The sum of :attr:`ledger` costs."""
+        return self._billed
+
+    @property
+    def fault_rates(self) -> dict[Fault, float]:
+        """Probability per request of each random fault."""
+        return self._faults.rates
+
+    @fault_rates.setter
+    def fault_rates(self, rates: Mapping[str, float]) -> None:
+        self._faults.set_rates(rates)
+
+    @property
+    def pending_faults(self) -> int:
+        """Requests that still have an injected fault waiting for them."""
+        return self._faults.pending
+
+    def inject(
+        self,
+        kind: Fault | str,
+        times: int = 1,
+        *,
+        retry_after: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        delay: float = 0.0,
+    ) -> None:
+        """Answer the next ``times`` requests (after faults already queued) with ``kind``.
+
+        ``retry_after`` adds ``retry-after``/``retry-after-ms`` (a 429 gets 1 s unless
+        ``send_retry_after`` is off); ``headers`` are added to the response; ``delay``
+        waits before answering.
+        """
+        spec = FaultSpec(Fault(kind), retry_after, dict(headers or {}), delay)
+        self._faults.inject(spec, times)
+
+    def clear_faults(self) -> None:
+        """Drop injected faults that have not been used yet."""
+        self._faults.clear()
+
+    def reset_stats(self) -> None:
+        """Start :attr:`stats`, :attr:`ledger` and the billed total again from zero."""
+        self.stats = ServerStats()
+        self.ledger = []
+        self._billed = 0.0
+
+    def reset_limits(self) -> None:
+        """Forget every request counted against the rate limits."""
+        if self._limiter is not None:
+            self._limiter.reset()
+
+    # -- request flow ------------------------------------------------------------------
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.method == "POST":
+            fmt = self._routes.get(request.path)
+            if fmt is not None:
+                return await self._serve(request, fmt)
+        elif request.path == "/_fake/stats":
+            return web.Response(body=dumps(self._summary()), content_type=_JSON)
+        message = f"No route {request.method} {request.path} on the sluice fake server."
+        body = OpenAIFormat().error("not_found", message)
+        return web.Response(status=404, body=body, content_type=_JSON)
+
+    async def _serve(self, request: web.BaseRequest, fmt: Format) -> web.StreamResponse:
+        stats = self.stats
+        stats.received += 1
+        self._seq += 1
+        n = self._seq
+        fault = self._faults.draw()
+        self._in_flight += 1
+        if self._in_flight > stats.max_in_flight:
+            stats.max_in_flight = self._in_flight
+        try:
+            raw = await request.read()
+            key = request.headers.get("Idempotency-Key") or sha256(raw).hexdigest()
+            stats.by_key[key] += 1
+            if fault is not None:
+                return await self._fault(request, fmt, fault, n, raw)
+            return await self._answer(request, fmt, n, raw, key)
+        finally:
+            self._in_flight -= 1
+
+    async def _answer(
+        self, request: web.BaseRequest, fmt: Format, n: int, raw: bytes, key: str
+    ) -> web.Response:
+        headers = request.headers
+        try:
+            fmt.check_auth(headers, self.api_key)
+            call = fmt.parse(_decode(raw), headers)
+        except ApiError as exc:
+            return self._respond(fmt, n, exc.status, fmt.error(exc.kind, exc.message, exc.param))
+        cost = call.prompt_tokens + call.max_tokens
+        assert self._loop is not None
+        now = self._loop.time()
+        limiter = self._limiter
+        entry = None
+        if limiter is not None:
+            verdict = limiter.admit(now, cost)
+            if isinstance(verdict, Rejection):
+                return self._reject(fmt, n, verdict)
+            entry = verdict
+        self.stats.arrivals.append((now, cost))
+        delay = self.latency
+        if self.latency_jitter > 0:
+            delay += self._rng.uniform(0.0, self.latency_jitter)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        completion = min(call.max_tokens, self.output_tokens)
+        if limiter is not None and entry is not None:
+            limiter.settle(entry, call.prompt_tokens + completion)
+        self._record_success(key, call, completion)
+        cut = completion < self.output_tokens
+        return self._respond(fmt, n, 200, fmt.success(n, call, completion, cut, int(time.time())))
+
+    def _respond(
+        self,
+        fmt: Format,
+        n: int,
+        status: int,
+        body: bytes,
+        extra: Mapping[str, str] | None = None,
+    ) -> web.Response:
+        """A JSON response with the request id, the rate-limit headers and ``extra``."""
+        headers = {"Content-Type": _JSON, fmt.request_id_header: f"req_{n}"}
+        limiter = self._limiter
+        if limiter is not None and self._loop is not None:
+            headers.update(fmt.limit_headers(limiter.snapshot(self._loop.time()), time.time()))
+        if extra:
+            headers.update(extra)
+        stats = self.stats
+        stats.by_status[status] += 1
+        if status == 429:
+            stats.rate_limited += 1
+        return web.Response(status=status, body=body, headers=headers)
+
+    def _reject(self, fmt: Format, n: int, rejection: Rejection) -> web.Response:
+        extra = None
+        if self.send_retry_after and rejection.wait is not None:
+            extra = retry_after_headers(rejection.wait)
+        return self._respond(fmt, n, 429, fmt.rate_limited(rejection), extra)
+
+    def _record_success(self, key: str, call: Call, completion: int) -> None:
+        stats = self.stats
+        stats.accepted += 1
+        if stats.succeeded_keys[key]:
+            stats.duplicate_successes += 1
+        stats.succeeded_keys[key] += 1
+        stats.prompt_tokens += call.prompt_tokens
+        stats.completion_tokens += completion
+        cost = cost_usd(self.prices, call.model, call.prompt_tokens, completion)
+        self.ledger.append(LedgerEntry(key, call.model, call.prompt_tokens, completion, cost))
+        self._billed += cost
+
+    def _summary(self) -> dict[str, Any]:
+        summary = self.stats.summary()
+        summary["in_flight"] = self._in_flight
+        summary["pending_faults"] = self._faults.pending
+        summary["total_billed_usd"] = self._billed
+        return summary
+
+    # -- faults ------------------------------------------------------------------------
+
+    async def _fault(
+        self, request: web.BaseRequest, fmt: Format, spec: FaultSpec, n: int, raw: bytes
+    ) -> web.StreamResponse:
+        if spec.delay > 0:
+            await asyncio.sleep(spec.delay)
+        kind = spec.kind
+        status = STATUS_OF.get(kind)
+        if status is not None:
+            return self._fault_status(fmt, spec, n, status)
+        if kind is Fault.HANG:
+            await self._hang(request)
+        if kind is Fault.RESET or kind is Fault.HANG:
+            return self._drop(request)
+        extra = dict(spec.headers)
+        if kind is Fault.MALFORMED:
+            return self._respond(fmt, n, 200, _MALFORMED_BODY, extra)
+        body = fmt.empty(n, _model_of(raw), int(time.time()))
+        if kind is Fault.EMPTY_CHOICES:
+            return self._respond(fmt, n, 200, body, extra)
+        return await self._truncate(request, fmt, n, body, extra)
+
+    def _fault_status(self, fmt: Format, spec: FaultSpec, n: int, status: int) -> web.Response:
+        wait = spec.retry_after
+        if spec.kind is Fault.RATE_LIMIT:
+            message = "Rate limit reached for requests (injected fault)."
+            body = fmt.rate_limited(Rejection("requests", wait, message))
+            if wait is None and self.send_retry_after:
+                wait = 1.0
+        else:
+            body = fmt.fault_error(spec.kind)
+        extra = retry_after_headers(wait) if wait is not None else {}
+        if spec.kind is Fault.NO_RETRY:
+            extra["x-should-retry"] = "false"
+        extra.update(spec.headers)
+        return self._respond(fmt, n, status, body, extra)
+
+    async def _hang(self, request: web.BaseRequest) -> None:
+        """Wait until the client goes away or the server stops."""
+        closing = self._closing
+        assert closing is not None
+        while not closing.is_set():
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(closing.wait(), 0.05)
+
+    def _drop(self, request: web.BaseRequest) -> web.Response:
+        """Close the connection without an answer (aiohttp then fails quietly to write)."""
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
+        self.stats.by_status[0] += 1
+        return web.Response(status=204)
+
+    async def _truncate(
+        self, request: web.BaseRequest, fmt: Format, n: int, body: bytes, extra: dict[str, str]
+    ) -> web.StreamResponse:
+        """Promise ``len(body)`` bytes, send half of them, then close the connection."""
+        headers = {"Content-Type": _JSON, fmt.request_id_header: f"req_{n}", **extra}
+        response = web.StreamResponse(status=200, headers=headers)
+        response.content_length = len(body)
+        await response.prepare(request)
+        await response.write(body[: len(body) // 2])
+        transport = request.transport
+        if transport is not None:
+            transport.close()
+        self.stats.by_status[0] += 1
+        return response
+
+
+def _decode(raw: bytes) -> Any:
+    try:
+        return loads(raw)
+    except ValueError:
+        raise ApiError(400, "invalid_request", "We could not parse the JSON body of your request.") from None
+
+
+def _model_of(raw: bytes) -> str:
+    with contextlib.suppress(ValueError):
+        body = loads(raw)
+        if isinstance(body, dict) and isinstance(body.get("model"), str):
+            return str(body["model"])
+    return "unknown"

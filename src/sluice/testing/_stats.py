@@ -1,0 +1,75 @@
+"""What the fake counts, so tests can assert on what a client really sent and got."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LedgerEntry", "ServerStats", "cost_usd"]
+
+
+@dataclass(slots=True)
+class ServerStats:
+    """Counters since the server started or since :meth:`FakeServer.reset_stats`.
+
+    A request's *key* is its ``Idempotency-Key`` header, else the SHA-256 of its body,
+    so a retried request has the same key as its first attempt.
+    """
+
+    #: Requests that reached a handler, faulted or not.
+    received: int = 0
+    #: Requests answered with a real completion (200s from faults are not counted).
+    accepted: int = 0
+    #: 429s sent, injected or because of a limit.
+    rate_limited: int = 0
+    #: Status codes sent; 0 for ``reset``, ``hang`` and ``truncated``.
+    by_status: Counter[int] = field(default_factory=Counter)
+    #: Requests per key.
+    by_key: Counter[str] = field(default_factory=Counter)
+    #: Real completions per key.
+    succeeded_keys: Counter[str] = field(default_factory=Counter)
+    #: Completions for a key that had already succeeded: a client re-sent finished work.
+    duplicate_successes: int = 0
+    #: The most requests being handled at the same time.
+    max_in_flight: int = 0
+    #: ``(loop.time(), reserved tokens)`` of each admitted request, in admission order.
+    arrivals: list[tuple[float, int]] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        """The counters as JSON-ready data (no per-request lists)."""
+        return {
+            "received": self.received,
+            "accepted": self.accepted,
+            "rate_limited": self.rate_limited,
+            "by_status": {str(code): n for code, n in sorted(self.by_status.items())},
+            "distinct_keys": len(self.by_key),
+            "duplicate_successes": self.duplicate_successes,
+            "max_in_flight": self.max_in_flight,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """What one successful request would have been billed."""
+
+    key: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+
+
+def cost_usd(
+    prices: Mapping[str, tuple[float, float]], model: str, input_tokens: int, output_tokens: int
+) -> float:
+    """Cost at ``prices`` (USD per million tokens in, out); ``"*"`` prices any other model."""
+    price = prices.get(model) or prices.get("*")
+    if price is None:
+        return 0.0
+    return (input_tokens * price[0] + output_tokens * price[1]) / 1_000_000
