@@ -21,13 +21,14 @@ import pytest
 
 from sluice._tokens import estimate_message_tokens
 from sluice.testing import FakeServer, Fault, openai_duration
+from sluice.testing.__main__ import _parser, _server
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "hello world"},
 ]
 OPENAI = {"model": "gpt-test", "messages": MESSAGES}
-ANTHROPIC = {
+ANTHROPIC: dict[str, Any] = {
     "model": "claude-test",
     "max_tokens": 64,
     "system": "Be brief.",
@@ -137,6 +138,31 @@ async def test_anthropic_success_body(session: aiohttp.ClientSession) -> None:
     }
 
 
+async def test_reply_text_escapes_any_prompt(session: aiohttp.ClientSession) -> None:
+    prompt = 'héllo "quoted" \\ ünïcode ✓ ' + "x" * 300
+    user = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
+    async with FakeServer() as server:
+        _, _, body = await chat(session, server, model='m"odel', messages=user)
+        system = [{"type": "text", "text": "sys"}]
+        anthropic_body = {**ANTHROPIC, "system": system, "messages": user}
+        status, _, anthropic = await post(
+            session, f"{server.anthropic_url}/v1/messages", anthropic_body, VERSION
+        )
+    assert body["model"] == 'm"odel'
+    assert body["choices"][0]["message"]["content"] == "echo: " + prompt[:200]
+    assert status == 200
+    assert anthropic["content"][0]["text"] == "echo: " + prompt[:200]
+    assert anthropic["usage"]["input_tokens"] == estimate_message_tokens(user, anthropic_body)
+
+
+async def test_reply_text_skips_non_text_parts(session: aiohttp.ClientSession) -> None:
+    parts = [{"type": "image_url", "image_url": {"url": "x"}}, "plain", 7]
+    async with FakeServer() as server:
+        status, _, body = await chat(session, server, messages=[{"role": "user", "content": parts}])
+    assert status == 200
+    assert body["choices"][0]["message"]["content"] == "echo: plain"
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -205,7 +231,15 @@ async def test_unknown_route_is_404(session: aiohttp.ClientSession) -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(0, "0s"), (0.02, "20ms"), (0.0005, "0.5ms"), (1, "1s"), (360, "6m0s"), (90.5, "1m30.5s")],
+    [
+        (0, "0s"),
+        (0.02, "20ms"),
+        (0.0005, "0.5ms"),
+        (1, "1s"),
+        (360, "6m0s"),
+        (90.5, "1m30.5s"),
+        (3723, "1h2m3s"),
+    ],
 )
 def test_openai_duration_format(seconds: float, text: str) -> None:
     assert openai_duration(seconds) == text
@@ -231,7 +265,7 @@ async def test_request_limit_429_and_sliding_window(session: aiohttp.ClientSessi
         assert body["error"]["message"].startswith("Rate limit reached for requests")
         assert headers["retry-after"] == "1"
         wait_ms = int(headers["retry-after-ms"])
-        assert 200 < wait_ms <= 300
+        assert 100 < wait_ms <= 300
         assert server.stats.rate_limited == 1
         assert len(server.stats.arrivals) == 3  # the 429 was not counted
         await asyncio.sleep(wait_ms / 1000 + 0.01)
@@ -241,15 +275,15 @@ async def test_request_limit_429_and_sliding_window(session: aiohttp.ClientSessi
 
 
 async def test_requests_are_also_enforced_per_slice(session: aiohttp.ClientSession) -> None:
-    # 600 per 60 s enforced as 10 per second: a burst of 10 passes, the 11th waits ~80 ms.
-    async with FakeServer(rpm=600, window=60.0) as server:
-        statuses = [(await chat(session, server))[0] for _ in range(10)]
-        assert statuses == [200] * 10
+    # 240 per 60 s is 4 per second; sliced by 1.25 s a burst of 5 passes, the 6th waits.
+    async with FakeServer(rpm=240, window=60.0, slice=1.25) as server:
+        statuses = [(await chat(session, server))[0] for _ in range(5)]
+        assert statuses == [200] * 5
         status, headers, body = await chat(session, server)
         assert (status, body["error"]["type"]) == (429, "requests")
-        assert headers["x-ratelimit-remaining-requests"] == "590"
+        assert headers["x-ratelimit-remaining-requests"] == "235"
         wait = int(headers["retry-after-ms"]) / 1000
-        assert 0 < wait <= 0.1
+        assert 0 < wait <= (1 - 0.02 * 4) / 4 + 0.001  # (1 - jitter * rate) / rate
         await asyncio.sleep(wait + 0.01)
         assert (await chat(session, server))[0] == 200
 
@@ -259,7 +293,7 @@ async def test_token_limit_reserves_max_tokens_then_settles(
 ) -> None:
     prompt = estimate_message_tokens(MESSAGES, {**OPENAI, "max_tokens": 100})
     tpm = (prompt + 100) + (prompt + 16)  # the 2nd fits only once the 1st is settled
-    async with FakeServer(tpm=tpm, window=0.5, output_tokens=16) as server:
+    async with FakeServer(tpm=tpm, window=5.0, output_tokens=16) as server:
         status, headers, _ = await chat(session, server, max_tokens=100)
         assert status == 200
         assert headers["x-ratelimit-limit-tokens"] == str(tpm)
@@ -269,7 +303,7 @@ async def test_token_limit_reserves_max_tokens_then_settles(
         assert headers["x-ratelimit-remaining-tokens"] == str(tpm - 2 * (prompt + 16))
         status, headers, body = await chat(session, server, max_tokens=100)
         assert (status, body["error"]["type"]) == (429, "tokens")
-        assert 0 < int(headers["retry-after-ms"]) <= 500
+        assert 0 < int(headers["retry-after-ms"]) <= 5000
         status, headers, body = await chat(session, server, max_tokens=tpm)
         assert status == 429
         assert body["error"]["message"].startswith("Request too large")
@@ -294,7 +328,7 @@ async def test_anthropic_rate_limit_headers(session: aiohttp.ClientSession) -> N
 
 
 async def test_retry_after_can_be_turned_off(session: aiohttp.ClientSession) -> None:
-    async with FakeServer(rpm=1, window=0.5, send_retry_after=False) as server:
+    async with FakeServer(rpm=1, window=5.0, send_retry_after=False) as server:
         await chat(session, server)
         status, headers, _ = await chat(session, server)
         server.inject("429")
@@ -349,6 +383,26 @@ async def test_injected_faults_apply_in_arrival_order(session: aiohttp.ClientSes
         third, _, _ = await chat(session, server)
     assert (first, second, third) == (503, 429, 200)
     assert (headers["retry-after"], headers["retry-after-ms"]) == ("3", "2500")
+
+
+async def test_fault_delay(session: aiohttp.ClientSession) -> None:
+    async with FakeServer() as server:
+        server.inject("502", delay=0.1)
+        started = time.monotonic()
+        status, _, _ = await chat(session, server)
+    assert status == 502
+    assert time.monotonic() - started >= 0.1
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="rpm"):
+        FakeServer(rpm=0)
+    with pytest.raises(ValueError, match="add up"):
+        FakeServer(fault_rates={"500": 0.7, "reset": 0.4})
+    with pytest.raises(ValueError, match="fire"):
+        FakeServer().inject("fire")
+    with pytest.raises(ValueError, match="times"):
+        FakeServer().inject("500", times=0)
 
 
 async def test_reset_fault_closes_the_connection(session: aiohttp.ClientSession) -> None:
@@ -425,7 +479,7 @@ async def test_random_faults_follow_the_seed(session: aiohttp.ClientSession) -> 
 
 
 async def test_counters_and_duplicate_successes(session: aiohttp.ClientSession) -> None:
-    async with FakeServer(latency=0.05) as server:
+    async with FakeServer(latency=0.1) as server:
         await asyncio.gather(*(chat(session, server, user=str(i)) for i in range(4)))
         stats = server.stats
         assert (stats.received, stats.accepted, stats.max_in_flight) == (4, 4, 4)
@@ -511,6 +565,15 @@ def test_running_in_thread_reports_a_busy_port() -> None:
         taken = FakeServer(port=first.port)
         with pytest.raises(OSError, match=r"(?i)in use"), taken.running_in_thread():
             pass
+
+
+def test_cli_options_build_the_server() -> None:
+    options = "--port 0 --tpm 5000 --slice none --fault-rate 529=0.25 --price gpt-x=0.5,1.5"
+    args = _parser().parse_args([*options.split(), "--no-retry-after", "--latency", "0.01"])
+    server = _server(args)
+    assert server.fault_rates == {Fault.OVERLOADED: 0.25}
+    assert server.prices == {"gpt-x": (0.5, 1.5)}
+    assert (server.send_retry_after, server.latency) == (False, 0.01)
 
 
 async def test_cli_serves_in_another_process(session: aiohttp.ClientSession) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from collections.abc import Awaitable, Callable
 
@@ -53,7 +54,7 @@ def test_requests_never_exceed_the_limit_in_any_window_and_are_paced_evenly() ->
     grants = run_in_virtual_time(_take_all(limiter, [1] * 35))
     assert max_in_any_window(grants, 60.0, tokens=False) <= 10
     times = sorted(t for t, _ in grants)
-    gaps = {round(b - a, 6) for a, b in zip(times, times[1:], strict=False)}
+    gaps = {round(b - a, 6) for a, b in itertools.pairwise(times)}
     assert gaps == {6.0}  # 60 s / 10, never a burst
     assert times[0] == 0.0  # starts at once, not empty
 

@@ -26,13 +26,26 @@ __all__ = ["FakeServer"]
 #: What the ``malformed`` fault sends with status 200.
 _MALFORMED_BODY = b'{"id": "chatcmpl-broken", "object": "chat.completion", "choi'
 _JSON = "application/json"
+_BAD_JSON = "We could not parse the JSON body of your request."
 
 
 class FakeServer(LoopbackServer):
     """An OpenAI- and Anthropic-compatible HTTP server on loopback, with real limits.
 
-    Every knob is keyword-only. ``latency``, ``latency_jitter``, ``output_tokens``,
-    ``api_key``, ``send_retry_after`` and ``prices`` may be changed while it runs.
+    Limits (one state shared by both endpoints): at most ``rpm`` requests and ``tpm``
+    tokens in any sliding ``window`` seconds. With ``slice`` seconds set, requests are
+    also spread evenly, as OpenAI may enforce 60,000/min as 1,000/s: a bucket refilling
+    at ``rpm / window`` per second holding ``max(1, rpm * slice / window)``, forgiving
+    ``jitter`` seconds of early arrival. So ``rpm=3, window=60`` admits one request per
+    20 s; pass ``slice=None`` for a pure sliding window.
+
+    ``latency`` (+ up to ``latency_jitter``) seconds pass before each real answer;
+    ``output_tokens`` is the reply length unless ``max_tokens`` cuts it; ``api_key``
+    makes the key mandatory; ``fault_rates`` (``{"503": 0.1}``) draws random faults with
+    ``seed``; ``send_retry_after=False`` drops ``retry-after`` hints from 429s; ``prices``
+    maps a model (or ``"*"``) to USD per million input and output tokens for
+    :attr:`ledger`. ``latency``, ``latency_jitter``, ``output_tokens``, ``api_key``,
+    ``send_retry_after`` and ``prices`` may be changed while it runs.
     """
 
     def __init__(
@@ -160,7 +173,8 @@ class FakeServer(LoopbackServer):
         try:
             raw = await request.read()
             key = request.headers.get("Idempotency-Key") or sha256(raw).hexdigest()
-            stats.by_key[key] += 1
+            by_key = stats.by_key
+            by_key[key] = by_key.get(key, 0) + 1  # .get: Counter's __missing__ is slow
             if fault is not None:
                 return await self._fault(request, fmt, fault, n, raw)
             return await self._answer(request, fmt, n, raw, key)
@@ -229,13 +243,16 @@ class FakeServer(LoopbackServer):
     def _record_success(self, key: str, call: Call, completion: int) -> None:
         stats = self.stats
         stats.accepted += 1
-        if stats.succeeded_keys[key]:
+        succeeded = stats.succeeded_keys
+        before = succeeded.get(key, 0)
+        if before:
             stats.duplicate_successes += 1
-        stats.succeeded_keys[key] += 1
+        succeeded[key] = before + 1
         stats.prompt_tokens += call.prompt_tokens
         stats.completion_tokens += completion
-        cost = cost_usd(self.prices, call.model, call.prompt_tokens, completion)
-        self.ledger.append(LedgerEntry(key, call.model, call.prompt_tokens, completion, cost))
+        prompt = call.prompt_tokens
+        cost = cost_usd(self.prices, call.model, prompt, completion) if self.prices else 0.0
+        self.ledger.append(LedgerEntry(key, call.model, prompt, completion, cost))
         self._billed += cost
 
     def _summary(self) -> dict[str, Any]:
@@ -322,7 +339,7 @@ def _decode(raw: bytes) -> Any:
     try:
         return loads(raw)
     except ValueError:
-        raise ApiError(400, "invalid_request", "We could not parse the JSON body of your request.") from None
+        raise ApiError(400, "invalid_request", _BAD_JSON) from None
 
 
 def _model_of(raw: bytes) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["LedgerEntry", "ServerStats", "cost_usd"]
 
@@ -54,8 +54,7 @@ class ServerStats:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class LedgerEntry:
+class LedgerEntry(NamedTuple):
     """What one successful request would have been billed."""
 
     key: str

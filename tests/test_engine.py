@@ -1,0 +1,373 @@
+"""The engine end to end: real HTTP over loopback to the fake provider server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+import sluice
+from sluice import (
+    AuthenticationError,
+    BadRequestError,
+    CapacityError,
+    Deployment,
+    Engine,
+    InvalidRequestError,
+    NotFoundError,
+    Request,
+    Result,
+    RetryEvent,
+    RetryPolicy,
+    ServerError,
+)
+from sluice.testing import FakeServer
+
+FAST_RETRY = RetryPolicy(max_attempts=4, base_delay=0.01, max_delay=0.05, attempt_timeout=2.0)
+
+
+def openai(server: FakeServer, **kwargs: Any) -> Deployment:
+    return Deployment("openai/gpt-test", base_url=server.url, api_key="sk-test", **kwargs)
+
+
+def prompts(n: int, model: str = "openai/gpt-test", **kwargs: Any) -> list[Request]:
+    return [Request.from_prompt(model, f"question {i}", id=f"q{i}", **kwargs) for i in range(n)]
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeServer]:
+    async with FakeServer(api_key="sk-test") as fake:
+        yield fake
+
+
+async def test_openai_round_trip(server: FakeServer) -> None:
+    async with Engine(openai(server)) as engine:
+        result = await engine.complete("openai/gpt-test", "hello there", max_tokens=50)
+    assert result.ok, result.error
+    assert result.text == "echo: hello there"
+    assert result.usage.input_tokens > 0
+    assert result.usage.output_tokens == 16
+    assert result.attempts == 1
+    assert result.deployment == "openai/gpt-test"
+    assert result.request_id is not None
+    assert result.request_id.startswith("req_")
+    assert result.raw is not None
+    assert result.raw["object"] == "chat.completion"
+    assert result.timings.total >= result.timings.latency > 0
+
+
+async def test_anthropic_round_trip(server: FakeServer) -> None:
+    deployment = Deployment("anthropic/claude-test", base_url=server.anthropic_url, api_key="sk-test")
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi claude"}]
+    async with Engine(deployment) as engine:
+        result = await engine.complete("anthropic/claude-test", messages, max_tokens=100)
+    assert result.ok, result.error
+    assert result.text == "echo: hi claude"
+    assert result.finish_reason == "end_turn"
+    assert result.usage.output_tokens == 16
+
+
+async def test_wrong_key_fails_at_once_and_never_shows_the_key(server: FakeServer) -> None:
+    deployment = Deployment("openai/gpt-test", base_url=server.url, api_key="sk-wrong-secret")
+    async with Engine(deployment, retry=FAST_RETRY) as engine:
+        result = await engine.complete("openai/gpt-test", "hi")
+    assert isinstance(result.error, AuthenticationError)
+    assert result.attempts == 1
+    assert server.stats.received == 1
+    assert "sk-wrong-secret" not in str(result.error) + repr(result) + repr(engine)
+
+
+@pytest.mark.parametrize(("fault", "error_cls"), [("400", BadRequestError), ("404", NotFoundError)])
+async def test_client_errors_are_not_retried(server: FakeServer, fault: str, error_cls: type) -> None:
+    server.inject(fault, times=5)
+    async with Engine(openai(server), retry=FAST_RETRY) as engine:
+        result = await engine.complete("openai/gpt-test", "hi")
+    assert isinstance(result.error, error_cls)
+    assert result.attempts == 1
+    assert server.stats.received == 1
+    assert f"HTTP {fault}" in str(result.error)
+
+
+@pytest.mark.parametrize(
+    "fault", ["500", "502", "503", "529", "reset", "malformed", "truncated", "empty_choices"]
+)
+async def test_transient_faults_are_retried_then_succeed(server: FakeServer, fault: str) -> None:
+    server.inject(fault, times=2)
+    retries: list[RetryEvent] = []
+    async with Engine(openai(server), retry=FAST_RETRY, on_retry=retries.append) as engine:
+        result = await engine.complete("openai/gpt-test", "hi")
+    assert result.ok, result.error
+    assert result.attempts == 3
+    assert [event.attempt for event in retries] == [1, 2]
+    assert server.stats.accepted == 1
+
+
+@pytest.mark.parametrize("fault", ["503", "reset", "malformed", "truncated"])
+async def test_persistent_faults_are_reported_after_the_attempt_budget(
+    server: FakeServer, fault: str
+) -> None:
+    server.inject(fault, times=10)
+    async with Engine(openai(server), retry=FAST_RETRY) as engine:
+        result = await engine.complete("openai/gpt-test", "hi")
+    assert not result.ok
+    assert isinstance(result.error, sluice.RetryableError)
+    assert result.attempts == FAST_RETRY.max_attempts
+    assert server.stats.received == FAST_RETRY.max_attempts
+
+
+async def test_a_hang_times_out_and_is_retried(server: FakeServer) -> None:
+    server.inject("hang", times=1)
+    policy = RetryPolicy(max_attempts=3, base_delay=0.01, attempt_timeout=0.3)
+    async with Engine(openai(server), retry=policy) as engine:
+        result = await engine.complete("openai/gpt-test", "hi")
+    assert result.ok, result.error
+    assert result.attempts == 2
+
+
+async def test_x_should_retry_false_is_obeyed(server: FakeServer) -> None:
+    server.inject("x_should_retry_false", times=3)
+    async with Engine(openai(server), retry=FAST_RETRY) as engine:
+        result = await engine.complete("openai/gpt-test", "hi")
+    assert isinstance(result.error, ServerError)
+    assert result.attempts == 1
+
+
+async def test_deadline_stops_retries_that_could_not_finish_in_time(server: FakeServer) -> None:
+    server.inject("503", times=5, retry_after=5.0)
+    policy = RetryPolicy(max_attempts=5, deadline=1.0)
+    async with Engine(openai(server), retry=policy) as engine:
+        result = await engine.complete("openai/gpt-test", "hi")
+    assert isinstance(result.error, ServerError)
+    assert result.attempts == 1  # waiting 5 s would pass the 1 s deadline: give up now
+
+
+async def test_a_429_pauses_the_whole_deployment_for_retry_after(server: FakeServer) -> None:
+    loop = asyncio.get_running_loop()
+    server.inject("429", times=1, retry_after=0.4)
+    async with Engine(openai(server), retry=FAST_RETRY) as engine:
+        first = asyncio.create_task(engine.complete("openai/gpt-test", "first"))
+        await asyncio.sleep(0.05)  # the 429 has arrived
+        paused_at = loop.time()
+        others = await asyncio.gather(*(engine.complete("openai/gpt-test", f"q{i}") for i in range(5)))
+        await first
+    assert all(r.ok for r in [first.result(), *others])
+    # nobody was sent before the pause ended, not only the request that drew the 429
+    accepted_times = [t for t, _ in server.stats.arrivals]
+    assert len(accepted_times) == 6
+    assert min(accepted_times) >= paused_at + 0.3
+    assert engine.stats.rate_limited == 1
+
+
+async def test_a_429_storm_loses_nothing() -> None:
+    # The client is told nothing about the limit; the server allows 20 per 0.5 s
+    # (the deployment's window says what unit the provider's limits are counted in).
+    async with FakeServer(rpm=20, window=0.5, api_key="sk-test") as server:
+        policy = RetryPolicy(max_attempts=30, base_delay=0.02, max_delay=0.2)
+        async with Engine(openai(server, window=0.5), retry=policy) as engine:
+            results = await engine.run(prompts(120))
+        assert len(results) == 120
+        assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
+        assert [r.id for r in results] == [f"q{i}" for i in range(120)]
+        assert server.stats.accepted == 120
+        assert server.stats.duplicate_successes == 0
+        assert engine.stats.rate_limited == server.stats.rate_limited > 0
+        # it learnt the limit from the x-ratelimit headers
+        assert engine.limiter("openai/gpt-test").requests_limit == 20  # type: ignore[attr-defined]
+
+
+async def test_within_configured_limits_the_server_never_says_429() -> None:
+    async with FakeServer(rpm=40, tpm=4_000, window=0.5, api_key="sk-test") as server:
+        deployment = openai(server, rpm=40, tpm=4_000, window=0.5)
+        async with Engine(deployment, retry=FAST_RETRY) as engine:
+            results = await engine.run(prompts(100, max_tokens=30))
+        assert all(r.ok for r in results)
+        assert server.stats.rate_limited == 0
+        assert engine.stats.retries == 0
+
+
+async def test_priority_request_overtakes_a_queued_batch(server: FakeServer) -> None:
+    order: list[str] = []
+    five_done = asyncio.Event()
+
+    def note(result: Result) -> None:
+        order.append(result.id)
+        if len(order) == 5:
+            five_done.set()
+
+    deployment = openai(server, rpm=100, window=1.0)  # one request every 10 ms
+    async with Engine(deployment, on_result=note) as engine:
+        batch = asyncio.create_task(engine.run(prompts(60)))
+        await five_done.wait()
+        urgent = await engine.complete("openai/gpt-test", "urgent!", id="urgent")
+        batch_results = await batch
+    assert urgent.ok
+    assert all(r.ok for r in batch_results)
+    # ~55 batch items were queued when it arrived; it went next, or nearly (one may be
+    # granted in the same tick)
+    assert order.index("urgent") <= 7
+
+
+async def test_cancellation_leaves_no_stray_tasks_and_reports_in_flight(server: FakeServer) -> None:
+    server.latency = 0.2
+    seen: list[Result] = []
+    async with Engine(openai(server), concurrency=8, on_result=seen.append) as engine:
+
+        async def consume() -> None:
+            async for _ in engine.map(prompts(100)):
+                pass
+
+        consumer = asyncio.create_task(consume())
+        await asyncio.sleep(0.05)
+        consumer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await consumer
+        assert not engine_tasks()
+    cancelled = [r for r in seen if r.error is not None and r.error.kind == "cancelled"]
+    assert len(cancelled) == 8  # each in-flight request is accounted for, none silently dropped
+    assert "was sent" in str(cancelled[0].error)
+
+
+def engine_tasks() -> list[asyncio.Task[Any]]:
+    """Tasks running the engine's code (the fake server's handler tasks are not counted)."""
+    return [
+        t
+        for t in asyncio.all_tasks()
+        if getattr(t.get_coro(), "__qualname__", "").startswith(("Engine.", "_aiterate"))
+    ]
+
+
+async def test_breaking_out_of_map_cancels_the_rest(server: FakeServer) -> None:
+    async with Engine(openai(server), concurrency=4) as engine:
+        async with contextlib.aclosing(engine.map(prompts(50))) as results:
+            async for result in results:
+                assert result.ok
+                if result.index == 2:
+                    break
+        assert not engine_tasks()  # closed at once
+        async for _ in engine.map(prompts(50)):
+            break
+        # a plain break leaves closing to the loop's async-generator finalizer: soon, not never
+        for _ in range(100):
+            if not engine_tasks():
+                break
+            await asyncio.sleep(0)
+        assert not engine_tasks()
+    assert server.stats.received < 30
+
+
+async def test_map_back_pressures_a_huge_generator(server: FakeServer) -> None:
+    pulled = 0
+
+    def source() -> Iterator[Request]:
+        nonlocal pulled
+        for i in range(10_000_000):
+            pulled += 1
+            yield Request.from_prompt("openai/gpt-test", f"q{i}")
+
+    async with Engine(openai(server), concurrency=4, buffer=16) as engine:
+        consumed = 0
+        async for _ in engine.map(source()):
+            consumed += 1
+            assert pulled - consumed <= 16 + 1
+            if consumed == 200:
+                break
+    assert pulled < 300
+
+
+async def test_ordered_map_and_bad_items_become_results(server: FakeServer) -> None:
+    items: list[Any] = [
+        "plain prompt",
+        {"messages": [{"role": "user", "content": "dict item"}], "max_tokens": 5},
+        {"messages": []},
+        {"prompt": "wrong field"},
+        42,
+        Request.from_prompt("nobody/model", "unknown provider"),
+    ]
+    async with Engine(openai(server)) as engine:
+        results = [r async for r in engine.map(items, model="openai/gpt-test", ordered=True)]
+    assert [r.index for r in results] == list(range(6))
+    assert [r.ok for r in results] == [True, True, False, False, False, False]
+    assert "messages is empty" in str(results[2].error)
+    assert "unknown field(s) ['prompt']" in str(results[3].error)
+    assert "cannot make a request from a int" in str(results[4].error)
+    assert "unknown provider 'nobody'" in str(results[5].error)
+    assert engine.stats.submitted == 6
+
+
+async def test_impossible_requests_are_refused_before_sending(server: FakeServer) -> None:
+    async with Engine(openai(server, tpm=1_000)) as engine:
+        with pytest.raises(CapacityError, match="lower max_tokens"):
+            await engine.complete("openai/gpt-test", "hi", max_tokens=5_000)
+        with pytest.raises(InvalidRequestError, match="messages is empty"):
+            await engine.complete("openai/gpt-test", [])
+        results = await engine.run([Request.from_prompt("openai/gpt-test", "hi", max_tokens=5_000)])
+    assert isinstance(results[0].error, CapacityError)
+    assert server.stats.received == 0
+
+
+async def test_sync_facade_works_inside_a_running_loop() -> None:
+    with FakeServer(api_key="sk-test").running_in_thread() as server:
+        deployment = Deployment("openai/gpt-test", base_url=server.url, api_key="sk-test")
+        results = sluice.run(["a", "b", "c"], model="openai/gpt-test", deployments=[deployment])
+        one = sluice.complete("openai/gpt-test", "d", deployments=[deployment])
+    assert [r.text for r in results] == ["echo: a", "echo: b", "echo: c"]
+    assert one.text == "echo: d"
+
+
+def test_sync_facade_without_a_loop() -> None:
+    results = sluice.run(
+        ["x", "y"],
+        deployments=[Deployment("simulate/demo", options={"latency": 0.01})],
+        model="simulate/demo",
+    )
+    assert [r.ok for r in results] == [True, True]
+    assert results[0].text is not None
+    assert "[simulated reply" in results[0].text
+
+
+async def test_close_drains_in_flight_work(server: FakeServer) -> None:
+    server.latency = 0.1
+    engine = Engine(openai(server))
+    tasks = [asyncio.create_task(engine.complete("openai/gpt-test", f"q{i}")) for i in range(5)]
+    await asyncio.sleep(0.02)
+    await engine.close()
+    assert all(t.done() and t.result().ok for t in tasks)
+    with pytest.raises(sluice.EngineClosedError):
+        await engine.complete("openai/gpt-test", "late")
+
+
+async def test_stats_count_everything(server: FakeServer) -> None:
+    server.inject("500", times=1)
+    server.inject("400", times=1)
+    async with Engine(openai(server), retry=FAST_RETRY) as engine:
+        results = await engine.run(prompts(10))
+    stats = engine.stats.snapshot()
+    assert stats["submitted"] == 10
+    assert stats["succeeded"] + stats["failed"] == 10
+    assert stats["failed"] == 1
+    assert stats["errors"] == {"bad_request": 1}
+    assert stats["retries"] == 1
+    assert stats["attempts"] == 11
+    assert stats["output_tokens"] == 16 * 9
+    assert stats["latency_p50"] is not None
+    assert sum(r.ok for r in results) == 9
+
+
+async def test_callable_provider_wraps_any_async_function() -> None:
+    calls = 0
+
+    async def model(request: Request) -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise sluice.RateLimitError("busy", retry_after=0.01)
+        return f"you said {request.messages[-1]['content']}"
+
+    deployment = Deployment("mine/echo", provider=sluice.CallableProvider(model, name="mine"))
+    async with Engine(deployment, retry=FAST_RETRY) as engine:
+        result = await engine.complete("mine/echo", "ping")
+    assert result.text == "you said ping"
+    assert result.attempts == 2
