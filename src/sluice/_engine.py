@@ -16,11 +16,12 @@ are objects handed to it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._errors import (
     AttemptTimeoutError,
@@ -34,10 +35,14 @@ from ._errors import (
 )
 from ._gate import PriorityGate
 from ._limits import Limiter, LocalLimiter
-from ._models import BUILTIN_PROVIDERS, Deployment, Priority, Request, Result, Timings, Usage
+from ._models import BUILTIN_PROVIDERS, Deployment, Priority, Request, Result, Timings, Usage, store_key
+from ._records import result_from_record
 from ._retry import RetryPolicy
 from ._stats import Stats
 from .providers import Provider, ProviderSet
+
+if TYPE_CHECKING:
+    from .store import Store
 
 __all__ = ["Engine", "RequestLike", "RetryEvent"]
 
@@ -72,6 +77,7 @@ class _Job:
     seq: int
     submitted: float
     index: int | None = None
+    key: str | None = None
 
 
 def _default_limiter(deployment: Deployment) -> Limiter:
@@ -94,6 +100,11 @@ class Engine:
     caps results admitted but not yet taken by the consumer of :meth:`map`, which is
     what keeps memory flat however long the input. Hooks are plain functions, called
     for every result (``on_result``) and before every retry (``on_retry``).
+
+    With a ``store``, every finished result is written to it as it lands, and a request
+    whose key (:func:`~sluice.store_key`) has a stored success is served from the store
+    instead of being sent (stored failures too, unless ``retry_failed``). Identical
+    requests in flight at once are sent once.
     """
 
     def __init__(
@@ -106,6 +117,8 @@ class Engine:
         on_result: Callable[[Result], object] | None = None,
         on_retry: Callable[[RetryEvent], object] | None = None,
         limiter_factory: Callable[[Deployment], Limiter] = _default_limiter,
+        store: Store | None = None,
+        retry_failed: bool = False,
     ) -> None:
         if isinstance(deployments, Deployment):
             deployments = [deployments]
@@ -118,7 +131,10 @@ class Engine:
         self.buffer = buffer or max(concurrency * 4, 64)
         self.on_result = on_result
         self.on_retry = on_retry
+        self.store = store
+        self.retry_failed = retry_failed
         self.stats = Stats()
+        self._inflight: dict[str, asyncio.Future[Result]] = {}
         self._limiter_factory = limiter_factory
         self._providers = ProviderSet()
         self._routes: dict[str, _Route] = {}
@@ -201,11 +217,14 @@ class Engine:
             raise EngineClosedError("the engine is closed")
         request = _make_request(model, messages, fields)
         job = self._job(request, priority if request.priority is None else request.priority)
+        stored = self._from_store(job)
+        if stored is not None:
+            return stored
         self._active_calls += 1
         try:
             await self._gate.acquire(job.priority, job.seq)
             try:
-                return await self._attempts(job)
+                return await self._execute(job)
             finally:
                 self._gate.release()
         finally:
@@ -263,6 +282,8 @@ class Engine:
                     index = taken
                     taken += 1
                     prepared = self._prepare_item(item, index, model, priority)
+                    if isinstance(prepared, _Job):
+                        prepared = self._from_store(prepared) or prepared
                     if isinstance(prepared, Result):
                         finished.put_nowait((index, prepared))
                         continue
@@ -341,7 +362,8 @@ class Engine:
         route.limiter.check(tokens)
         self.stats.submitted += 1
         loop = asyncio.get_running_loop()
-        return _Job(request, route, tokens, priority, next(self._seq), loop.time(), index)
+        key = store_key(request) if self.store is not None else None
+        return _Job(request, route, tokens, priority, next(self._seq), loop.time(), index, key)
 
     def _prepare_item(self, item: object, index: int, model: str | None, priority: int) -> _Job | Result:
         """A job for an input item, or a failed Result saying why it cannot be one."""
@@ -369,9 +391,44 @@ class Engine:
 
     async def _admitted(self, job: _Job) -> Result:
         try:
-            return await self._attempts(job)
+            return await self._execute(job)
         finally:
             self._gate.release()
+
+    def _from_store(self, job: _Job) -> Result | None:
+        """The stored result for this job, emitted, if the store has one worth reusing."""
+        if self.store is None or job.key is None:
+            return None
+        stored = self.store.get(job.key)
+        if stored is None or not (stored.ok or not self.retry_failed):
+            return None
+        result = result_from_record(job.request, stored.record, index=job.index)
+        self._emit(result)
+        return result
+
+    async def _execute(self, job: _Job) -> Result:
+        """Run a job, or wait for an identical one already in flight and share its result."""
+        if job.key is None:
+            return await self._attempts(job)
+        leader = self._inflight.get(job.key)
+        if leader is not None:
+            shared = await asyncio.shield(leader)
+            if not isinstance(shared.error, CancelledError):
+                result = dataclasses.replace(shared, request=job.request, index=job.index, cached=True)
+                self._emit(result)
+                return result
+        future = self._inflight[job.key] = asyncio.get_running_loop().create_future()
+        try:
+            result = await self._attempts(job)
+        except BaseException:
+            if not future.done():
+                future.set_result(Result(job.request, error=CancelledError("cancelled")))
+            raise
+        finally:
+            if self._inflight.get(job.key) is future:
+                del self._inflight[job.key]
+        future.set_result(result)
+        return result
 
     async def _attempts(self, job: _Job) -> Result:
         """Attempt until success, a final error, the attempt budget or the deadline."""
@@ -495,10 +552,12 @@ class Engine:
             request_id=request_id,
             index=job.index,
         )
-        self._emit(result)
+        self._emit(result, job.key)
         return result
 
-    def _emit(self, result: Result) -> None:
+    def _emit(self, result: Result, key: str | None = None) -> None:
+        if key is not None and self.store is not None and not isinstance(result.error, CancelledError):
+            self.store.put(key, result)  # durable before anyone is told
         self.stats.record(result)
         if self.on_result is not None:
             self.on_result(result)

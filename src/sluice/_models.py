@@ -27,6 +27,7 @@ __all__ = [
     "Timings",
     "Usage",
     "request_key",
+    "store_key",
 ]
 
 
@@ -116,6 +117,16 @@ def _request_problem(r: Request) -> str | None:
     return None
 
 
+def store_key(request: Request) -> str:
+    """The idempotency key of a request in a store: its id (when given) and its content.
+
+    Two lines with the same content and no ids share a key, so the second is served
+    from the first; a changed line under the same id gets a new key, so it is sent.
+    """
+    content = request_key(request)
+    return content if request.id is None else f"{request.id}\x1f{content}"
+
+
 def request_key(request: Request) -> str:
     """A stable content hash of what the provider would see (versioned).
 
@@ -190,6 +201,10 @@ class Result:
     request_id: str | None = None
     index: int | None = None
     key: str | None = None
+    #: Served from the store (an earlier run or an identical request): nothing was sent.
+    cached: bool = False
+    #: What this result cost, when the price of its model is known.
+    cost_usd: float | None = None
 
     @property
     def id(self) -> str:

@@ -52,6 +52,7 @@ class Stats:
     succeeded: int = 0
     failed: int = 0
     cancelled: int = 0
+    cached: int = 0
     attempts: int = 0
     retries: int = 0
     rate_limited: int = 0
@@ -65,11 +66,14 @@ class Stats:
         return self.succeeded + self.failed + self.cancelled
 
     def record(self, result: Result) -> None:
+        if result.cached:
+            self.cached += 1
         if result.ok:
             self.succeeded += 1
-            self.input_tokens += result.usage.input_tokens
-            self.output_tokens += result.usage.output_tokens
-            self.latency.add(result.timings.latency)
+            if not result.cached:  # tokens and latency of this run only
+                self.input_tokens += result.usage.input_tokens
+                self.output_tokens += result.usage.output_tokens
+                self.latency.add(result.timings.latency)
         elif result.error is not None and result.error.kind == "cancelled":
             self.cancelled += 1
         else:
@@ -82,6 +86,7 @@ class Stats:
             "succeeded": self.succeeded,
             "failed": self.failed,
             "cancelled": self.cancelled,
+            "cached": self.cached,
             "attempts": self.attempts,
             "retries": self.retries,
             "rate_limited": self.rate_limited,
