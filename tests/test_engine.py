@@ -91,9 +91,7 @@ async def test_client_errors_are_not_retried(server: FakeServer, fault: str, err
     assert f"HTTP {fault}" in str(result.error)
 
 
-@pytest.mark.parametrize(
-    "fault", ["500", "502", "503", "529", "reset", "malformed", "truncated", "empty_choices"]
-)
+@pytest.mark.parametrize("fault", ["500", "502", "503", "529", "reset", "malformed", "truncated", "empty_choices"])
 async def test_transient_faults_are_retried_then_succeed(server: FakeServer, fault: str) -> None:
     server.inject(fault, times=2)
     retries: list[RetryEvent] = []
@@ -106,9 +104,7 @@ async def test_transient_faults_are_retried_then_succeed(server: FakeServer, fau
 
 
 @pytest.mark.parametrize("fault", ["503", "reset", "malformed", "truncated"])
-async def test_persistent_faults_are_reported_after_the_attempt_budget(
-    server: FakeServer, fault: str
-) -> None:
+async def test_persistent_faults_are_reported_after_the_attempt_budget(server: FakeServer, fault: str) -> None:
     server.inject(fault, times=10)
     async with Engine(openai(server), retry=FAST_RETRY) as engine:
         result = await engine.complete("openai/gpt-test", "hi")
@@ -233,9 +229,7 @@ async def test_cancellation_leaves_no_stray_tasks_and_reports_in_flight(server: 
 def engine_tasks() -> list[asyncio.Task[Any]]:
     """Tasks running the engine's code (the fake server's handler tasks are not counted)."""
     return [
-        t
-        for t in asyncio.all_tasks()
-        if getattr(t.get_coro(), "__qualname__", "").startswith(("Engine.", "_aiterate"))
+        t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "").startswith(("Engine.", "_aiterate"))
     ]
 
 

@@ -62,9 +62,7 @@ async def chat(session: aiohttp.ClientSession, server: FakeServer, **body: Any) 
     return await post(session, f"{server.url}/chat/completions", {**OPENAI, **body})
 
 
-async def messages(
-    session: aiohttp.ClientSession, server: FakeServer, headers: Mapping[str, str] = VERSION
-) -> Reply:
+async def messages(session: aiohttp.ClientSession, server: FakeServer, headers: Mapping[str, str] = VERSION) -> Reply:
     return await post(session, f"{server.anthropic_url}/v1/messages", ANTHROPIC, headers)
 
 
@@ -145,9 +143,7 @@ async def test_reply_text_escapes_any_prompt(session: aiohttp.ClientSession) -> 
         _, _, body = await chat(session, server, model='m"odel', messages=user)
         system = [{"type": "text", "text": "sys"}]
         anthropic_body = {**ANTHROPIC, "system": system, "messages": user}
-        status, _, anthropic = await post(
-            session, f"{server.anthropic_url}/v1/messages", anthropic_body, VERSION
-        )
+        status, _, anthropic = await post(session, f"{server.anthropic_url}/v1/messages", anthropic_body, VERSION)
     assert body["model"] == 'm"odel'
     assert body["choices"][0]["message"]["content"] == "echo: " + prompt[:200]
     assert status == 200
@@ -174,9 +170,7 @@ async def test_reply_text_skips_non_text_parts(session: aiohttp.ClientSession) -
         (b"{not json", None),
     ],
 )
-async def test_openai_rejects_invalid_requests(
-    session: aiohttp.ClientSession, body: Any, param: str | None
-) -> None:
+async def test_openai_rejects_invalid_requests(session: aiohttp.ClientSession, body: Any, param: str | None) -> None:
     async with FakeServer() as server:
         status, headers, reply = await post(session, f"{server.url}/chat/completions", body)
         assert server.stats.accepted == 0
@@ -355,9 +349,7 @@ async def test_retry_after_can_be_turned_off(session: aiohttp.ClientSession) -> 
         (Fault.NO_RETRY, 500, "api_error"),
     ],
 )
-async def test_status_faults(
-    session: aiohttp.ClientSession, kind: str, status: int, anthropic_type: str
-) -> None:
+async def test_status_faults(session: aiohttp.ClientSession, kind: str, status: int, anthropic_type: str) -> None:
     async with FakeServer() as server:
         server.inject(kind, times=2, headers={"x-extra": "yes"})
         openai_status, headers, body = await chat(session, server)
@@ -543,9 +535,7 @@ async def test_stats_endpoint(session: aiohttp.ClientSession) -> None:
 
 
 def _sync_post(url: str, body: Mapping[str, Any]) -> tuple[int, Any]:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=5) as response:
         return response.status, json.loads(response.read())
 
@@ -579,9 +569,7 @@ def test_cli_options_build_the_server() -> None:
 async def test_cli_serves_in_another_process(session: aiohttp.ClientSession) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "sluice.testing", "--port", "0", "--rpm", "100"]
-    process = await asyncio.create_subprocess_exec(
-        *command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    process = await asyncio.create_subprocess_exec(*command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert process.stdout is not None
         line = (await asyncio.wait_for(process.stdout.readline(), 10)).decode().strip()

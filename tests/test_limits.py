@@ -261,9 +261,7 @@ def test_repr_is_informative() -> None:
     requests=st.one_of(st.none(), st.integers(1, 30)),
     tokens=st.one_of(st.none(), st.integers(500, 5000)),
     burst=st.integers(0, 5),
-    jobs=st.lists(
-        st.tuples(st.integers(1, 500), st.floats(0.0, 1.0), st.floats(0.0, 3.0)), min_size=1, max_size=60
-    ),
+    jobs=st.lists(st.tuples(st.integers(1, 500), st.floats(0.0, 1.0), st.floats(0.0, 3.0)), min_size=1, max_size=60),
 )
 def test_property_no_window_ever_exceeds_either_limit(
     requests: int | None, tokens: int | None, burst: int, jobs: list[tuple[int, float, float]]
@@ -273,9 +271,7 @@ def test_property_no_window_ever_exceeds_either_limit(
 
     async def scenario() -> list[Grant]:
         loop = asyncio.get_running_loop()
-        limiter = LocalLimiter(
-            requests=requests, tokens=tokens, window=window, burst_requests=burst, max_in_flight=8
-        )
+        limiter = LocalLimiter(requests=requests, tokens=tokens, window=window, burst_requests=burst, max_in_flight=8)
         grants: list[Grant] = []
 
         async def one(cost: int, used: float, hold: float, delay: float) -> None:

@@ -115,9 +115,7 @@ def test_public_surface_is_curated() -> None:
     assert sorted(sluice.__all__) == sorted(set(sluice.__all__))
     for name in sluice.__all__:
         assert getattr(sluice, name) is not None
-    assert {"Engine", "Request", "Result", "Deployment", "RetryPolicy", "SluiceError", "run"} <= set(
-        sluice.__all__
-    )
+    assert {"Engine", "Request", "Result", "Deployment", "RetryPolicy", "SluiceError", "run"} <= set(sluice.__all__)
     for name in sluice.__all__:
         obj = getattr(sluice, name)
         if isinstance(obj, type) and issubclass(obj, Exception):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import hashlib
 import itertools
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,8 +47,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Engine", "RequestLike", "RetryEvent"]
 
-#: What ``map`` accepts per item: a Request, a dict of Request fields, or a prompt string.
-RequestLike = Request | Mapping[str, Any] | str
+#: What ``map`` accepts per item: a Request, a dict of Request fields, a prompt string,
+#: or a SluiceError standing for a bad input record (it becomes that item's result).
+RequestLike = Request | Mapping[str, Any] | str | SluiceError
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,13 @@ class _Job:
     submitted: float
     index: int | None = None
     key: str | None = None
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """A header-safe form of the store key (ids may hold any character)."""
+        if self.key is None:
+            return None
+        return "sluice-" + hashlib.sha256(self.key.encode()).hexdigest()[:32]
 
 
 def _default_limiter(deployment: Deployment) -> Limiter:
@@ -161,9 +170,7 @@ class Engine:
                     f"two deployments answer to {key!r}; give each a distinct name= "
                     "(routing between several deployments of one model comes with the router)"
                 )
-        route = _Route(
-            deployment, self._limiter_factory(deployment), self._providers.for_deployment(deployment)
-        )
+        route = _Route(deployment, self._limiter_factory(deployment), self._providers.for_deployment(deployment))
         self._deployments.append(deployment)
         for key in {deployment.model, deployment.label}:
             self._routes[key] = route
@@ -383,9 +390,7 @@ class Engine:
             return result
 
     def _not_started(self, job: _Job) -> Result:
-        result = Result(
-            job.request, error=CancelledError("not started: the engine was stopping"), index=job.index
-        )
+        result = Result(job.request, error=CancelledError("not started: the engine was stopping"), index=job.index)
         self._emit(result)
         return result
 
@@ -453,7 +458,9 @@ class Engine:
                 sent = True
                 try:
                     async with asyncio.timeout(timeout):
-                        reply = await route.provider.send(job.request, route.deployment)
+                        reply = await route.provider.send(
+                            job.request, route.deployment, idempotency_key=job.idempotency_key
+                        )
                 except asyncio.CancelledError:
                     reservation.done()
                     raise
@@ -494,9 +501,7 @@ class Engine:
             self._finish(job, attempt, started, waited, latency, error=CancelledError(f"cancelled; {note}"))
             raise
 
-    async def _after_failure(
-        self, job: _Job, error: SluiceError, attempt: int, deadline: float | None
-    ) -> float | None:
+    async def _after_failure(self, job: _Job, error: SluiceError, attempt: int, deadline: float | None) -> float | None:
         """Learn from a failed attempt; the delay before the next, or None to give up."""
         route = job.route
         if isinstance(error, ProviderError) and error.ratelimit is not None:
@@ -589,9 +594,14 @@ _REQUEST_FIELDS = frozenset(Request.__dataclass_fields__)
 
 
 def _coerce(item: object, model: str | None) -> Request:
-    """An input item as a Request: a Request, a dict of its fields, or a prompt string."""
+    """An input item as a Request: a Request, a dict of its fields, or a prompt string.
+
+    An exception as an item stands for a bad input record: it becomes that item's error.
+    """
     if isinstance(item, Request):
         return item
+    if isinstance(item, SluiceError):
+        raise item
     if isinstance(item, str):
         if model is None:
             raise InvalidRequestError("a prompt string needs map(..., model=...) to say which model")

@@ -5,6 +5,7 @@
     SluiceError
     ├── ConfigError                  a deployment or engine setting is wrong
     ├── InvalidRequestError          refused before anything was sent
+    │   ├── InvalidInputError        a line of an input file is not a request
     │   └── CapacityError            can never fit the deployment's limits
     ├── EngineClosedError            the engine is closed or closing
     ├── CancelledError               the job was cancelled before it finished
@@ -45,6 +46,7 @@ __all__ = [
     "DeadlineExceededError",
     "EngineClosedError",
     "FatalProviderError",
+    "InvalidInputError",
     "InvalidRequestError",
     "MalformedResponseError",
     "NotFoundError",
@@ -79,6 +81,16 @@ class ConfigError(SluiceError, ValueError):
 
 class InvalidRequestError(SluiceError, ValueError):
     kind = "invalid_request"
+
+
+class InvalidInputError(InvalidRequestError):
+    """A line (or row) of an input file that cannot become a request; says which and why."""
+
+    kind = "invalid_input"
+
+    def __init__(self, message: str, *, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
 
 
 class CapacityError(InvalidRequestError):

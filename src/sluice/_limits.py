@@ -277,8 +277,7 @@ class LocalLimiter:
         if self.max_in_flight is not None:
             limits.append(f"in_flight={self._in_flight}/{self.max_in_flight}")
         return (
-            f"<LocalLimiter {self.name} per {self.window:g}s {' '.join(limits) or 'unlimited'} "
-            f"waiting={self.waiting}>"
+            f"<LocalLimiter {self.name} per {self.window:g}s {' '.join(limits) or 'unlimited'} waiting={self.waiting}>"
         )
 
     # -- internals ---------------------------------------------------------------------

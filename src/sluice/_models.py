@@ -337,9 +337,7 @@ class Deployment:
 
 
 def _positive(value: object) -> bool:
-    return (
-        not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-    )
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
 def _deployment_problem(d: Deployment) -> str | None:
@@ -361,8 +359,6 @@ def _deployment_problem(d: Deployment) -> str | None:
             return f"{name} must be a number >= 0, got {value!r}"
     if not isinstance(d.default_max_tokens, int) or d.default_max_tokens < 1:
         return f"default_max_tokens must be a positive integer, got {d.default_max_tokens!r}"
-    if d.base_url is not None and not (
-        isinstance(d.base_url, str) and d.base_url.startswith(("http://", "https://"))
-    ):
+    if d.base_url is not None and not (isinstance(d.base_url, str) and d.base_url.startswith(("http://", "https://"))):
         return f"base_url must start with http:// or https://, got {d.base_url!r}"
     return None

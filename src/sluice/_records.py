@@ -75,9 +75,7 @@ def result_record(result: Result) -> dict[str, Any]:
     }
 
 
-def result_from_record(
-    request: Request | None, record: Mapping[str, Any], *, index: int | None = None
-) -> Result:
+def result_from_record(request: Request | None, record: Mapping[str, Any], *, index: int | None = None) -> Result:
     usage = record.get("usage") or {}
     error = record.get("error")
     return Result(

@@ -95,11 +95,7 @@ class RetryPolicy:
     attempt_timeout: float | None = 600.0
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.max_attempts, bool)
-            or not isinstance(self.max_attempts, int)
-            or self.max_attempts < 1
-        ):
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 1:
             raise ConfigError(f"RetryPolicy.max_attempts must be an integer >= 1, got {self.max_attempts!r}")
         for name in ("base_delay", "max_delay"):
             value = getattr(self, name)

@@ -61,9 +61,7 @@ def run(
     """
 
     async def go() -> list[Result]:
-        engine = Engine(
-            _deployments(model, deployments, rpm, tpm, max_in_flight), retry=retry, concurrency=concurrency
-        )
+        engine = Engine(_deployments(model, deployments, rpm, tpm, max_in_flight), retry=retry, concurrency=concurrency)
         async with engine:
             return await engine.run(requests, model=model)
 

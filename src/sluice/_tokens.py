@@ -54,9 +54,7 @@ def _content_tokens(content: Any) -> int:
     return estimate_text_tokens(str(content))
 
 
-def estimate_message_tokens(
-    messages: Sequence[Mapping[str, Any]], extra: Mapping[str, Any] | None = None
-) -> int:
+def estimate_message_tokens(messages: Sequence[Mapping[str, Any]], extra: Mapping[str, Any] | None = None) -> int:
     """Prompt tokens for chat ``messages`` (plus tools or a system prompt in ``extra``)."""
     total = REPLY_PRIMER
     for message in messages:

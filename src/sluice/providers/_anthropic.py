@@ -57,9 +57,7 @@ class AnthropicProvider(HttpProvider):
         base = (deployment.base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
         key = resolve_key(deployment, "ANTHROPIC_API_KEY")
         if not key:
-            raise ConfigError(
-                f"deployment {deployment.label!r}: no API key; set ANTHROPIC_API_KEY or give api_key_env"
-            )
+            raise ConfigError(f"deployment {deployment.label!r}: no API key; set ANTHROPIC_API_KEY or give api_key_env")
         version = str(deployment.options.get("anthropic_version") or API_VERSION)
         return f"{base}/v1/messages", {"x-api-key": key.get(), "anthropic-version": version}
 
@@ -88,9 +86,7 @@ class AnthropicProvider(HttpProvider):
         if not isinstance(content, list) or (not content and body.get("stop_reason") != "end_turn"):
             raise MalformedResponseError("response has no content blocks")
         texts = [
-            block.get("text", "")
-            for block in content
-            if isinstance(block, Mapping) and block.get("type") == "text"
+            block.get("text", "") for block in content if isinstance(block, Mapping) and block.get("type") == "text"
         ]
         usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
         assert isinstance(usage, Mapping)

@@ -42,8 +42,13 @@ class Provider(Protocol):
         """Tokens the provider will count against TPM at admission (prompt + max output)."""
         ...
 
-    async def send(self, request: Request, deployment: Deployment) -> Reply:
-        """One attempt. Raises a ProviderError subclass on failure; the engine times it."""
+    async def send(self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None) -> Reply:
+        """One attempt. Raises a ProviderError subclass on failure; the engine times it.
+
+        ``idempotency_key`` is the same for every attempt of one logical request; HTTP
+        providers send it as ``Idempotency-Key`` so a server (or a log) can tell a retry
+        from a new request.
+        """
         ...
 
     async def aclose(self) -> None:

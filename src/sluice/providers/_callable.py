@@ -33,7 +33,7 @@ class CallableProvider:
     def estimate_tokens(self, request: Request, deployment: Deployment) -> int:
         return estimate_request_tokens(request, deployment)
 
-    async def send(self, request: Request, deployment: Deployment) -> Reply:
+    async def send(self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None) -> Reply:
         try:
             answer: Any = await self._fn(request)
         except SluiceError:

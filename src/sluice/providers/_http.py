@@ -70,9 +70,7 @@ def resolve_key(deployment: Deployment, default_env: str | None) -> Secret | Non
         if value:
             return Secret(value)
         if deployment.api_key_env:
-            raise ConfigError(
-                f"deployment {deployment.label!r}: environment variable {env} (api_key_env) is not set"
-            )
+            raise ConfigError(f"deployment {deployment.label!r}: environment variable {env} (api_key_env) is not set")
     return None
 
 
@@ -123,10 +121,12 @@ class HttpProvider(ABC):
             self._prepared[id(deployment)] = cached
         return cached[1], cached[2]
 
-    async def send(self, request: Request, deployment: Deployment) -> Reply:
+    async def send(self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None) -> Reply:
         import aiohttp
 
         url, headers = self._endpoint_for(deployment)
+        if idempotency_key is not None:
+            headers = {**headers, "idempotency-key": idempotency_key}
         data = json.dumps(self.build_body(request, deployment), ensure_ascii=False).encode()
         session = self._transport.session()
         try:

@@ -73,9 +73,7 @@ class OpenAIProvider(HttpProvider):
         if key:
             headers["authorization"] = f"Bearer {key.get()}"
         elif urlsplit(base).hostname == "api.openai.com":
-            raise ConfigError(
-                f"deployment {deployment.label!r}: no API key; set {self.key_env} or give api_key_env"
-            )
+            raise ConfigError(f"deployment {deployment.label!r}: no API key; set {self.key_env} or give api_key_env")
         return f"{base}/chat/completions", headers
 
     def _max_tokens_field(self, deployment: Deployment) -> str:
@@ -157,17 +155,12 @@ class AzureOpenAIProvider(OpenAIProvider):
                 f"or {self.base_url_env}"
             )
         version = str(
-            deployment.options.get("api_version")
-            or os.environ.get("OPENAI_API_VERSION")
-            or self.default_api_version
+            deployment.options.get("api_version") or os.environ.get("OPENAI_API_VERSION") or self.default_api_version
         )
         key = resolve_key(deployment, self.key_env)
         if not key:
             raise ConfigError(f"deployment {deployment.label!r}: no API key; set {self.key_env}")
-        url = (
-            f"{base.rstrip('/')}/openai/deployments/{deployment.model_name}/chat/completions"
-            f"?api-version={version}"
-        )
+        url = f"{base.rstrip('/')}/openai/deployments/{deployment.model_name}/chat/completions?api-version={version}"
         return url, {"api-key": key.get()}
 
     def _max_tokens_field(self, deployment: Deployment) -> str:

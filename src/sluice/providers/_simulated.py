@@ -121,7 +121,7 @@ class SimulatedProvider:
     def estimate_tokens(self, request: Request, deployment: Deployment) -> int:
         return estimate_request_tokens(request, deployment)
 
-    async def send(self, request: Request, deployment: Deployment) -> Reply:
+    async def send(self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None) -> Reply:
         state = self.state(deployment)
         now = asyncio.get_running_loop().time()
         cost = self.estimate_tokens(request, deployment)
@@ -160,9 +160,7 @@ class SimulatedProvider:
         if over_requests or over_tokens:
             wait = state.accepted[0][0] + state.window - now if state.accepted else state.window
             kind = "requests" if over_requests else "tokens"
-            raise RateLimitError(
-                f"simulated rate limit reached for {kind} on {label}", status=429, retry_after=wait
-            )
+            raise RateLimitError(f"simulated rate limit reached for {kind} on {label}", status=429, retry_after=wait)
         state.accepted.append((now, cost))
         state.used_tokens += cost
 

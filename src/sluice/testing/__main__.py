@@ -41,9 +41,7 @@ def _price(text: str) -> tuple[str, tuple[float, float]]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m sluice.testing", description="Fake OpenAI/Anthropic server."
-    )
+    parser = argparse.ArgumentParser(prog="python -m sluice.testing", description="Fake OpenAI/Anthropic server.")
     add = parser.add_argument
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=8765, help="0 picks a free port (default 8765)")

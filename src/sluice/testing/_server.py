@@ -181,9 +181,7 @@ class FakeServer(LoopbackServer):
         finally:
             self._in_flight -= 1
 
-    async def _answer(
-        self, request: web.BaseRequest, fmt: Format, n: int, raw: bytes, key: str
-    ) -> web.Response:
+    async def _answer(self, request: web.BaseRequest, fmt: Format, n: int, raw: bytes, key: str) -> web.Response:
         headers = request.headers
         try:
             fmt.check_auth(headers, self.api_key)

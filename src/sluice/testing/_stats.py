@@ -64,9 +64,7 @@ class LedgerEntry(NamedTuple):
     cost_usd: float
 
 
-def cost_usd(
-    prices: Mapping[str, tuple[float, float]], model: str, input_tokens: int, output_tokens: int
-) -> float:
+def cost_usd(prices: Mapping[str, tuple[float, float]], model: str, input_tokens: int, output_tokens: int) -> float:
     """Cost at ``prices`` (USD per million tokens in, out); ``"*"`` prices any other model."""
     price = prices.get(model) or prices.get("*")
     if price is None:

@@ -1,0 +1,1 @@
+"""Batch jobs: input files streamed through the engine into output files, resumably."""

@@ -1,0 +1,91 @@
+"""``sluice estimate``: what a job would send and how long its limits make it take.
+
+Nothing is sent. Time is bounded below by each deployment's limits: requests / rpm and
+tokens / tpm, per window. Tokens are counted twice over: prompts only (the least the
+provider will count once outputs are settled) and prompts + max_tokens (what it reserves
+up front), so the shortest time is given as a range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .._models import Deployment
+from .._tokens import estimate_message_tokens
+from ..cli._config import JobConfig
+from ..providers import estimate_request_tokens
+from ._inputs import InputOptions, read_inputs
+
+__all__ = ["Estimate", "estimate_job"]
+
+
+@dataclass(slots=True)
+class _Tally:
+    deployment: Deployment
+    requests: int = 0
+    prompt_tokens: int = 0
+    reserved_tokens: int = 0
+
+    def seconds(self, tokens: int) -> float | None:
+        """The shortest time the limits allow, or None without limits."""
+        d = self.deployment
+        bounds = []
+        if d.rpm is not None:
+            bounds.append(self.requests / d.rpm * d.window)
+        if d.tpm is not None:
+            bounds.append(tokens / d.tpm * d.window)
+        return max(bounds) if bounds else None
+
+
+@dataclass(slots=True)
+class Estimate:
+    records: int = 0
+    invalid: int = 0
+    tallies: dict[str, _Tally] = field(default_factory=dict)
+    examples_of_bad: list[str] = field(default_factory=list)
+
+    def rows(self) -> list[tuple[str, str]]:
+        from ..cli._progress import format_duration
+
+        rows = [
+            ("records", f"{self.records:,}"),
+            ("invalid records", f"{self.invalid:,} (would be recorded as errors)"),
+        ]
+        slowest: tuple[float, float] | None = None
+        for label, tally in self.tallies.items():
+            rows.append((label, f"{tally.requests:,} requests"))
+            rows.append(("  prompt tokens (est.)", f"{tally.prompt_tokens:,}"))
+            rows.append(("  reserved tokens", f"{tally.reserved_tokens:,} (prompt + max_tokens)"))
+            low, high = tally.seconds(tally.prompt_tokens), tally.seconds(tally.reserved_tokens)
+            if low is None or high is None:
+                rows.append(("  shortest time", "no limits configured: bound by latency and concurrency"))
+                continue
+            rows.append(("  shortest time", f"{format_duration(low)} .. {format_duration(high)} under its limits"))
+            slowest = (max(low, slowest[0]), max(high, slowest[1])) if slowest else (low, high)
+        if slowest is not None and len(self.tallies) > 1:
+            rows.append(("whole job", f"{format_duration(slowest[0])} .. {format_duration(slowest[1])}"))
+        return rows
+
+
+def estimate_job(path: Path, config: JobConfig, options: InputOptions) -> Estimate:
+    routes = {key: d for d in config.deployments for key in (d.model, d.label)}
+    result = Estimate()
+    for item in read_inputs(path, options):
+        result.records += 1
+        if item.request is None:
+            result.invalid += 1
+            if item.error is not None and len(result.examples_of_bad) < 5:
+                result.examples_of_bad.append(item.error.message)
+            continue
+        request = item.request
+        deployment = routes.get(request.model)
+        if deployment is None:
+            deployment = routes[request.model] = Deployment(request.model)
+        tally = result.tallies.get(deployment.label)
+        if tally is None:
+            tally = result.tallies[deployment.label] = _Tally(deployment)
+        tally.requests += 1
+        tally.prompt_tokens += estimate_message_tokens(request.messages, request.params)
+        tally.reserved_tokens += estimate_request_tokens(request, deployment)
+    return result

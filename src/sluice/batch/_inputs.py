@@ -1,0 +1,329 @@
+"""Input files as a stream of requests, one bad record never stopping the rest.
+
+Three shapes, one per line (or row):
+
+* a chat-completion body: ``{"messages": [...], "model": ..., "max_tokens": ...}``;
+* an OpenAI Batch API line: ``{"custom_id", "method": "POST", "url": "/v1/chat/completions",
+  "body": {...}}``, so existing batch files run unchanged;
+* a row of fields (CSV, or JSONL objects) turned into a prompt by ``--template``.
+
+Every record becomes an :class:`InputItem` holding either a Request or an
+:class:`~sluice.InvalidInputError` that names the line and says what is wrong. The file
+is read in binary a line at a time with a length cap, so a huge or endless line cannot
+exhaust memory and a stray non-UTF-8 byte spoils only its own line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import string
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+from .._errors import InvalidInputError, SluiceError
+from .._models import Request
+
+__all__ = ["InputItem", "InputOptions", "Template", "count_records", "detect_format", "read_inputs"]
+
+Format = Literal["auto", "jsonl", "csv"]
+
+#: Fields of a chat body that sluice reads itself; everything else passes through.
+_OWN_FIELDS = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "id", "metadata")
+_BATCH_URLS = ("/v1/chat/completions", "/chat/completions")
+
+
+@dataclass(frozen=True, slots=True)
+class InputItem:
+    """One record of the input: a request, or why it could not be one."""
+
+    line: int
+    request: Request | None = None
+    error: InvalidInputError | None = None
+    custom_id: str | None = None
+
+
+class Template:
+    """A prompt built from a row's fields: ``"Summarise {name}: {description}"``.
+
+    Only plain field names are allowed (no ``{x.attr}`` or ``{x[0]}``), so a template
+    cannot reach into Python objects.
+    """
+
+    def __init__(self, text: str) -> None:
+        if not text.strip():
+            raise InvalidInputError("--template is empty")
+        fields: list[str] = []
+        try:
+            for _, name, spec, conversion in string.Formatter().parse(text):
+                if name is None:
+                    continue
+                if not name or any(c in name for c in ".[]") or name.isdigit():
+                    raise InvalidInputError(
+                        f"--template field {{{name}}} must be a column name (no positions, dots or brackets)"
+                    )
+                if spec or conversion:
+                    raise InvalidInputError(f"--template field {{{name}}} takes no format spec or conversion")
+                fields.append(name)
+        except ValueError as exc:
+            raise InvalidInputError(f"--template is not a valid template: {exc}") from None
+        if not fields:
+            raise InvalidInputError("--template has no {column} fields; every row would ask the same thing")
+        self.text = text
+        self.fields = tuple(dict.fromkeys(fields))
+
+    def render(self, row: Mapping[str, Any], where: str) -> str:
+        missing = [f for f in self.fields if f not in row or row[f] is None]
+        if missing:
+            have = ", ".join(str(k) for k in row if k is not None) or "none"
+            raise InvalidInputError(f"{where}: no value for {{{missing[0]}}} (fields: {have})")
+        return self.text.format_map({f: _text(row[f]) for f in self.fields})
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class InputOptions:
+    """How to turn records into requests."""
+
+    model: str | None = None  # overrides the model of every record
+    default_model: str | None = None  # for records that name none
+    template: Template | None = None
+    system: str | None = None
+    id_field: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    format: Format = "auto"
+    max_line_bytes: int = 8 * 1024 * 1024
+
+
+def detect_format(path: Path, requested: Format) -> Literal["jsonl", "csv"]:
+    if requested != "auto":
+        return requested
+    return "csv" if path.suffix.lower() in (".csv", ".tsv") else "jsonl"
+
+
+def read_inputs(path: Path, options: InputOptions) -> Iterator[InputItem]:
+    """Every record of ``path`` in order; the file is streamed, never loaded whole."""
+    if detect_format(path, options.format) == "csv":
+        yield from _read_csv(path, options)
+    else:
+        yield from _read_jsonl(path, options)
+
+
+def count_records(path: Path, options: InputOptions) -> int:
+    """A fast count for progress: non-blank lines (JSONL) or lines less the header (CSV)."""
+    count = 0
+    blank = 0
+    with path.open("rb") as f:
+        tail = b"\n"
+        while chunk := f.read(1 << 20):
+            count += chunk.count(b"\n")
+            blank += chunk.count(b"\n\n")
+            tail = chunk[-1:]
+    if tail != b"\n":
+        count += 1
+    if detect_format(path, options.format) == "csv":
+        return max(0, count - 1)
+    return max(0, count - blank)
+
+
+# -- JSONL ---------------------------------------------------------------------------------
+
+
+def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, bytes) per line; None for a line over ``limit`` bytes (skipped whole)."""
+    number = 0
+    while True:
+        raw = f.readline(limit + 1)
+        if not raw:
+            return
+        number += 1
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            while raw and not raw.endswith(b"\n"):  # drain the rest of the huge line
+                raw = f.readline(1 << 20)
+            yield number, None
+            continue
+        yield number, raw
+
+
+def _read_jsonl(path: Path, options: InputOptions) -> Iterator[InputItem]:
+    with path.open("rb") as f:
+        for number, raw in _lines(f, options.max_line_bytes):
+            where = f"line {number}"
+            if raw is None:
+                yield _bad(number, f"{where} is longer than {options.max_line_bytes:,} bytes")
+                continue
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield _bad(
+                    number,
+                    f"{where}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
+                )
+                continue
+            try:
+                record = json.loads(text)
+            except ValueError as exc:
+                yield _bad(number, f"{where}: not valid JSON ({exc})")
+                continue
+            yield _item(record, number, where, options)
+
+
+def _item(record: Any, number: int, where: str, options: InputOptions, *, row: bool = False) -> InputItem:
+    if not isinstance(record, dict):
+        return _bad(number, f"{where}: expected a JSON object, got {type(record).__name__}")
+    custom_id = record.get("custom_id") if "body" in record and not row else None
+    try:
+        if row:
+            request = _from_row(record, where, options)
+        elif "body" in record and "custom_id" in record:
+            request = _from_batch_line(record, where, options)
+        elif options.template is not None:
+            request = _from_row(record, where, options)
+        elif "messages" in record:
+            request = _from_chat_body(record, where, options, request_id=None)
+        else:
+            raise InvalidInputError(
+                f"{where}: expected a chat request ('messages'), an OpenAI Batch API line "
+                "('custom_id' and 'body'), or give --template to build prompts from its fields"
+            )
+    except SluiceError as exc:
+        message = exc.message if exc.message.startswith(where) else f"{where}: {exc.message}"
+        return InputItem(number, error=InvalidInputError(message, line=number), custom_id=_str_or_none(custom_id))
+    return InputItem(number, request=request, custom_id=_str_or_none(custom_id))
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _bad(number: int, message: str) -> InputItem:
+    return InputItem(number, error=InvalidInputError(message, line=number))
+
+
+def _from_batch_line(record: Mapping[str, Any], where: str, options: InputOptions) -> Request:
+    custom_id = record.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise InvalidInputError(f"{where}: custom_id must be a non-empty string")
+    method = record.get("method", "POST")
+    if method != "POST":
+        raise InvalidInputError(f"{where}: method must be POST, got {method!r}")
+    url = record.get("url", "/v1/chat/completions")
+    if url not in _BATCH_URLS:
+        raise InvalidInputError(f"{where}: only /v1/chat/completions is supported, got url {url!r}")
+    body = record.get("body")
+    if not isinstance(body, dict):
+        raise InvalidInputError(f"{where}: body must be a JSON object")
+    return _from_chat_body(body, where, options, request_id=custom_id)
+
+
+def _from_chat_body(body: Mapping[str, Any], where: str, options: InputOptions, *, request_id: str | None) -> Request:
+    if body.get("stream"):
+        raise InvalidInputError(f"{where}: 'stream' is not supported in a batch job; remove it")
+    model = options.model or body.get("model") or options.default_model
+    if not isinstance(model, str) or not model:
+        raise InvalidInputError(f"{where}: no model; give --model or a 'model' field")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if options.max_tokens is not None:
+        max_tokens = options.max_tokens
+    metadata = body.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise InvalidInputError(f"{where}: metadata must be a JSON object")
+    own_id = body.get("id") if request_id is None else request_id
+    if own_id is not None and not isinstance(own_id, str):
+        own_id = str(own_id)
+    params = {k: v for k, v in body.items() if k not in _OWN_FIELDS and k != "stream"}
+    temperature = body.get("temperature") if options.temperature is None else options.temperature
+    return Request(
+        model=model,
+        messages=_with_system(body.get("messages"), options.system),
+        max_tokens=max_tokens,
+        temperature=temperature,
+        params=params,
+        id=own_id,
+        metadata=metadata,
+    )
+
+
+def _with_system(messages: Any, system: str | None) -> Any:
+    if system is None or not isinstance(messages, list):
+        return messages
+    return [{"role": "system", "content": system}, *messages]
+
+
+def _from_row(row: Mapping[str, Any], where: str, options: InputOptions) -> Request:
+    assert options.template is not None
+    prompt = options.template.render(row, where)
+    model = options.model or options.default_model
+    if not model:
+        raise InvalidInputError(f"{where}: no model; give --model")
+    row_id = None
+    if options.id_field is not None:
+        value = row.get(options.id_field)
+        if value is None or value == "":
+            raise InvalidInputError(f"{where}: no value in id field {options.id_field!r}")
+        row_id = _text(value)
+    return Request(
+        model=model,
+        messages=_with_system([{"role": "user", "content": prompt}], options.system),
+        max_tokens=options.max_tokens,
+        temperature=options.temperature,
+        id=row_id,
+        metadata={k: v for k, v in row.items() if k is not None},
+    )
+
+
+# -- CSV -----------------------------------------------------------------------------------
+
+
+def _read_csv(path: Path, options: InputOptions) -> Iterator[InputItem]:
+    if options.template is None:
+        raise InvalidInputError(f"{path}: a CSV input needs --template to build a prompt from its columns")
+    csv.field_size_limit(options.max_line_bytes)
+    dialect: type[csv.Dialect] = csv.excel_tab if path.suffix.lower() == ".tsv" else csv.excel
+    with path.open("rb") as binary:
+        text = io.TextIOWrapper(binary, encoding="utf-8", errors="surrogateescape", newline="")
+        reader = csv.reader(text, dialect)
+        try:
+            header = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise InvalidInputError(f"{path}: cannot read the CSV header: {exc}") from None
+        if _has_surrogates(header):
+            raise InvalidInputError(f"{path}: the CSV header is not valid UTF-8")
+        columns = [c.strip() for c in header]
+        if not any(columns) or len(set(columns)) != len(columns):
+            raise InvalidInputError(f"{path}: the CSV header must name each column once, got {header!r}")
+        row_number = 0
+        while True:
+            row_number += 1
+            where = f"row {row_number} (line {reader.line_num + 1})"
+            try:
+                values = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                yield _bad(row_number, f"{where}: {exc}")
+                continue
+            if not any(v.strip() for v in values):
+                row_number -= 1  # a blank row is not a record
+                continue
+            if _has_surrogates(values):
+                yield _bad(row_number, f"{where}: not valid UTF-8")
+            elif len(values) != len(columns):
+                yield _bad(row_number, f"{where}: has {len(values)} fields, the header has {len(columns)}")
+            else:
+                yield _item(dict(zip(columns, values, strict=True)), row_number, where, options, row=True)
+
+
+def _has_surrogates(values: list[str]) -> bool:
+    return any(any("\udc80" <= ch <= "\udcff" for ch in v) for v in values)

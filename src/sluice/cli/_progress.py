@@ -1,0 +1,121 @@
+"""What a person sees while a job runs and when it ends.
+
+On a terminal: one live line (done/total, req/s, tokens/s, errors, retries, 429s, ETA).
+Elsewhere (CI logs, ``nohup``): a plain line every ``every`` seconds. At the end: a
+summary table that says where the output and the state are.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO, Any
+
+from ..batch._runner import JobProgress
+
+__all__ = ["ProgressView", "format_duration", "summary_rows"]
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None or seconds != seconds or seconds == float("inf"):
+        return "?"
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def _compact(n: float) -> str:
+    for unit, size in (("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n:.0f}" if n == int(n) else f"{n:.1f}"
+
+
+def status_line(progress: JobProgress) -> str:
+    elapsed = max(1e-9, time.monotonic() - progress.started)
+    stats = progress.engine.stats if progress.engine is not None else None
+    rate = progress.written / elapsed
+    tokens = (stats.input_tokens + stats.output_tokens) / elapsed if stats else 0.0
+    remaining = max(0, progress.total - progress.done)
+    eta = remaining / rate if rate > 0 else None
+    share = 100.0 * progress.done / progress.total if progress.total else 100.0
+    parts = [
+        f"{progress.done:,}/{progress.total:,} ({share:.1f}%)",
+        f"{rate:,.1f} req/s",
+        f"{_compact(tokens)} tok/s",
+        f"errors {progress.failed:,}",
+    ]
+    if stats is not None:
+        parts += [f"retries {stats.retries:,}", f"429s {stats.rate_limited:,}"]
+    parts.append(f"ETA {format_duration(eta)}")
+    if progress.stopping:
+        parts.append("stopping: finishing in-flight requests (Ctrl-C again to abort)")
+    return "  ".join(parts)
+
+
+class ProgressView:
+    """A live line on a terminal, periodic plain lines otherwise."""
+
+    def __init__(self, progress: JobProgress, stream: IO[str] | None = None, every: float = 10.0) -> None:
+        self.progress = progress
+        self.stream = stream or sys.stderr
+        self.every = every
+        self._live: Any = None
+        self._last = 0.0
+
+    def start(self) -> None:
+        if self.stream.isatty():
+            from rich.console import Console
+            from rich.live import Live
+
+            console = Console(file=self.stream)
+            self._live = Live("", console=console, refresh_per_second=4, transient=True)
+            self._live.start()
+
+    def tick(self) -> None:
+        line = status_line(self.progress)
+        if self._live is not None:
+            self._live.update(line)
+            return
+        now = time.monotonic()
+        if now - self._last >= self.every:
+            self._last = now
+            print(f"[sluice] {line}", file=self.stream, flush=True)
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+
+def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
+    elapsed = (progress.finished or time.monotonic()) - progress.started
+    stats = progress.engine.stats if progress.engine is not None else None
+    rows = [
+        ("records", f"{progress.total:,}"),
+        ("done", f"{progress.done:,} ({progress.already_done:,} from earlier runs)"),
+        ("succeeded (this run)", f"{progress.succeeded:,}"),
+        ("failed (this run)", f"{progress.failed:,}"),
+    ]
+    for kind, count in sorted(progress.errors.items(), key=lambda kv: -kv[1]):
+        rows.append((f"  {kind}", f"{count:,}"))
+    rows.append(("served from the state", f"{progress.from_store:,} (not sent again)"))
+    if stats is not None:
+        rows += [
+            (
+                "requests sent",
+                f"{stats.attempts:,} ({stats.retries:,} retries, {stats.rate_limited:,} x 429)",
+            ),
+            ("tokens", f"{stats.input_tokens:,} in, {stats.output_tokens:,} out"),
+        ]
+        p50, p99 = stats.latency.percentile(50), stats.latency.percentile(99)
+        if p50 is not None and p99 is not None:
+            rows.append(("latency", f"p50 {p50:.3f}s, p99 {p99:.3f}s"))
+    rate = progress.written / elapsed if elapsed > 0 else 0.0
+    rows.append(("elapsed", f"{format_duration(elapsed)} ({rate:,.1f} records/s)"))
+    if progress.repaired_bytes:
+        rows.append(("repaired", f"cut a half-written last line ({progress.repaired_bytes} bytes)"))
+    if progress.redone:
+        rows.append(("redone", f"{progress.redone:,} earlier records (not done or failed) were redone"))
+    return rows
