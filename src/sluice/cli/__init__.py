@@ -162,8 +162,6 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
         max_in_flight=flags.pop("max_in_flight"),
         concurrency=flags.pop("concurrency"),
     )
-    if not config.deployments and config.model is None and flags["model"] is None:
-        _fail("no model: give --model (simulate/demo needs no key) or a sluice.toml")
     spec = JobSpec(
         input=input_path,
         output=output,
@@ -274,19 +272,18 @@ def config_check(**flags: Any) -> None:
     rows = describe(effective)
     if not rows:
         click.echo("deployments: none (models are served without local limits; they learn from headers)")
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="deployments")
-    for column in rows[0]:
-        table.add_column(column)
     for row in rows:
-        table.add_row(*row.values())
-    Console().print(table)
+        _print_table(f"deployment {row.pop('deployment')}", list(row.items()))
 
 
 def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
+    """A rich table on a terminal; plain ``name: value`` lines in logs and pipes."""
+    if not sys.stdout.isatty():
+        width = max(len(name) for name, _ in rows)
+        click.echo(title)
+        for name, value in rows:
+            click.echo(f"  {name.ljust(width)}  {value}")
+        return
     from rich.console import Console
     from rich.table import Table
 

@@ -1,0 +1,5 @@
+"""``python -m sluice`` is the ``sluice`` command."""
+
+from .cli import main
+
+main()
