@@ -21,11 +21,11 @@ from ._errors import (
     AttemptTimeoutError,
     AuthenticationError,
     BadRequestError,
+    BudgetExhaustedError,
     CancelledError,
     CapacityError,
     ConfigError,
     ConnectError,
-    DeadlineExceededError,
     EngineClosedError,
     FatalProviderError,
     InvalidInputError,
@@ -39,13 +39,17 @@ from ._errors import (
     RetryableError,
     ServerError,
     SluiceError,
+    UnknownPriceError,
 )
-from ._models import Deployment, Priority, Request, Result, Secret, Timings, Usage, request_key
+from ._models import Deployment, Price, Priority, Request, Result, Secret, Timings, Usage, request_key, store_key
 from ._retry import RetryPolicy, backoff_delay, parse_retry_after
 
 if TYPE_CHECKING:
+    from ._budget import Budget
     from ._engine import Engine, RetryEvent
     from ._limits import Limiter, LocalLimiter, RateLimitSnapshot, Reservation
+    from ._session import Session
+    from ._spending import CheaperModel
     from ._stats import Stats
     from ._sync import complete, run, run_sync
     from .providers import CallableProvider, Provider, Reply, SimulatedProvider
@@ -53,6 +57,9 @@ if TYPE_CHECKING:
 # What needs asyncio (~60 ms to import) loads on first use, so ``import sluice`` stays fast.
 _LAZY = {
     "Engine": "._engine",
+    "Budget": "._budget",
+    "CheaperModel": "._spending",
+    "Session": "._session",
     "RetryEvent": "._engine",
     "Limiter": "._limits",
     "LocalLimiter": "._limits",
@@ -88,12 +95,14 @@ __all__ = [
     "AttemptTimeoutError",
     "AuthenticationError",
     "BadRequestError",
+    "Budget",
+    "BudgetExhaustedError",
     "CallableProvider",
     "CancelledError",
     "CapacityError",
+    "CheaperModel",
     "ConfigError",
     "ConnectError",
-    "DeadlineExceededError",
     "Deployment",
     "Engine",
     "EngineClosedError",
@@ -106,6 +115,7 @@ __all__ = [
     "NotFoundError",
     "OverloadedError",
     "PermissionDeniedError",
+    "Price",
     "Priority",
     "Provider",
     "ProviderError",
@@ -120,10 +130,12 @@ __all__ = [
     "RetryableError",
     "Secret",
     "ServerError",
+    "Session",
     "SimulatedProvider",
     "SluiceError",
     "Stats",
     "Timings",
+    "UnknownPriceError",
     "Usage",
     "__version__",
     "backoff_delay",
@@ -132,4 +144,5 @@ __all__ = [
     "request_key",
     "run",
     "run_sync",
+    "store_key",
 ]

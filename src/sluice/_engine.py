@@ -24,6 +24,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Ma
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._budget import Budget, BudgetExhaustedError, BudgetHold
 from ._errors import (
     AttemptTimeoutError,
     CancelledError,
@@ -39,6 +40,8 @@ from ._limits import Limiter, LocalLimiter
 from ._models import BUILTIN_PROVIDERS, Deployment, Priority, Request, Result, Timings, Usage, store_key
 from ._records import result_from_record
 from ._retry import RetryPolicy
+from ._session import Session
+from ._spending import CheaperModel, Spending
 from ._stats import Stats
 from .providers import Provider, ProviderSet
 
@@ -80,6 +83,8 @@ class _Job:
     submitted: float
     index: int | None = None
     key: str | None = None
+    budget: Budget | None = None
+    worst_cost: float = 0.0
 
     @property
     def idempotency_key(self) -> str | None:
@@ -114,6 +119,14 @@ class Engine:
     whose key (:func:`~sluice.store_key`) has a stored success is served from the store
     instead of being sent (stored failures too, unless ``retry_failed``). Identical
     requests in flight at once are sent once.
+
+    Every result carries its cost when its model's price is known. With ``budget_usd``,
+    each request reserves its worst-case cost before it is sent, so concurrency cannot
+    push spending past the cap; one that no longer fits is refused as
+    ``budget_exhausted``. ``session(budget_usd=...)`` gives one task a budget of its own,
+    counted against the engine's too; ``cheaper`` switches to a cheaper model as money
+    runs low. Under a budget, a model with no known price is refused unless
+    ``allow_unpriced``.
     """
 
     def __init__(
@@ -128,6 +141,9 @@ class Engine:
         limiter_factory: Callable[[Deployment], Limiter] = _default_limiter,
         store: Store | None = None,
         retry_failed: bool = False,
+        budget_usd: float | None = None,
+        allow_unpriced: bool = False,
+        cheaper: CheaperModel | None = None,
     ) -> None:
         if isinstance(deployments, Deployment):
             deployments = [deployments]
@@ -142,6 +158,7 @@ class Engine:
         self.on_retry = on_retry
         self.store = store
         self.retry_failed = retry_failed
+        self.spending = Spending(budget_usd, allow_unpriced=allow_unpriced, cheaper=cheaper)
         self.stats = Stats()
         self._inflight: dict[str, asyncio.Future[Result]] = {}
         self._limiter_factory = limiter_factory
@@ -174,6 +191,19 @@ class Engine:
         self._deployments.append(deployment)
         for key in {deployment.model, deployment.label}:
             self._routes[key] = route
+
+    def session(self, budget_usd: float, *, name: str | None = None) -> Session:
+        """A spending scope for one task, counted against this engine's budget too."""
+        return Session(self, self.spending.session(budget_usd, name or "the session budget"))
+
+    def remaining(self) -> float:
+        """Dollars left to start work with (``inf`` without a budget)."""
+        return self.spending.remaining()
+
+    def spent(self) -> float:
+        """Dollars spent so far by finished requests with a known price."""
+        budget = self.spending.budget
+        return budget.spent() if budget is not None else self.stats.cost_usd
 
     @property
     def deployments(self) -> Sequence[Deployment]:
@@ -212,6 +242,7 @@ class Engine:
         messages: Sequence[Mapping[str, Any]] | str | None = None,
         *,
         priority: int = Priority.INTERACTIVE,
+        budget: Budget | None = None,
         **fields: Any,
     ) -> Result:
         """Run one request now, ahead of queued batch work. Returns its Result.
@@ -223,7 +254,7 @@ class Engine:
         if self._closed:
             raise EngineClosedError("the engine is closed")
         request = _make_request(model, messages, fields)
-        job = self._job(request, priority if request.priority is None else request.priority)
+        job = self._job(request, priority if request.priority is None else request.priority, budget=budget)
         stored = self._from_store(job)
         if stored is not None:
             return stored
@@ -244,9 +275,10 @@ class Engine:
         *,
         model: str | None = None,
         priority: int = Priority.BATCH,
+        budget: Budget | None = None,
     ) -> list[Result]:
         """Every result, in input order."""
-        return [r async for r in self.map(requests, model=model, ordered=True, priority=priority)]
+        return [r async for r in self.map(requests, model=model, ordered=True, priority=priority, budget=budget)]
 
     async def map(
         self,
@@ -255,6 +287,7 @@ class Engine:
         model: str | None = None,
         ordered: bool = False,
         priority: int = Priority.BATCH,
+        budget: Budget | None = None,
     ) -> AsyncIterator[Result]:
         """Results as they complete (or in input order with ``ordered=True``).
 
@@ -288,7 +321,7 @@ class Engine:
                     await room.acquire()
                     index = taken
                     taken += 1
-                    prepared = self._prepare_item(item, index, model, priority)
+                    prepared = self._prepare_item(item, index, model, priority, budget)
                     if isinstance(prepared, _Job):
                         prepared = self._from_store(prepared) or prepared
                     if isinstance(prepared, Result):
@@ -363,20 +396,25 @@ class Engine:
 
     # -- one job ---------------------------------------------------------------------------
 
-    def _job(self, request: Request, priority: int, index: int | None = None) -> _Job:
+    def _job(self, request: Request, priority: int, index: int | None = None, budget: Budget | None = None) -> _Job:
+        budget = budget or self.spending.budget
+        request = self.spending.choose_model(request, budget)
         route = self._route(request.model)
+        key = store_key(request) if self.store is not None else None  # before any cap is added
+        request, worst = self.spending.prepare(request, route.deployment, budget)
         tokens = route.provider.estimate_tokens(request, route.deployment)
         route.limiter.check(tokens)
         self.stats.submitted += 1
         loop = asyncio.get_running_loop()
-        key = store_key(request) if self.store is not None else None
-        return _Job(request, route, tokens, priority, next(self._seq), loop.time(), index, key)
+        return _Job(request, route, tokens, priority, next(self._seq), loop.time(), index, key, budget, worst)
 
-    def _prepare_item(self, item: object, index: int, model: str | None, priority: int) -> _Job | Result:
+    def _prepare_item(
+        self, item: object, index: int, model: str | None, priority: int, budget: Budget | None
+    ) -> _Job | Result:
         """A job for an input item, or a failed Result saying why it cannot be one."""
         try:
             request = _coerce(item, model)
-            return self._job(request, priority if request.priority is None else request.priority, index)
+            return self._job(request, priority if request.priority is None else request.priority, index, budget)
         except SluiceError as error:
             self.stats.submitted += 1
             key = item.get("id") if isinstance(item, Mapping) else None
@@ -445,6 +483,10 @@ class Engine:
         attempt = 0
         sent = False
         try:
+            hold = await self.spending.reserve(job.budget, job.worst_cost)
+        except BudgetExhaustedError as exc:
+            return self._finish(job, 0, started, loop.time() - started, 0.0, error=exc)
+        try:
             while True:
                 attempt += 1
                 before = loop.time()
@@ -477,6 +519,8 @@ class Engine:
                     reservation.done()
                     if reply.ratelimit is not None:
                         route.limiter.observe(reply.ratelimit)
+                    cost = self.spending.cost(route.deployment, usage)
+                    _settle(hold, cost)
                     return self._finish(
                         job,
                         attempt,
@@ -488,16 +532,20 @@ class Engine:
                         raw=reply.raw,
                         finish_reason=reply.finish_reason,
                         request_id=reply.request_id,
+                        cost=cost,
                     )
                 latency = loop.time() - sent_at
                 reservation.done()
                 delay = await self._after_failure(job, error, attempt, deadline)
                 if delay is None:
+                    _settle(hold, 0.0)  # providers do not bill failed attempts
                     return self._finish(job, attempt, started, waited, latency, error=error)
                 if delay > 0 and not isinstance(error, RateLimitError):
                     await asyncio.sleep(delay)  # a 429's pause is the limiter's to keep
         except asyncio.CancelledError:
             note = "it was sent and may have been answered" if sent else "it was never sent"
+            if hold is not None:  # sent and maybe billed: count the worst case, to be safe
+                hold.commit(hold.amount if sent else 0.0)
             self._finish(job, attempt, started, waited, latency, error=CancelledError(f"cancelled; {note}"))
             raise
 
@@ -537,6 +585,7 @@ class Engine:
         raw: Mapping[str, Any] | None = None,
         finish_reason: str | None = None,
         request_id: str | None = None,
+        cost: float | None = None,
     ) -> Result:
         now = asyncio.get_running_loop().time()
         result = Result(
@@ -556,8 +605,9 @@ class Engine:
             finish_reason=finish_reason,
             request_id=request_id,
             index=job.index,
+            cost_usd=cost,
         )
-        self._emit(result, job.key)
+        self._emit(result, job.key if attempts else None)  # only what the provider answered
         return result
 
     def _emit(self, result: Result, key: str | None = None) -> None:
@@ -571,6 +621,11 @@ class Engine:
         names = ", ".join(d.label for d in self._deployments)
         state = "closed" if self._closed else "stopping" if self._stopping else "open"
         return f"<Engine [{names}] {state} in_flight={self._gate.held}>"
+
+
+def _settle(hold: BudgetHold | None, cost: float | None) -> None:
+    if hold is not None:
+        hold.commit(cost or 0.0)
 
 
 def _make_request(

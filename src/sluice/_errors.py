@@ -9,7 +9,8 @@
     │   └── CapacityError            can never fit the deployment's limits
     ├── EngineClosedError            the engine is closed or closing
     ├── CancelledError               the job was cancelled before it finished
-    ├── DeadlineExceededError        the job's total deadline ran out
+    ├── BudgetExhaustedError         not run: its worst case no longer fits the budget
+    ├── UnknownPriceError            a budgeted run met a model with no known price
     └── ProviderError                the provider (or the way to it) failed
         ├── RetryableError           worth another attempt
         │   ├── RateLimitError           429
@@ -39,11 +40,11 @@ __all__ = [
     "AttemptTimeoutError",
     "AuthenticationError",
     "BadRequestError",
+    "BudgetExhaustedError",
     "CancelledError",
     "CapacityError",
     "ConfigError",
     "ConnectError",
-    "DeadlineExceededError",
     "EngineClosedError",
     "FatalProviderError",
     "InvalidInputError",
@@ -57,6 +58,7 @@ __all__ = [
     "RetryableError",
     "ServerError",
     "SluiceError",
+    "UnknownPriceError",
     "error_for_status",
 ]
 
@@ -107,8 +109,16 @@ class CancelledError(SluiceError):
     kind = "cancelled"
 
 
-class DeadlineExceededError(SluiceError):
-    kind = "deadline_exceeded"
+class BudgetExhaustedError(SluiceError):
+    """Not run: its worst-case cost no longer fits the budget. A rerun with more resumes it."""
+
+    kind = "budget_exhausted"
+
+
+class UnknownPriceError(SluiceError):
+    """A budgeted run met a model with no known price (set one, or allow unpriced models)."""
+
+    kind = "unknown_price"
 
 
 class ProviderError(SluiceError):

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Deployment",
+    "Price",
     "Priority",
     "Request",
     "Result",
@@ -269,6 +270,23 @@ class Secret:
         raise TypeError("a Secret cannot be pickled")
 
 
+@dataclass(frozen=True, slots=True)
+class Price:
+    """US dollars per million tokens, for a model genai-prices does not know (or to override it)."""
+
+    input_per_mtok: float
+    output_per_mtok: float
+    cached_input_per_mtok: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("input_per_mtok", "output_per_mtok", "cached_input_per_mtok"):
+            value = getattr(self, name)
+            if value is None and name == "cached_input_per_mtok":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ConfigError(f"price {name} must be a number >= 0 (USD per million tokens), got {value!r}")
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Deployment:
     """One place a model is served, with its limits.
@@ -295,8 +313,14 @@ class Deployment:
     headers: Mapping[str, str] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
     provider: str | Provider | None = None
+    price: Price | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.price, Mapping):
+            try:
+                object.__setattr__(self, "price", Price(**self.price))
+            except TypeError as exc:
+                raise ConfigError(f"deployment {self.label!r}: price: {exc}") from None
         problem = _deployment_problem(self)
         if problem:
             raise ConfigError(f"deployment {self.label!r}: {problem}")

@@ -58,6 +58,9 @@ class Stats:
     rate_limited: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    cost_usd: float = 0.0
+    #: Answers from models with no known price: their cost is unknown, not zero.
+    unpriced: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
@@ -70,10 +73,14 @@ class Stats:
             self.cached += 1
         if result.ok:
             self.succeeded += 1
-            if not result.cached:  # tokens and latency of this run only
+            if not result.cached:  # tokens, money and latency of this run only
                 self.input_tokens += result.usage.input_tokens
                 self.output_tokens += result.usage.output_tokens
                 self.latency.add(result.timings.latency)
+                if result.cost_usd is None:
+                    self.unpriced += 1
+                else:
+                    self.cost_usd += result.cost_usd
         elif result.error is not None and result.error.kind == "cancelled":
             self.cancelled += 1
         else:
@@ -92,6 +99,8 @@ class Stats:
             "rate_limited": self.rate_limited,
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
+            "cost_usd": self.cost_usd,
+            "unpriced": self.unpriced,
             "errors": dict(self.errors),
             "latency_p50": self.latency.percentile(50),
             "latency_p90": self.latency.percentile(90),

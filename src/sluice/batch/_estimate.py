@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._models import Deployment
+from .._models import Deployment, Usage
+from .._pricing import Pricing
 from .._tokens import estimate_message_tokens
 from ..cli._config import JobConfig
 from ..providers import estimate_request_tokens
@@ -26,6 +27,7 @@ class _Tally:
     requests: int = 0
     prompt_tokens: int = 0
     reserved_tokens: int = 0
+    max_output_tokens: int = 0
 
     def seconds(self, tokens: int) -> float | None:
         """The shortest time the limits allow, or None without limits."""
@@ -44,6 +46,25 @@ class Estimate:
     invalid: int = 0
     tallies: dict[str, _Tally] = field(default_factory=dict)
     examples_of_bad: list[str] = field(default_factory=list)
+    pricing: Pricing = field(default_factory=Pricing)
+    expected_output: int | None = None
+
+    def _cost(self, tally: _Tally) -> str:
+        """From prompts only to every output token used: the true cost lies between."""
+        low = self.pricing.cost(tally.deployment, Usage(input_tokens=tally.prompt_tokens))
+        high = self.pricing.cost(
+            tally.deployment, Usage(input_tokens=tally.prompt_tokens, output_tokens=tally.max_output_tokens)
+        )
+        if low is None or high is None:
+            return "unknown: no price for this model (give --price IN,OUT)"
+        expected = ""
+        if self.expected_output is not None:
+            mid = self.pricing.cost(
+                tally.deployment,
+                Usage(input_tokens=tally.prompt_tokens, output_tokens=self.expected_output * tally.requests),
+            )
+            expected = f", ~${mid:,.4f} at {self.expected_output} output tokens each"
+        return f"${low:,.4f} (prompts only) .. ${high:,.4f} (every max_tokens used){expected}"
 
     def rows(self) -> list[tuple[str, str]]:
         from ..cli._progress import format_duration
@@ -57,6 +78,7 @@ class Estimate:
             rows.append((label, f"{tally.requests:,} requests"))
             rows.append(("  prompt tokens (est.)", f"{tally.prompt_tokens:,}"))
             rows.append(("  reserved tokens", f"{tally.reserved_tokens:,} (prompt + max_tokens)"))
+            rows.append(("  cost", self._cost(tally)))
             low, high = tally.seconds(tally.prompt_tokens), tally.seconds(tally.reserved_tokens)
             if low is None or high is None:
                 rows.append(("  shortest time", "no limits configured: bound by latency and concurrency"))
@@ -68,9 +90,11 @@ class Estimate:
         return rows
 
 
-def estimate_job(path: Path, config: JobConfig, options: InputOptions) -> Estimate:
+def estimate_job(
+    path: Path, config: JobConfig, options: InputOptions, *, expected_output: int | None = None
+) -> Estimate:
     routes = {key: d for d in config.deployments for key in (d.model, d.label)}
-    result = Estimate()
+    result = Estimate(expected_output=expected_output)
     for item in read_inputs(path, options):
         result.records += 1
         if item.request is None:
@@ -86,6 +110,9 @@ def estimate_job(path: Path, config: JobConfig, options: InputOptions) -> Estima
         if tally is None:
             tally = result.tallies[deployment.label] = _Tally(deployment)
         tally.requests += 1
-        tally.prompt_tokens += estimate_message_tokens(request.messages, request.params)
-        tally.reserved_tokens += estimate_request_tokens(request, deployment)
+        reserved = estimate_request_tokens(request, deployment)
+        prompt = estimate_message_tokens(request.messages, request.params)
+        tally.prompt_tokens += prompt
+        tally.reserved_tokens += reserved
+        tally.max_output_tokens += reserved - prompt
     return result

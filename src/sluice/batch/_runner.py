@@ -68,6 +68,8 @@ class JobProgress:
     strict_error: str | None = None
     engine: Engine | None = None
     errors: dict[str, int] = field(default_factory=dict)
+    #: Dollars spent by earlier runs of this job (from the state file).
+    spent_before: float = 0.0
 
     @property
     def done(self) -> int:
@@ -158,8 +160,13 @@ async def _stream(
         concurrency=config.concurrency,
         store=store,
         retry_failed=spec.retry_failed,
+        budget_usd=config.budget_usd,
+        allow_unpriced=config.allow_unpriced,
     )
     progress.engine = engine
+    progress.spent_before = store.summary()["cost_usd"] or 0.0
+    if engine.spending.budget is not None:  # the budget is the job's, over all its runs
+        engine.spending.budget.add_spent(progress.spent_before)
     if progress.stopping:
         engine.stop()
     pending: dict[int, InputItem] = {}

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import click
 
 from .._errors import SluiceError
+from .._models import Price
 from ..batch._inputs import InputOptions, Template
 from ._config import JobConfig, describe, load_config, with_overrides
 
@@ -62,10 +63,31 @@ def _config_options(fn: F) -> F:
             help="Requests awaiting an answer at once, for --model.",
         ),
         click.option("--concurrency", type=click.IntRange(min=1), help="Requests admitted at once across deployments."),
+        click.option(
+            "--price",
+            callback=_parse_price,
+            help="USD per million tokens for --model: IN,OUT or IN,OUT,CACHED_IN (unlisted or self-hosted).",
+        ),
+        click.option("--budget", type=click.FloatRange(min=0), help="Never spend more than this many US dollars."),
+        click.option("--allow-unpriced", is_flag=True, help="Let a budgeted run use models with no known price."),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def _parse_price(ctx: click.Context, param: click.Parameter, value: str | None) -> Price | None:
+    if value is None:
+        return None
+    try:
+        numbers = [float(part) for part in value.split(",")]
+        if len(numbers) not in (2, 3):
+            raise ValueError
+        return Price(*numbers)
+    except (ValueError, SluiceError):
+        raise click.BadParameter(
+            f"expected IN,OUT or IN,OUT,CACHED_IN dollars per million tokens, got {value!r}"
+        ) from None
 
 
 def _input_options(fn: F) -> F:
@@ -94,8 +116,19 @@ def _input_options(fn: F) -> F:
 _INPUT_FLAGS = ("template", "system", "id_field", "max_tokens", "temperature", "input_format")
 
 
-def _job_config(config_path: Path | None, **flags: Any) -> JobConfig:
-    return with_overrides(load_config(config_path), **flags)
+def _job_config(flags: dict[str, Any]) -> JobConfig:
+    """The config file with the flags applied; takes the config flags out of ``flags``."""
+    return with_overrides(
+        load_config(flags.pop("config_path")),
+        model=flags["model"],  # left in: it also overrides every record's model
+        rpm=flags.pop("rpm"),
+        tpm=flags.pop("tpm"),
+        max_in_flight=flags.pop("max_in_flight"),
+        concurrency=flags.pop("concurrency"),
+        price=flags.pop("price"),
+        budget_usd=flags.pop("budget"),
+        allow_unpriced=flags.pop("allow_unpriced"),
+    )
 
 
 def _input_opts(config: JobConfig, model: str | None, **flags: Any) -> InputOptions:
@@ -154,14 +187,7 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
     from ..batch._runner import JobProgress, JobSpec, default_state_path, run_job
     from ._progress import ProgressView, summary_rows
 
-    config = _job_config(
-        flags.pop("config_path"),
-        model=flags["model"],
-        rpm=flags.pop("rpm"),
-        tpm=flags.pop("tpm"),
-        max_in_flight=flags.pop("max_in_flight"),
-        concurrency=flags.pop("concurrency"),
-    )
+    config = _job_config(flags)
     spec = JobSpec(
         input=input_path,
         output=output,
@@ -210,6 +236,13 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
     _print_table("sluice run", [*summary_rows(progress), ("output", str(output)), ("state", str(spec.state))])
     if progress.strict_error is not None:
         _fail(f"{progress.strict_error} (--strict: stopped here; fix it and rerun to resume)", 1)
+    exhausted = progress.errors.get("budget_exhausted", 0)
+    if exhausted:
+        click.echo(
+            f"sluice: the budget is spent: {exhausted:,} records were not run; "
+            "rerun with a larger --budget to resume them",
+            err=True,
+        )
     if aborted or progress.stopping or progress.done < progress.total:
         click.echo("sluice: interrupted; rerun the same command to resume (nothing done is sent again)", err=True)
         sys.exit(130)
@@ -219,21 +252,16 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
 @click.argument("input_path", metavar="INPUT", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_config_options
 @_input_options
+@click.option("--expected-output", type=click.IntRange(min=0), help="Output tokens you expect per request.")
 @_friendly
 def estimate(input_path: Path, **flags: Any) -> None:
     """Count INPUT's requests and tokens and the shortest time the limits allow; sends nothing."""
     from ..batch._estimate import estimate_job
 
-    config = _job_config(
-        flags.pop("config_path"),
-        model=flags["model"],
-        rpm=flags.pop("rpm"),
-        tpm=flags.pop("tpm"),
-        max_in_flight=flags.pop("max_in_flight"),
-        concurrency=flags.pop("concurrency"),
-    )
+    config = _job_config(flags)
+    expected_output = flags.pop("expected_output")
     inputs = _input_opts(config, flags.pop("model"), **flags)
-    result = estimate_job(input_path, config, inputs)
+    result = estimate_job(input_path, config, inputs, expected_output=expected_output)
     _print_table(f"sluice estimate {input_path}", result.rows())
     for line in result.examples_of_bad:
         click.echo(f"  {line}", err=True)
@@ -259,11 +287,11 @@ def config() -> None:
 @_friendly
 def config_check(**flags: Any) -> None:
     """Validate the config file and print the effective configuration (keys masked)."""
-    path = flags.pop("config_path")
-    effective = _job_config(path, **flags)
+    effective = _job_config(flags)
     source = effective.source or "(no config file; defaults and flags)"
     click.echo(f"config: {source}")
-    click.echo(f"default model: {effective.model or '-'}   concurrency: {effective.concurrency}")
+    budget = "-" if effective.budget_usd is None else f"${effective.budget_usd:,.2f}"
+    click.echo(f"default model: {effective.model or '-'}   concurrency: {effective.concurrency}   budget: {budget}")
     retry = effective.retry
     click.echo(
         f"retry: {retry.max_attempts} attempts, backoff {retry.base_delay:g}s..{retry.max_delay:g}s, "

@@ -4,6 +4,7 @@
 
     model = "openai/gpt-4o-mini"      # the default for records that name no model
     concurrency = 128
+    budget_usd = 5.00                 # never spend more than this on the job
 
     [retry]
     max_attempts = 6
@@ -14,6 +15,7 @@
     rpm = 500
     tpm = 200000
     max_in_flight = 64
+    # price = { input_per_mtok = 0.15, output_per_mtok = 0.60 }   # for unlisted models
 
 CLI flags (``--model``, ``--rpm``, ``--tpm``, ``--max-in-flight``, ``--concurrency``)
 override the file. Keys are never printed: ``sluice config check`` says only where a key
@@ -31,13 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError, SluiceError
-from .._models import Deployment, Secret
+from .._models import Deployment, Price, Secret
 from .._retry import RetryPolicy
 
 __all__ = ["JobConfig", "describe", "load_config"]
 
 DEFAULT_FILE = "sluice.toml"
-_TOP_KEYS = {"model", "concurrency", "retry", "deployment", "deployments"}
+_TOP_KEYS = {"model", "concurrency", "budget_usd", "allow_unpriced", "retry", "deployment", "deployments"}
 _DEPLOYMENT_KEYS = {f.name for f in dataclasses.fields(Deployment)}
 _RETRY_KEYS = {f.name for f in dataclasses.fields(RetryPolicy)}
 _KEY_ENV = {"openai": "OPENAI_API_KEY", "azure": "AZURE_OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
@@ -49,6 +51,8 @@ class JobConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     concurrency: int = 256
     model: str | None = None
+    budget_usd: float | None = None
+    allow_unpriced: bool = False
     source: Path | None = None
 
 
@@ -92,18 +96,24 @@ def _parse(data: Mapping[str, Any], path: Path) -> JobConfig:
         retry = RetryPolicy(**retry_table)
     except SluiceError as exc:
         raise ConfigError(f"{path}: [retry]: {exc.message}") from None
+    budget = data.get("budget_usd")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0):
+        raise ConfigError(f"{path}: budget_usd must be a number of US dollars >= 0, got {budget!r}")
+    allow_unpriced = data.get("allow_unpriced", False)
+    if not isinstance(allow_unpriced, bool):
+        raise ConfigError(f"{path}: allow_unpriced must be true or false, got {allow_unpriced!r}")
     tables = data.get("deployment", data.get("deployments", []))
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise ConfigError(f"{path}: deployments are [[deployment]] tables")
     deployments = tuple(_deployment(t, f"{path}: [[deployment]] #{i + 1}") for i, t in enumerate(tables))
-    return JobConfig(deployments, retry, concurrency, model, path)
+    return JobConfig(deployments, retry, concurrency, model, budget, allow_unpriced, path)
 
 
 def _deployment(table: Mapping[str, Any], where: str) -> Deployment:
     _unknown(where, table, _DEPLOYMENT_KEYS)
     if "model" not in table:
         raise ConfigError(f"{where}: needs a model")
-    for name in ("headers", "options"):
+    for name in ("headers", "options", "price"):
         if name in table and not isinstance(table[name], dict):
             raise ConfigError(f"{where}: {name} must be a table")
     if "provider" in table and not isinstance(table["provider"], str):
@@ -124,16 +134,19 @@ def with_overrides(
     tpm: float | None = None,
     max_in_flight: int | None = None,
     concurrency: int | None = None,
+    price: Price | None = None,
+    budget_usd: float | None = None,
+    allow_unpriced: bool = False,
 ) -> JobConfig:
     """The configuration with CLI flags applied on top."""
     target = model or config.model
     if target is None and len(config.deployments) == 1:
         target = config.deployments[0].model
-    given: dict[str, Any] = {"rpm": rpm, "tpm": tpm, "max_in_flight": max_in_flight}
+    given: dict[str, Any] = {"rpm": rpm, "tpm": tpm, "max_in_flight": max_in_flight, "price": price}
     limits = {k: v for k, v in given.items() if v is not None}
     deployments = list(config.deployments)
     if limits and target is None:
-        raise ConfigError("--rpm/--tpm/--max-in-flight need --model to say which deployment they limit")
+        raise ConfigError("--rpm/--tpm/--max-in-flight/--price need --model to say which deployment they apply to")
     if target is not None:
         found = [i for i, d in enumerate(deployments) if target in (d.model, d.label)]
         if found:
@@ -146,6 +159,8 @@ def with_overrides(
         deployments=tuple(deployments),
         model=model or config.model,
         concurrency=concurrency or config.concurrency,
+        budget_usd=config.budget_usd if budget_usd is None else budget_usd,
+        allow_unpriced=allow_unpriced or config.allow_unpriced,
     )
 
 
@@ -165,6 +180,9 @@ def key_source(deployment: Deployment) -> str:
 
 def describe(config: JobConfig) -> list[dict[str, str]]:
     """One row per deployment, for ``sluice config check``: keys masked."""
+    from .._pricing import Pricing
+
+    pricing = Pricing()
     rows = []
     for d in config.deployments:
         rows.append(
@@ -178,6 +196,7 @@ def describe(config: JobConfig) -> list[dict[str, str]]:
                 "tpm": "-" if d.tpm is None else f"{d.tpm:g}",
                 "max_in_flight": "-" if d.max_in_flight is None else str(d.max_in_flight),
                 "window": f"{d.window:g}s",
+                "price": pricing.describe(d),
             }
         )
     return rows

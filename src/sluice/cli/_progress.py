@@ -48,10 +48,31 @@ def status_line(progress: JobProgress) -> str:
     ]
     if stats is not None:
         parts += [f"retries {stats.retries:,}", f"429s {stats.rate_limited:,}"]
+        spend = _spend(progress)
+        if spend:
+            parts.append(spend)
     parts.append(f"ETA {format_duration(eta)}")
     if progress.stopping:
         parts.append("stopping: finishing in-flight requests (Ctrl-C again to abort)")
     return "  ".join(parts)
+
+
+def usd(amount: float) -> str:
+    """Dollars with the precision that matters: cents for large sums, 1/100 cent for small."""
+    return f"${amount:,.2f}" if abs(amount) >= 10 else f"${amount:,.4f}"
+
+
+def _spend(progress: JobProgress) -> str:
+    """``$1.2345`` spent (of the budget), or nothing when no price is known at all."""
+    engine = progress.engine
+    if engine is None:
+        return ""
+    budget = engine.spending.budget
+    if budget is not None:
+        return f"{usd(budget.spent())} of {usd(budget.limit)}"
+    if engine.stats.cost_usd or not engine.stats.unpriced:
+        return usd(progress.spent_before + engine.stats.cost_usd)
+    return ""
 
 
 class ProgressView:
@@ -89,6 +110,20 @@ class ProgressView:
             self._live = None
 
 
+def _cost_summary(progress: JobProgress) -> str:
+    assert progress.engine is not None
+    stats, spending = progress.engine.stats, progress.engine.spending
+    text = f"{usd(stats.cost_usd)} this run"
+    if progress.spent_before:
+        text += f", {usd(progress.spent_before + stats.cost_usd)} in all"
+    if spending.budget is not None:
+        text += f" (budget {usd(spending.budget.limit)}, {usd(max(0.0, spending.budget.remaining()))} left)"
+    if stats.unpriced:
+        models = ", ".join(sorted(spending.unpriced_models))
+        text += f"; {stats.unpriced:,} answers from models with no known price ({models}) are not included"
+    return text
+
+
 def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
     elapsed = (progress.finished or time.monotonic()) - progress.started
     stats = progress.engine.stats if progress.engine is not None else None
@@ -112,6 +147,8 @@ def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
         p50, p99 = stats.latency.percentile(50), stats.latency.percentile(99)
         if p50 is not None and p99 is not None:
             rows.append(("latency", f"p50 {p50:.3f}s, p99 {p99:.3f}s"))
+    if stats is not None:
+        rows.append(("cost", _cost_summary(progress)))
     rate = progress.written / elapsed if elapsed > 0 else 0.0
     rows.append(("elapsed", f"{format_duration(elapsed)} ({rate:,.1f} records/s)"))
     if progress.repaired_bytes:

@@ -1,0 +1,169 @@
+"""Budgets that cannot be overshot: reserve the worst case before spending.
+
+At admission a request reserves what it could cost at most (its prompt, with a safety
+margin for the estimate, plus every output token it may produce); when the answer lands
+the actual cost is committed and the rest of the reservation returns; a failure
+releases it. So however many requests run at once, ``spent + reserved <= limit``
+holds at every instant.
+
+A request that does not fit waits while money is still reserved by requests in flight
+(they usually cost less than their worst case); when nothing is in flight and it still
+does not fit, it is refused with :class:`BudgetExhaustedError`. No affordable request
+is refused while money remains.
+
+Budgets nest: a session's budget (one agent task) counts against the engine's too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from ._errors import BudgetExhaustedError, ConfigError, UnknownPriceError
+
+__all__ = ["Budget", "BudgetExhaustedError", "BudgetHold", "BudgetLedger", "UnknownPriceError"]
+
+#: Prompt token estimates are heuristics; a budget reserves this much more for prompts.
+PROMPT_MARGIN = 1.25
+
+
+class Budget:
+    """A spending cap in US dollars; ``parent`` is the budget it also counts against."""
+
+    __slots__ = ("_reserved", "_spent", "limit", "name", "parent")
+
+    def __init__(self, limit_usd: float, *, parent: Budget | None = None, name: str = "budget") -> None:
+        if isinstance(limit_usd, bool) or not isinstance(limit_usd, (int, float)) or not limit_usd >= 0:
+            raise ConfigError(f"{name} must be a number of US dollars >= 0, got {limit_usd!r}")
+        self.limit = float(limit_usd)
+        self.parent = parent
+        self.name = name
+        self._spent = 0.0
+        self._reserved = 0.0
+
+    def spent(self) -> float:
+        """Dollars committed by finished requests."""
+        return self._spent
+
+    def reserved(self) -> float:
+        """Dollars held by requests in flight (their worst case)."""
+        return self._reserved
+
+    def remaining(self) -> float:
+        """What is left to start new work with, here and in every enclosing budget."""
+        own = self.limit - self._spent - self._reserved
+        return own if self.parent is None else min(own, self.parent.remaining())
+
+    def chain(self) -> list[Budget]:
+        budgets: list[Budget] = []
+        budget: Budget | None = self
+        while budget is not None:
+            budgets.append(budget)
+            budget = budget.parent
+        return budgets
+
+    def add_spent(self, dollars: float) -> None:
+        """Count money spent before this process (an earlier run of the same job)."""
+        self._spent += dollars
+
+    def __repr__(self) -> str:
+        return f"<Budget {self.name} ${self._spent:.4f} spent + ${self._reserved:.4f} reserved of ${self.limit:.4f}>"
+
+
+class BudgetHold:
+    """One request's reservation, settled exactly once."""
+
+    __slots__ = ("_ledger", "_open", "amount", "chain")
+
+    def __init__(self, ledger: BudgetLedger, chain: list[Budget], amount: float) -> None:
+        self._ledger = ledger
+        self.chain = chain
+        self.amount = amount
+        self._open = True
+
+    def commit(self, actual: float) -> None:
+        """The request cost ``actual``: count it, return the rest of the reservation."""
+        if self._open:
+            self._open = False
+            self._ledger._settle(self, actual)
+
+    def release(self) -> None:
+        """The request cost nothing (failed, or never sent)."""
+        self.commit(0.0)
+
+
+class _Waiter:
+    __slots__ = ("amount", "chain", "future")
+
+    def __init__(self, chain: list[Budget], amount: float, future: asyncio.Future[BudgetHold]) -> None:
+        self.chain = chain
+        self.amount = amount
+        self.future = future
+
+
+class BudgetLedger:
+    """Reservations against nested budgets, with one queue of waiters for all of them."""
+
+    __slots__ = ("_waiters", "exhausted")
+
+    def __init__(self) -> None:
+        self._waiters: deque[_Waiter] = deque()
+        #: Set once any request has been refused: the progress display says so.
+        self.exhausted = False
+
+    async def reserve(self, budget: Budget, amount: float) -> BudgetHold:
+        chain = budget.chain()
+        if _fits(chain, amount):
+            return self._grant(chain, amount)
+        if not _may_free(chain, amount):
+            raise self._refuse(chain, amount)
+        future: asyncio.Future[BudgetHold] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(chain, amount, future)
+        self._waiters.append(waiter)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                future.result().release()
+            raise
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def _grant(self, chain: list[Budget], amount: float) -> BudgetHold:
+        for budget in chain:
+            budget._reserved += amount
+        return BudgetHold(self, chain, amount)
+
+    def _refuse(self, chain: list[Budget], amount: float) -> BudgetExhaustedError:
+        self.exhausted = True
+        tight = min(chain, key=lambda b: b.limit - b._spent - b._reserved)
+        left = tight.limit - tight._spent - tight._reserved
+        return BudgetExhaustedError(
+            f"not run: its worst case ${amount:.4f} exceeds the ${left:.4f} left of {tight.name} "
+            f"(${tight.limit:.2f}); rerun with a larger budget to resume"
+        )
+
+    def _settle(self, hold: BudgetHold, actual: float) -> None:
+        for budget in hold.chain:
+            budget._reserved -= hold.amount
+            budget._spent += actual
+        self._wake()
+
+    def _wake(self) -> None:
+        for waiter in list(self._waiters):
+            if waiter.future.done():
+                continue
+            if _fits(waiter.chain, waiter.amount):
+                waiter.future.set_result(self._grant(waiter.chain, waiter.amount))
+            elif not _may_free(waiter.chain, waiter.amount):
+                waiter.future.set_exception(self._refuse(waiter.chain, waiter.amount))
+
+
+def _fits(chain: list[Budget], amount: float) -> bool:
+    return all(b._spent + b._reserved + amount <= b.limit + 1e-12 for b in chain)
+
+
+def _may_free(chain: list[Budget], amount: float) -> bool:
+    """Could a request in flight still return money to every budget that blocks this one?"""
+    return all(b._reserved > 0 for b in chain if b._spent + b._reserved + amount > b.limit + 1e-12)

@@ -1,0 +1,149 @@
+"""What a request costs: from the usage the provider reports, in US dollars.
+
+Prices come from a deployment's own ``price`` (self-hosted or unlisted models) or from
+the ``genai-prices`` package, whose data ships with it (no network at run time; it is
+imported only when a price is first needed). A model with no known price costs
+``None`` — never a silent zero.
+
+genai-prices takes ~200 µs per calculation, too slow for a hot path at thousands of
+requests a second, so each deployment's per-token rates are looked up once and the
+arithmetic below is done in plain floats. Tiered prices (a rate that changes past a
+context length) keep using the library's exact calculation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._models import Deployment, Price, Usage
+
+__all__ = ["Price", "Pricing", "cost_of", "worst_case_cost"]
+
+
+def cost_of(price: Price, usage: Usage) -> float:
+    """Dollars for ``usage``: cached input at its own rate; reasoning is part of output."""
+    cached = min(usage.cached_input_tokens, usage.input_tokens)
+    cached_rate = price.input_per_mtok if price.cached_input_per_mtok is None else price.cached_input_per_mtok
+    return (
+        (usage.input_tokens - cached) * price.input_per_mtok
+        + cached * cached_rate
+        + usage.output_tokens * price.output_per_mtok
+    ) / 1_000_000
+
+
+def worst_case_cost(price: Price, prompt_tokens: int, max_output_tokens: int) -> float:
+    """The most a request can cost: its whole prompt uncached and every output token used."""
+    return (prompt_tokens * price.input_per_mtok + max_output_tokens * price.output_per_mtok) / 1_000_000
+
+
+_PROVIDER_IDS = {"openai": "openai", "azure": "azure", "anthropic": "anthropic"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """A deployment's price: flat rates, or the library's exact (tiered) calculation."""
+
+    price: Price | None
+    exact: Callable[[Usage], float] | None = None
+    source: str = ""
+
+
+class Pricing:
+    """Prices per deployment, looked up once and cached."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, tuple[Deployment, _Known | None]] = {}
+
+    def known(self, deployment: Deployment) -> _Known | None:
+        entry = self._cache.get(id(deployment))
+        if entry is None or entry[0] is not deployment:
+            entry = (deployment, _look_up(deployment))
+            self._cache[id(deployment)] = entry
+        return entry[1]
+
+    def has_price(self, deployment: Deployment) -> bool:
+        return self.known(deployment) is not None
+
+    def cost(self, deployment: Deployment, usage: Usage) -> float | None:
+        known = self.known(deployment)
+        if known is None:
+            return None
+        if known.exact is not None:
+            return known.exact(usage)
+        assert known.price is not None
+        return cost_of(known.price, usage)
+
+    def worst_case(self, deployment: Deployment, prompt_tokens: int, max_output_tokens: int) -> float | None:
+        known = self.known(deployment)
+        if known is None:
+            return None
+        if known.exact is not None:
+            return known.exact(Usage(input_tokens=prompt_tokens, output_tokens=max_output_tokens))
+        assert known.price is not None
+        return worst_case_cost(known.price, prompt_tokens, max_output_tokens)
+
+    def describe(self, deployment: Deployment) -> str:
+        known = self.known(deployment)
+        if known is None:
+            return "unknown (set a price for this deployment)"
+        if known.price is None:
+            return f"tiered ({known.source})"
+        p = known.price
+        return f"${p.input_per_mtok:g} in / ${p.output_per_mtok:g} out per Mtok ({known.source})"
+
+
+def _look_up(deployment: Deployment) -> _Known | None:
+    if deployment.price is not None:
+        return _Known(deployment.price, source="configured")
+    if deployment.provider_name == "simulate":
+        return None  # a rehearsal has no real price unless the user gives one
+    try:
+        from genai_prices import Usage as PriceUsage
+        from genai_prices import calc_price
+    except ImportError:  # pragma: no cover - a declared dependency
+        return None
+    kwargs: dict[str, Any] = {}
+    provider = _PROVIDER_IDS.get(deployment.provider_name)
+    if deployment.base_url is not None and provider in (None, "openai"):
+        kwargs["provider_api_url"] = deployment.base_url
+    elif provider is not None:
+        kwargs["provider_id"] = provider
+    try:
+        found = calc_price(PriceUsage(input_tokens=1, output_tokens=1), deployment.model_name, **kwargs)
+    except LookupError:
+        return None
+    model_price = found.model_price
+    source = f"genai-prices: {found.provider.id}/{found.model.id}"
+    rates = [_flat(r) for r in (model_price.input_mtok, model_price.output_mtok, model_price.cache_read_mtok)]
+    if all(r is not _TIERED for r in rates) and isinstance(rates[0], float):
+        output = rates[1] if isinstance(rates[1], float) else 0.0
+        cached = rates[2] if isinstance(rates[2], float) else None
+        return _Known(Price(rates[0], output, cached), source=source)
+
+    def exact(usage: Usage) -> float:
+        priced = model_price.calc_price(
+            PriceUsage(
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cache_read_tokens=usage.cached_input_tokens,
+            )
+        )
+        return float(priced["total_price"])
+
+    return _Known(None, exact=exact, source=source)
+
+
+_TIERED = object()
+
+
+def _flat(value: object) -> float | object | None:
+    """A flat per-Mtok rate as a float, None when absent, ``_TIERED`` for anything else."""
+    from decimal import Decimal
+
+    if value is None:
+        return None
+    if isinstance(value, (Decimal, int, float)):
+        return float(value)
+    return _TIERED

@@ -1,0 +1,113 @@
+"""The engine's money: prices, budgets, and the rule that switches to a cheaper model.
+
+Kept apart from the engine's loop so that the loop reads as the request's way through
+the system: ``prepare`` at admission, ``reserve`` before the first attempt, ``settle``
+when the outcome is known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ._budget import PROMPT_MARGIN, Budget, BudgetHold, BudgetLedger, UnknownPriceError
+from ._errors import ConfigError
+from ._models import Deployment, Request, Usage
+from ._pricing import Pricing
+from ._tokens import estimate_message_tokens
+
+__all__ = ["CheaperModel", "Spending"]
+
+
+@dataclass(frozen=True, slots=True)
+class CheaperModel:
+    """Below ``below_usd`` remaining, requests for a key of ``use`` go to its value instead.
+
+    ``CheaperModel({"openai/gpt-4o": "openai/gpt-4o-mini"}, below_usd=1.0)``: an agent keeps
+    working, more cheaply, as its budget runs low.
+    """
+
+    use: Mapping[str, str]
+    below_usd: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.below_usd, (int, float)) or self.below_usd < 0:
+            raise ConfigError(f"CheaperModel.below_usd must be a number >= 0, got {self.below_usd!r}")
+        if not self.use:
+            raise ConfigError("CheaperModel.use needs at least one {expensive: cheaper} pair")
+
+
+class Spending:
+    """Prices for every result; with a budget, reservations that cannot be overshot."""
+
+    __slots__ = ("allow_unpriced", "budget", "cheaper", "ledger", "pricing", "unpriced_models")
+
+    def __init__(
+        self, budget_usd: float | None, *, allow_unpriced: bool = False, cheaper: CheaperModel | None = None
+    ) -> None:
+        self.pricing = Pricing()
+        self.budget = Budget(budget_usd, name="the budget") if budget_usd is not None else None
+        self.ledger = BudgetLedger()
+        self.allow_unpriced = allow_unpriced
+        self.cheaper = cheaper
+        #: Models that answered without a known price: reported, never counted as free.
+        self.unpriced_models: set[str] = set()
+
+    def session(self, budget_usd: float, name: str) -> Budget:
+        return Budget(budget_usd, parent=self.budget, name=name)
+
+    def choose_model(self, request: Request, budget: Budget | None) -> Request:
+        """The cheaper model's request once the budget runs below the rule's threshold."""
+        if self.cheaper is None or budget is None:
+            return request
+        cheaper = self.cheaper.use.get(request.model)
+        if cheaper is None or budget.remaining() >= self.cheaper.below_usd:
+            return request
+        return dataclasses.replace(request, model=cheaper)
+
+    def prepare(self, request: Request, deployment: Deployment, budget: Budget | None) -> tuple[Request, float]:
+        """The request as it will be sent, and the most it may cost (0 without a budget).
+
+        Under a budget, output must be capped for the worst case to mean anything, so a
+        request without ``max_tokens`` gets the deployment's ``default_max_tokens``.
+        """
+        if budget is None:
+            return request, 0.0
+        max_output = request.max_tokens or _output_cap(request)
+        if max_output is None:
+            request = dataclasses.replace(request, max_tokens=deployment.default_max_tokens)
+            max_output = deployment.default_max_tokens
+        prompt = math.ceil(estimate_message_tokens(request.messages, request.params) * PROMPT_MARGIN)
+        worst = self.pricing.worst_case(deployment, prompt, max_output)
+        if worst is None:
+            if not self.allow_unpriced:
+                raise UnknownPriceError(
+                    f"model {deployment.model!r} has no known price and this run has a budget; "
+                    "set a price for its deployment, or allow unpriced models"
+                )
+            return request, 0.0
+        return request, worst
+
+    async def reserve(self, budget: Budget | None, worst: float) -> BudgetHold | None:
+        if budget is None:
+            return None
+        return await self.ledger.reserve(budget, worst)
+
+    def cost(self, deployment: Deployment, usage: Usage) -> float | None:
+        cost = self.pricing.cost(deployment, usage)
+        if cost is None:
+            self.unpriced_models.add(deployment.label)
+        return cost
+
+    def remaining(self) -> float:
+        return math.inf if self.budget is None else self.budget.remaining()
+
+
+def _output_cap(request: Request) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = request.params.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
