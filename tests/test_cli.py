@@ -353,3 +353,56 @@ def test_missing_input_and_missing_model(server: FakeServer, tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     (record,) = read_output(tmp_path / "o.jsonl")
     assert record["error"]["message"] == "line 1: no model; give --model or a 'model' field"
+
+
+def test_a_budget_stops_the_job_and_a_larger_one_resumes_it(server: FakeServer, tmp_path: Path) -> None:
+    server.prices = {"gpt-test": (2.0, 8.0)}
+    source = write_jsonl(tmp_path / "in.jsonl", questions(40))
+    output = tmp_path / "out.jsonl"
+    common = ["run", source, "-o", output, "--model", MODEL, "--price", "2,8", "--concurrency", "4"]
+    first = run_cli(server, *common, "--budget", "0.002")
+    assert first.returncode == 0, first.stderr
+    assert "rerun with a larger --budget" in first.stderr
+    records = read_output(output)
+    done = [r for r in records if r["ok"]]
+    exhausted = [r for r in records if not r["ok"]]
+    assert len(records) == 40
+    assert done
+    assert exhausted
+    assert all(r["error"]["type"] == "budget_exhausted" for r in exhausted)
+    assert sum(r["cost_usd"] for r in done) <= 0.002
+    assert sum(r["cost_usd"] for r in done) == pytest.approx(server.total_billed_usd)
+
+    second = run_cli(server, *common, "--budget", "1")
+    assert second.returncode == 0, second.stderr
+    records = read_output(output)
+    assert sorted(r["line"] for r in records) == list(range(1, 41))
+    assert all(r["ok"] for r in records)
+    assert server.stats.accepted == 40  # the first run's answers were not bought again
+    assert "in all" in second.stdout
+    report = run_cli(server, "report", tmp_path / "out.sluice.db")
+    assert f"${server.total_billed_usd:,.4f}" in report.stdout
+
+
+def test_a_budget_refuses_models_with_no_price(server: FakeServer, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", questions(2))
+    done = run_cli(server, "run", source, "-o", tmp_path / "out.jsonl", "--model", MODEL, "--budget", "1")
+    assert done.returncode == 0, done.stderr
+    assert all(r["error"]["type"] == "unknown_price" for r in read_output(tmp_path / "out.jsonl"))
+    assert server.stats.received == 0
+    done = run_cli(
+        server, "run", source, "-o", tmp_path / "out.jsonl", "--model", MODEL, "--budget", "1", "--allow-unpriced"
+    )
+    assert all(r["ok"] for r in read_output(tmp_path / "out.jsonl"))
+    assert "no known price" in done.stdout
+
+
+def test_estimate_gives_a_cost_range(server: FakeServer, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", questions(100))
+    done = run_cli(server, "estimate", source, "--model", "openai/gpt-4o-mini", "--expected-output", "10")
+    assert done.returncode == 0, done.stderr
+    assert "(prompts only) .." in done.stdout
+    assert "(every max_tokens used)" in done.stdout
+    assert "at 10 output tokens each" in done.stdout
+    unknown = run_cli(server, "estimate", source, "--model", MODEL)
+    assert "unknown: no price for this model" in unknown.stdout

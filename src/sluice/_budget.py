@@ -30,7 +30,7 @@ PROMPT_MARGIN = 1.25
 class Budget:
     """A spending cap in US dollars; ``parent`` is the budget it also counts against."""
 
-    __slots__ = ("_reserved", "_spent", "limit", "name", "parent")
+    __slots__ = ("_holds", "_reserved", "_spent", "limit", "name", "parent")
 
     def __init__(self, limit_usd: float, *, parent: Budget | None = None, name: str = "budget") -> None:
         if isinstance(limit_usd, bool) or not isinstance(limit_usd, (int, float)) or not limit_usd >= 0:
@@ -40,6 +40,8 @@ class Budget:
         self.name = name
         self._spent = 0.0
         self._reserved = 0.0
+        #: Open reservations, counted exactly: float sums drift, "is anything in flight?" must not.
+        self._holds = 0
 
     def spent(self) -> float:
         """Dollars committed by finished requests."""
@@ -133,6 +135,7 @@ class BudgetLedger:
     def _grant(self, chain: list[Budget], amount: float) -> BudgetHold:
         for budget in chain:
             budget._reserved += amount
+            budget._holds += 1
         return BudgetHold(self, chain, amount)
 
     def _refuse(self, chain: list[Budget], amount: float) -> BudgetExhaustedError:
@@ -146,7 +149,8 @@ class BudgetLedger:
 
     def _settle(self, hold: BudgetHold, actual: float) -> None:
         for budget in hold.chain:
-            budget._reserved -= hold.amount
+            budget._holds -= 1
+            budget._reserved = budget._reserved - hold.amount if budget._holds else 0.0
             budget._spent += actual
         self._wake()
 
@@ -166,4 +170,4 @@ def _fits(chain: list[Budget], amount: float) -> bool:
 
 def _may_free(chain: list[Budget], amount: float) -> bool:
     """Could a request in flight still return money to every budget that blocks this one?"""
-    return all(b._reserved > 0 for b in chain if b._spent + b._reserved + amount > b.limit + 1e-12)
+    return all(b._holds > 0 for b in chain if b._spent + b._reserved + amount > b.limit + 1e-12)
