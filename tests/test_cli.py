@@ -406,3 +406,37 @@ def test_estimate_gives_a_cost_range(server: FakeServer, tmp_path: Path) -> None
     assert "at 10 output tokens each" in done.stdout
     unknown = run_cli(server, "estimate", source, "--model", MODEL)
     assert "unknown: no price for this model" in unknown.stdout
+
+
+def test_a_huge_line_is_an_error_for_that_line_only(server: FakeServer, tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    huge = json.dumps({"messages": [{"role": "user", "content": "x" * (9 * 1024 * 1024)}]})
+    source.write_text("\n".join([json.dumps(questions(1)[0]), huge, json.dumps(questions(2)[1])]) + "\n")
+    done = run_cli(server, "run", source, "-o", tmp_path / "out.jsonl", "--model", MODEL, "--ordered")
+    assert done.returncode == 0, done.stderr
+    records = read_output(tmp_path / "out.jsonl")
+    assert [r["ok"] for r in records] == [True, False, True]
+    assert records[1]["error"]["message"] == "line 2 is longer than 8,388,608 bytes"
+
+
+def test_a_second_sigint_aborts_at_once_and_the_state_stays_consistent(server: FakeServer, tmp_path: Path) -> None:
+    server.latency = 2.0  # in-flight requests would take a long time to finish
+    source = write_jsonl(tmp_path / "in.jsonl", questions(50))
+    output = tmp_path / "out.jsonl"
+    args = ["run", source, "-o", output, "--model", MODEL, "--concurrency", "5"]
+    process = subprocess.Popen(
+        sluice_cmd(*args), env=env_for(server), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 30
+    while server.stats.received < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert not output.exists() or not read_output(output)  # it did not wait for the 2 s answers
+    server.latency = 0.0
+    done = run_cli(server, *args)
+    assert done.returncode == 0, done.stderr
+    assert sorted(r["line"] for r in read_output(output)) == list(range(1, 51))

@@ -104,3 +104,17 @@ def test_a_file_that_is_not_a_store_is_refused(tmp_path: Path) -> None:
     junk.write_bytes(b"this is not sqlite at all" * 100)
     with pytest.raises(ConfigError, match="not a usable sluice state file"):
         SqliteStore(junk)
+
+
+async def test_every_attempt_of_one_request_carries_the_same_idempotency_key(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "state.db")
+    async with FakeServer(api_key="sk-test") as server:
+        server.inject("500", times=2)
+        policy = RetryPolicy(max_attempts=5, base_delay=0.01)
+        async with Engine(_deployment(server), store=store, retry=policy) as engine:
+            (result,) = await engine.run(_requests(1))
+        assert result.attempts == 3
+        ((key, count),) = server.stats.by_key.items()
+        assert key.startswith("sluice-")
+        assert count == 3
+    store.close()

@@ -15,7 +15,7 @@ from .._errors import ConfigError, MalformedResponseError
 from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request, Usage
 from ._base import Reply
-from ._http import HttpProvider, resolve_key
+from ._http import HttpProvider, header_number, resolve_key, token_count
 
 __all__ = ["AnthropicProvider", "parse_rfc3339_reset"]
 
@@ -35,18 +35,6 @@ def parse_rfc3339_reset(value: str | None, now: float | None = None) -> float | 
         return None
     current = time.time() if now is None else now
     return max(0.0, moment.timestamp() - current)
-
-
-def _number(headers: Mapping[str, str], name: str) -> float | None:
-    value = headers.get(name)
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 class AnthropicProvider(HttpProvider):
@@ -90,13 +78,13 @@ class AnthropicProvider(HttpProvider):
         ]
         usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
         assert isinstance(usage, Mapping)
-        cache_read = _int(usage.get("cache_read_input_tokens"))
-        cache_write = _int(usage.get("cache_creation_input_tokens"))
+        cache_read = token_count(usage.get("cache_read_input_tokens"))
+        cache_write = token_count(usage.get("cache_creation_input_tokens"))
         return Reply(
             text="".join(texts) if texts else None,
             usage=Usage(
-                input_tokens=_int(usage.get("input_tokens")) + cache_read + cache_write,
-                output_tokens=_int(usage.get("output_tokens")),
+                input_tokens=token_count(usage.get("input_tokens")) + cache_read + cache_write,
+                output_tokens=token_count(usage.get("output_tokens")),
                 cached_input_tokens=cache_read,
             ),
             finish_reason=body.get("stop_reason"),
@@ -114,10 +102,10 @@ class AnthropicProvider(HttpProvider):
         if prefix + "requests-remaining" not in headers and prefix + "tokens-remaining" not in headers:
             return None
         return RateLimitSnapshot(
-            limit_requests=_number(headers, prefix + "requests-limit"),
-            remaining_requests=_number(headers, prefix + "requests-remaining"),
+            limit_requests=header_number(headers, prefix + "requests-limit"),
+            remaining_requests=header_number(headers, prefix + "requests-remaining"),
             reset_requests=parse_rfc3339_reset(headers.get(prefix + "requests-reset")),
-            limit_tokens=_number(headers, prefix + "tokens-limit"),
-            remaining_tokens=_number(headers, prefix + "tokens-remaining"),
+            limit_tokens=header_number(headers, prefix + "tokens-limit"),
+            remaining_tokens=header_number(headers, prefix + "tokens-remaining"),
             reset_tokens=parse_rfc3339_reset(headers.get(prefix + "tokens-reset")),
         )

@@ -30,7 +30,23 @@ from ._base import Reply, estimate_request_tokens
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["HttpProvider", "HttpTransport"]
+__all__ = ["HttpProvider", "HttpTransport", "header_number", "token_count"]
+
+
+def header_number(headers: Mapping[str, str], name: str) -> float | None:
+    """A numeric header, or None when absent or unreadable."""
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def token_count(value: Any) -> int:
+    """A token count from a usage object: an int, or 0 for anything else."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 class HttpTransport:

@@ -17,7 +17,7 @@ from .._errors import ConfigError, MalformedResponseError
 from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request, Usage
 from ._base import Reply
-from ._http import HttpProvider, resolve_key
+from ._http import HttpProvider, header_number, resolve_key, token_count
 
 __all__ = ["AzureOpenAIProvider", "OpenAIProvider", "parse_openai_duration"]
 
@@ -40,20 +40,6 @@ def parse_openai_duration(text: str | None) -> float | None:
     if not parts or "".join(n + u for n, u in parts) != text:
         return None
     return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
-
-
-def _number(headers: Mapping[str, str], name: str) -> float | None:
-    value = headers.get(name)
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 class OpenAIProvider(HttpProvider):
@@ -109,10 +95,10 @@ class OpenAIProvider(HttpProvider):
         return Reply(
             text=content if isinstance(content, str) else None,
             usage=Usage(
-                input_tokens=_int(usage.get("prompt_tokens")),
-                output_tokens=_int(usage.get("completion_tokens")),
-                cached_input_tokens=_int(prompt_details.get("cached_tokens")),
-                reasoning_tokens=_int(completion_details.get("reasoning_tokens")),
+                input_tokens=token_count(usage.get("prompt_tokens")),
+                output_tokens=token_count(usage.get("completion_tokens")),
+                cached_input_tokens=token_count(prompt_details.get("cached_tokens")),
+                reasoning_tokens=token_count(completion_details.get("reasoning_tokens")),
             ),
             finish_reason=choice.get("finish_reason"),
         )
@@ -130,11 +116,11 @@ class OpenAIProvider(HttpProvider):
         if "x-ratelimit-remaining-requests" not in headers and "x-ratelimit-remaining-tokens" not in headers:
             return None
         return RateLimitSnapshot(
-            limit_requests=_number(headers, "x-ratelimit-limit-requests"),
-            remaining_requests=_number(headers, "x-ratelimit-remaining-requests"),
+            limit_requests=header_number(headers, "x-ratelimit-limit-requests"),
+            remaining_requests=header_number(headers, "x-ratelimit-remaining-requests"),
             reset_requests=parse_openai_duration(headers.get("x-ratelimit-reset-requests")),
-            limit_tokens=_number(headers, "x-ratelimit-limit-tokens"),
-            remaining_tokens=_number(headers, "x-ratelimit-remaining-tokens"),
+            limit_tokens=header_number(headers, "x-ratelimit-limit-tokens"),
+            remaining_tokens=header_number(headers, "x-ratelimit-remaining-tokens"),
             reset_tokens=parse_openai_duration(headers.get("x-ratelimit-reset-tokens")),
         )
 
