@@ -24,12 +24,14 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Ma
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._budget import Budget, BudgetExhaustedError, BudgetHold
+from ._budget import Budget, BudgetHold
 from ._errors import (
     AttemptTimeoutError,
     CancelledError,
     ConfigError,
+    DeadlineExceededError,
     EngineClosedError,
+    FatalProviderError,
     InvalidRequestError,
     ProviderError,
     RateLimitError,
@@ -43,7 +45,7 @@ from ._retry import RetryPolicy
 from ._session import Session
 from ._spending import CheaperModel, Spending
 from ._stats import Stats
-from .providers import Provider, ProviderSet
+from .providers import Provider, ProviderSet, Reply
 
 if TYPE_CHECKING:
     from .store import Store
@@ -174,6 +176,9 @@ class Engine:
         self._idle: asyncio.Event | None = None
         self._stopping = False
         self._closed = False
+        #: Batch tasks waiting for money or capacity before their first send (stop() cancels them).
+        self._queued: set[asyncio.Task[Any]] = set()
+        self._stop_cancelled: set[asyncio.Task[Any]] = set()
 
     # -- configuration -------------------------------------------------------------------
 
@@ -181,7 +186,10 @@ class Engine:
         """Serve ``deployment.model`` (and its ``name``) from this deployment."""
         if not isinstance(deployment, Deployment):
             raise ConfigError(f"expected a Deployment, got {type(deployment).__name__}")
-        for key in {deployment.model, deployment.label}:
+        keys = {deployment.model, deployment.label}
+        if deployment.provider_name == "openai" and "/" not in deployment.model:
+            keys.add(f"openai/{deployment.model}")  # "gpt-4o-mini" and "openai/gpt-4o-mini" are one model
+        for key in keys:
             if key in self._routes:
                 raise ConfigError(
                     f"two deployments answer to {key!r}; give each a distinct name= "
@@ -189,7 +197,7 @@ class Engine:
                 )
         route = _Route(deployment, self._limiter_factory(deployment), self._providers.for_deployment(deployment))
         self._deployments.append(deployment)
-        for key in {deployment.model, deployment.label}:
+        for key in keys:
             self._routes[key] = route
 
     def session(self, budget_usd: float, *, name: str | None = None) -> Session:
@@ -215,6 +223,8 @@ class Engine:
 
     def _route(self, model: str) -> _Route:
         route = self._routes.get(model)
+        if route is None and "/" not in model:  # a bare name is the OpenAI-compatible one
+            route = self._routes.get(f"openai/{model}")
         if route is not None:
             return route
         prefix, sep, _ = model.partition("/")
@@ -374,8 +384,15 @@ class Engine:
             await asyncio.gather(producer, *tasks, return_exceptions=True)
 
     def stop(self) -> None:
-        """Stop admitting new work; what is in flight finishes and is delivered."""
+        """Stop admitting new work; what is in flight finishes and is delivered.
+
+        Batch items still waiting for money or rate-limit capacity are not sent: they come
+        back at once as cancelled ("stopped before it was sent"), for a rerun to do.
+        """
         self._stopping = True
+        for task in list(self._queued):
+            self._stop_cancelled.add(task)
+            task.cancel()
 
     async def close(self, *, drain: bool = True) -> None:
         """Stop admitting; let in-flight requests finish (or cancel them); release connections."""
@@ -385,7 +402,8 @@ class Engine:
             for task in list(self._tasks):
                 task.cancel()
         while self._tasks or self._active_calls:
-            self._idle = asyncio.Event()
+            if self._idle is None or self._idle.is_set():
+                self._idle = asyncio.Event()
             await self._idle.wait()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._providers.aclose()
@@ -398,9 +416,9 @@ class Engine:
 
     def _job(self, request: Request, priority: int, index: int | None = None, budget: Budget | None = None) -> _Job:
         budget = budget or self.spending.budget
+        key = store_key(request) if self.store is not None else None  # as asked: before a switch or a cap
         request = self.spending.choose_model(request, budget)
         route = self._route(request.model)
-        key = store_key(request) if self.store is not None else None  # before any cap is added
         request, worst = self.spending.prepare(request, route.deployment, budget)
         tokens = route.provider.estimate_tokens(request, route.deployment)
         route.limiter.check(tokens)
@@ -415,7 +433,8 @@ class Engine:
         try:
             request = _coerce(item, model)
             return self._job(request, priority if request.priority is None else request.priority, index, budget)
-        except SluiceError as error:
+        except Exception as exc:  # one odd item must never stop the rest
+            error = exc if isinstance(exc, SluiceError) else InvalidRequestError(f"{type(exc).__name__}: {exc}")
             self.stats.submitted += 1
             key = item.get("id") if isinstance(item, Mapping) else None
             result = Result(
@@ -450,22 +469,27 @@ class Engine:
         return result
 
     async def _execute(self, job: _Job) -> Result:
-        """Run a job, or wait for an identical one already in flight and share its result."""
+        """Run a job, or share the result of an identical one in flight or already stored."""
         if job.key is None:
             return await self._attempts(job)
-        leader = self._inflight.get(job.key)
-        if leader is not None:
-            shared = await asyncio.shield(leader)
-            if not isinstance(shared.error, CancelledError):
-                result = dataclasses.replace(shared, request=job.request, index=job.index, cached=True)
-                self._emit(result)
-                return result
+        try:
+            while (leader := self._inflight.get(job.key)) is not None:
+                shared = await asyncio.shield(leader)
+                if not isinstance(shared.error, CancelledError):
+                    result = dataclasses.replace(shared, request=job.request, index=job.index, cached=True)
+                    self._emit(result)
+                    return result
+        except asyncio.CancelledError:
+            self._finish(job, _Tally(asyncio.get_running_loop().time()), error=CancelledError(_NEVER_SENT))
+            raise
+        stored = self._from_store(job)  # it may have landed while this job waited at the gate
+        if stored is not None:
+            return stored
         future = self._inflight[job.key] = asyncio.get_running_loop().create_future()
         try:
             result = await self._attempts(job)
         except BaseException:
-            if not future.done():
-                future.set_result(Result(job.request, error=CancelledError("cancelled")))
+            future.set_result(Result(job.request, error=CancelledError("cancelled")))
             raise
         finally:
             if self._inflight.get(job.key) is future:
@@ -474,82 +498,106 @@ class Engine:
         return result
 
     async def _attempts(self, job: _Job) -> Result:
-        """Attempt until success, a final error, the attempt budget or the deadline."""
+        """Attempt until success, a final error, the attempt budget, the deadline or a stop."""
         loop = asyncio.get_running_loop()
-        route, policy = job.route, self.retry
-        started = loop.time()
-        deadline = started + policy.deadline if policy.deadline is not None else None
-        waited = latency = 0.0
-        attempt = 0
-        sent = False
-        try:
-            hold = await self.spending.reserve(job.budget, job.worst_cost)
-        except BudgetExhaustedError as exc:
-            return self._finish(job, 0, started, loop.time() - started, 0.0, error=exc)
+        tally = _Tally(loop.time())
+        deadline = tally.started + self.retry.deadline if self.retry.deadline is not None else None
+        batch = job.index is not None
+        error: SluiceError | None = None
         try:
             while True:
-                attempt += 1
-                before = loop.time()
-                reservation = await route.limiter.acquire(job.tokens, job.priority, job.seq)
-                sent_at = loop.time()
-                waited += sent_at - before
-                timeout = policy.attempt_timeout
-                if deadline is not None:
-                    timeout = min(timeout or deadline - sent_at, deadline - sent_at)
-                self.stats.attempts += 1
-                sent = True
-                try:
-                    async with asyncio.timeout(timeout):
-                        reply = await route.provider.send(
-                            job.request, route.deployment, idempotency_key=job.idempotency_key
-                        )
-                except asyncio.CancelledError:
-                    reservation.done()
-                    raise
-                except TimeoutError:
-                    error: SluiceError = AttemptTimeoutError(
-                        f"no answer from {route.deployment.label} within {timeout:g} s"
-                    )
-                except ProviderError as exc:
-                    error = exc
-                else:
-                    latency = loop.time() - sent_at
-                    usage = reply.usage
-                    reservation.reconcile(usage.total_tokens or job.tokens)
-                    reservation.done()
-                    if reply.ratelimit is not None:
-                        route.limiter.observe(reply.ratelimit)
-                    cost = self.spending.cost(route.deployment, usage)
-                    _settle(hold, cost)
-                    return self._finish(
-                        job,
-                        attempt,
-                        started,
-                        waited,
-                        latency,
-                        text=reply.text,
-                        usage=usage,
-                        raw=reply.raw,
-                        finish_reason=reply.finish_reason,
-                        request_id=reply.request_id,
-                        cost=cost,
-                    )
-                latency = loop.time() - sent_at
-                reservation.done()
-                delay = await self._after_failure(job, error, attempt, deadline)
+                if self._stopping and batch:  # not sent (again): the rerun does it
+                    note = "stopped before retrying" if tally.attempts else "stopped before it was sent"
+                    return self._finish(job, tally, error=CancelledError(note))
+                outcome = await self._attempt(job, tally, deadline)
+                if not isinstance(outcome, SluiceError):
+                    return self._finish(job, tally, reply=outcome)
+                error = outcome
+                if not tally.sent_this_time:  # budget, capacity, deadline or stop: final
+                    return self._finish(job, tally, error=error)
+                delay = self._after_failure(job, error, tally.attempts, deadline)
                 if delay is None:
-                    _settle(hold, 0.0)  # providers do not bill failed attempts
-                    return self._finish(job, attempt, started, waited, latency, error=error)
+                    return self._finish(job, tally, error=error)
                 if delay > 0 and not isinstance(error, RateLimitError):
                     await asyncio.sleep(delay)  # a 429's pause is the limiter's to keep
         except asyncio.CancelledError:
-            note = "it was sent and may have been answered" if sent else "it was never sent"
-            if hold is not None:  # sent and maybe billed: count the worst case, to be safe
-                hold.commit(hold.amount if sent else 0.0)
-            self._finish(job, attempt, started, waited, latency, error=CancelledError(f"cancelled; {note}"))
+            note = "it was sent and may have been answered" if tally.sent else "it was never sent"
+            self._finish(job, tally, error=CancelledError(f"cancelled; {note}"))
             raise
 
-    async def _after_failure(self, job: _Job, error: SluiceError, attempt: int, deadline: float | None) -> float | None:
+    async def _attempt(self, job: _Job, tally: _Tally, deadline: float | None) -> Reply | SluiceError:
+        """One attempt: money, capacity, then the provider. Everything it reserves is settled
+        before it returns, whatever happens."""
+        loop = asyncio.get_running_loop()
+        route = job.route
+        tally.sent_this_time = False
+        waited_from = loop.time()
+        task = asyncio.current_task()
+        queued = task is not None and task in self._tasks and not tally.sent
+        if task is not None and queued:
+            self._queued.add(task)
+        hold: BudgetHold | None = None
+        try:
+            async with asyncio.timeout_at(deadline):
+                hold = await self.spending.reserve(job.budget, job.worst_cost)
+                reservation = await route.limiter.acquire(job.tokens, job.priority, job.seq)
+        except TimeoutError:
+            _settle(hold, 0.0)
+            return DeadlineExceededError(f"its deadline ({self.retry.deadline:g} s) passed while it waited")
+        except SluiceError as exc:  # no money left, or a limit learnt since that it can never fit
+            _settle(hold, 0.0)
+            return exc
+        except asyncio.CancelledError:
+            _settle(hold, 0.0)
+            if task is not None and task in self._stop_cancelled:
+                self._stop_cancelled.discard(task)
+                task.uncancel()
+                return CancelledError("stopped before it was sent")
+            raise
+        finally:
+            tally.waited += loop.time() - waited_from
+            if task is not None and queued:
+                self._queued.discard(task)
+        if self._stopping and job.index is not None and not tally.sent:
+            reservation.refund()
+            _settle(hold, 0.0)
+            return CancelledError("stopped before it was sent")
+        sent_at = loop.time()
+        timeout = self.retry.attempt_timeout
+        if deadline is not None:
+            timeout = min(timeout or deadline - sent_at, deadline - sent_at)
+        tally.attempts += 1
+        tally.sent = tally.sent_this_time = True
+        self.stats.attempts += 1
+        charge = job.worst_cost  # what a request that may have been billed counts for
+        try:
+            async with asyncio.timeout(timeout):
+                reply = await route.provider.send(job.request, route.deployment, idempotency_key=job.idempotency_key)
+        except TimeoutError:
+            return AttemptTimeoutError(f"no answer from {route.deployment.label} within {timeout:g} s")
+        except ProviderError as exc:
+            if not exc.maybe_billed:
+                charge = 0.0
+            return exc
+        except SluiceError as exc:  # raised before anything went out (a missing key, say)
+            charge = 0.0
+            return exc
+        except Exception as exc:  # a provider's own bug must not take the whole job down
+            return FatalProviderError(f"{type(exc).__name__} in provider {route.provider.name!r}: {exc}")
+        else:
+            if reply.ratelimit is not None:  # learn before the slot frees and wakes the next
+                route.limiter.observe(reply.ratelimit)
+            reservation.reconcile(reply.usage.total_tokens or job.tokens)
+            cost = self.spending.cost(route.deployment, reply.usage)
+            charge = cost or 0.0
+            return reply
+        finally:
+            tally.latency = loop.time() - sent_at
+            reservation.done()
+            _settle(hold, charge)
+            tally.charged += charge
+
+    def _after_failure(self, job: _Job, error: SluiceError, attempt: int, deadline: float | None) -> float | None:
         """Learn from a failed attempt; the delay before the next, or None to give up."""
         route = job.route
         if isinstance(error, ProviderError) and error.ratelimit is not None:
@@ -572,42 +620,30 @@ class Engine:
         return delay
 
     def _finish(
-        self,
-        job: _Job,
-        attempts: int,
-        started: float,
-        waited: float,
-        latency: float,
-        *,
-        error: SluiceError | None = None,
-        text: str | None = None,
-        usage: Usage | None = None,
-        raw: Mapping[str, Any] | None = None,
-        finish_reason: str | None = None,
-        request_id: str | None = None,
-        cost: float | None = None,
+        self, job: _Job, tally: _Tally, *, error: SluiceError | None = None, reply: Reply | None = None
     ) -> Result:
         now = asyncio.get_running_loop().time()
+        priced = self.spending.pricing.has_price(job.route.deployment)
         result = Result(
             job.request,
-            text=text,
+            text=reply.text if reply is not None else None,
             error=error,
-            usage=usage or Usage(),
-            raw=raw,
-            attempts=attempts,
+            usage=reply.usage if reply is not None else Usage(),
+            raw=reply.raw if reply is not None else None,
+            attempts=tally.attempts,
             timings=Timings(
-                queued=started - job.submitted,
-                limiter_wait=waited,
-                latency=latency,
+                queued=tally.started - job.submitted,
+                limiter_wait=tally.waited,
+                latency=tally.latency,
                 total=now - job.submitted,
             ),
             deployment=job.route.deployment.label,
-            finish_reason=finish_reason,
-            request_id=request_id,
+            finish_reason=reply.finish_reason if reply is not None else None,
+            request_id=reply.request_id if reply is not None else None,
             index=job.index,
-            cost_usd=cost,
+            cost_usd=tally.charged if priced and tally.attempts else None,
         )
-        self._emit(result, job.key if attempts else None)  # only what the provider answered
+        self._emit(result, job.key if tally.attempts else None)  # only what reached the provider
         return result
 
     def _emit(self, result: Result, key: str | None = None) -> None:
@@ -623,9 +659,25 @@ class Engine:
         return f"<Engine [{names}] {state} in_flight={self._gate.held}>"
 
 
-def _settle(hold: BudgetHold | None, cost: float | None) -> None:
+_NEVER_SENT = "cancelled while an identical request was in flight; it was never sent"
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What a job's attempts have added up to so far."""
+
+    started: float
+    attempts: int = 0
+    waited: float = 0.0
+    latency: float = 0.0
+    charged: float = 0.0
+    sent: bool = False
+    sent_this_time: bool = False
+
+
+def _settle(hold: BudgetHold | None, charge: float) -> None:
     if hold is not None:
-        hold.commit(cost or 0.0)
+        hold.commit(charge)
 
 
 def _make_request(

@@ -9,6 +9,7 @@
     │   └── CapacityError            can never fit the deployment's limits
     ├── EngineClosedError            the engine is closed or closing
     ├── CancelledError               the job was cancelled before it finished
+    ├── DeadlineExceededError        its total deadline passed before it could be sent
     ├── BudgetExhaustedError         not run: its worst case no longer fits the budget
     ├── UnknownPriceError            a budgeted run met a model with no known price
     └── ProviderError                the provider (or the way to it) failed
@@ -109,6 +110,10 @@ class CancelledError(SluiceError):
     kind = "cancelled"
 
 
+class DeadlineExceededError(SluiceError):
+    kind = "deadline_exceeded"
+
+
 class BudgetExhaustedError(SluiceError):
     """Not run: its worst-case cost no longer fits the budget. A rerun with more resumes it."""
 
@@ -126,6 +131,7 @@ class ProviderError(SluiceError):
 
     kind = "provider_error"
     retryable = False
+    billed_by_default = False
 
     def __init__(
         self,
@@ -136,6 +142,7 @@ class ProviderError(SluiceError):
         provider_type: str | None = None,
         retry_after: float | None = None,
         should_retry: bool | None = None,
+        maybe_billed: bool | None = None,
     ) -> None:
         parts = [message]
         if status is not None:
@@ -152,6 +159,9 @@ class ProviderError(SluiceError):
         self.should_retry = should_retry
         #: What the error response's rate-limit headers said, for the limiter to learn from.
         self.ratelimit: RateLimitSnapshot | None = None
+        #: The provider may have done (and billed) the work though we saw no usage: a
+        #: timeout, a reset after sending, a garbled 200. A budget charges its worst case.
+        self.maybe_billed = type(self).billed_by_default if maybe_billed is None else maybe_billed
 
 
 class RetryableError(ProviderError):
@@ -173,14 +183,17 @@ class ServerError(RetryableError):
 
 class AttemptTimeoutError(RetryableError):
     kind = "timeout"
+    billed_by_default = True  # the provider may finish (and bill) what we gave up on
 
 
 class ConnectError(RetryableError):
     kind = "connection_error"
+    billed_by_default = True  # unless it never connected: a reset may come after the work
 
 
 class MalformedResponseError(RetryableError):
     kind = "malformed_response"
+    billed_by_default = True  # a garbled or truncated 200 was still a completed request
 
 
 class FatalProviderError(ProviderError):

@@ -76,6 +76,22 @@ class Limiter(Protocol):
         """Learn from the server's rate-limit headers."""
 
 
+def _sane(snapshot: RateLimitSnapshot) -> RateLimitSnapshot:
+    """Drop header values that cannot be limits: 0, negatives ("unlimited"), NaN, inf."""
+
+    def keep(value: float | None, minimum: float) -> float | None:
+        return value if value is not None and math.isfinite(value) and value >= minimum else None
+
+    return RateLimitSnapshot(
+        limit_requests=keep(snapshot.limit_requests, 1.0),
+        remaining_requests=keep(snapshot.remaining_requests, 0.0),
+        reset_requests=keep(snapshot.reset_requests, 0.0),
+        limit_tokens=keep(snapshot.limit_tokens, 1.0),
+        remaining_tokens=keep(snapshot.remaining_tokens, 0.0),
+        reset_tokens=keep(snapshot.reset_tokens, 0.0),
+    )
+
+
 class _Entry:
     """One grant in the ledger; mutable so reconciliation can correct it in place."""
 
@@ -136,6 +152,7 @@ class LocalLimiter:
         "_seq",
         "_tat_requests",
         "_tat_tokens",
+        "_tie",
         "_timer",
         "_timer_at",
         "_used_requests",
@@ -178,7 +195,8 @@ class LocalLimiter:
         self._ext_until_tokens = -math.inf
         self._paused_until = -math.inf
         self._in_flight = 0
-        self._heap: list[tuple[int, int, _Waiter]] = []
+        self._heap: list[tuple[int, int, int, _Waiter]] = []
+        self._tie = itertools.count()  # two engines may share a limiter and a seq number
         self._seq = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
@@ -187,6 +205,11 @@ class LocalLimiter:
     # -- the public protocol -------------------------------------------------------
 
     def check(self, tokens: int) -> None:
+        if self.requests_limit is not None and self.requests_limit < 1:
+            raise CapacityError(
+                f"{self.name} allows {self.requests_limit:g} requests per {self.window:g} s, less than one; "
+                "lengthen the window instead"
+            )
         if self.tokens_limit is not None and tokens > self.tokens_limit:
             raise CapacityError(
                 f"needs ~{tokens} tokens (prompt estimate + max_tokens) but {self.name} allows "
@@ -203,7 +226,7 @@ class LocalLimiter:
                 return self._grant(tokens, now)
         future: asyncio.Future[_Grant] = loop.create_future()
         order = next(self._seq) if seq is None else seq
-        heapq.heappush(self._heap, (priority, order, _Waiter(future, tokens)))
+        heapq.heappush(self._heap, (priority, order, next(self._tie), _Waiter(future, tokens)))
         self._wake()
         try:
             return await future
@@ -221,6 +244,7 @@ class LocalLimiter:
             self._wake()
 
     def observe(self, snapshot: RateLimitSnapshot) -> None:
+        snapshot = _sane(snapshot)
         loop = self._loop or self._bind()
         now = loop.time()
         self._expire(now)
@@ -262,7 +286,7 @@ class LocalLimiter:
 
     @property
     def waiting(self) -> int:
-        return sum(1 for _, _, w in self._heap if not w.future.done())
+        return sum(1 for *_, w in self._heap if not w.future.done())
 
     @property
     def in_flight(self) -> int:
@@ -385,7 +409,7 @@ class LocalLimiter:
         heap = self._heap
         now = self._now()
         while heap:
-            waiter = heap[0][2]
+            waiter = heap[0][3]
             if waiter.future.done():
                 heapq.heappop(heap)
                 continue

@@ -100,12 +100,7 @@ def _request_problem(r: Request) -> str | None:
         isinstance(r.max_tokens, bool) or not isinstance(r.max_tokens, int) or r.max_tokens < 1
     ):
         return f"max_tokens must be a positive integer, got {r.max_tokens!r}"
-    if r.temperature is not None and (
-        isinstance(r.temperature, bool)
-        or not isinstance(r.temperature, (int, float))
-        or not math.isfinite(r.temperature)
-        or r.temperature < 0
-    ):
+    if r.temperature is not None and not (_number(r.temperature) and r.temperature >= 0):
         return f"temperature must be a number >= 0, got {r.temperature!r}"
     if not isinstance(r.params, Mapping):
         return f"params must be a mapping, got {type(r.params).__name__}"
@@ -128,6 +123,16 @@ def store_key(request: Request) -> str:
     return content if request.id is None else f"{request.id}\x1f{content}"
 
 
+def _number(value: object) -> bool:
+    """A finite int or float (not a bool, not an int too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def request_key(request: Request) -> str:
     """A stable content hash of what the provider would see (versioned).
 
@@ -142,7 +147,7 @@ def request_key(request: Request) -> str:
         "params": request.params,
     }
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +288,7 @@ class Price:
             value = getattr(self, name)
             if value is None and name == "cached_input_per_mtok":
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            if not (_number(value) and value >= 0):
                 raise ConfigError(f"price {name} must be a number >= 0 (USD per million tokens), got {value!r}")
 
 
@@ -361,7 +366,7 @@ class Deployment:
 
 
 def _positive(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+    return _number(value) and value > 0  # type: ignore[operator]
 
 
 def _deployment_problem(d: Deployment) -> str | None:
@@ -371,6 +376,8 @@ def _deployment_problem(d: Deployment) -> str | None:
         value = getattr(d, name)
         if value is not None and not _positive(value):
             return f"{name} must be a positive number, got {value!r}"
+        if value is not None and value < 1:
+            return f"{name} must be at least 1 per window; for fewer, lengthen window= (now {d.window:g} s)"
     if d.max_in_flight is not None and (
         isinstance(d.max_in_flight, bool) or not isinstance(d.max_in_flight, int) or d.max_in_flight < 1
     ):

@@ -17,6 +17,7 @@ from ._errors import ConfigError
 from ._models import Deployment, Request, Usage
 from ._pricing import Pricing
 from ._tokens import estimate_message_tokens
+from .providers._base import max_output_tokens
 
 __all__ = ["CheaperModel", "Spending"]
 
@@ -75,10 +76,9 @@ class Spending:
         """
         if budget is None:
             return request, 0.0
-        max_output = request.max_tokens or _output_cap(request)
-        if max_output is None:
+        if request.max_tokens is None and _output_cap(request) is None:
             request = dataclasses.replace(request, max_tokens=deployment.default_max_tokens)
-            max_output = deployment.default_max_tokens
+        max_output = max_output_tokens(request, deployment)
         prompt = math.ceil(estimate_message_tokens(request.messages, request.params) * PROMPT_MARGIN)
         worst = self.pricing.worst_case(deployment, prompt, max_output)
         if worst is None:

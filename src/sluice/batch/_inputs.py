@@ -117,20 +117,18 @@ def read_inputs(path: Path, options: InputOptions) -> Iterator[InputItem]:
 
 
 def count_records(path: Path, options: InputOptions) -> int:
-    """A fast count for progress: non-blank lines (JSONL) or lines less the header (CSV)."""
-    count = 0
-    blank = 0
-    with path.open("rb") as f:
-        tail = b"\n"
-        while chunk := f.read(1 << 20):
-            count += chunk.count(b"\n")
-            blank += chunk.count(b"\n\n")
-            tail = chunk[-1:]
-    if tail != b"\n":
-        count += 1
+    """How many records the file holds, for progress and ETA (a quick pass, bounded memory)."""
     if detect_format(path, options.format) == "csv":
-        return max(0, count - 1)
-    return max(0, count - blank)
+        csv.field_size_limit(options.max_line_bytes)
+        with path.open(encoding="utf-8", errors="replace", newline="") as f:
+            try:
+                rows = sum(1 for row in csv.reader(f) if any(v.strip() for v in row))
+            except csv.Error:  # a broken row: the job reports it; count lines instead
+                f.seek(0)
+                rows = sum(1 for line in f if line.strip())
+        return max(0, rows - 1)
+    with path.open("rb") as f:
+        return sum(1 for _, raw in _lines(f, options.max_line_bytes) if raw is None or raw.strip())
 
 
 # -- JSONL ---------------------------------------------------------------------------------
@@ -195,8 +193,9 @@ def _item(record: Any, number: int, where: str, options: InputOptions, *, row: b
                 f"{where}: expected a chat request ('messages'), an OpenAI Batch API line "
                 "('custom_id' and 'body'), or give --template to build prompts from its fields"
             )
-    except SluiceError as exc:
-        message = exc.message if exc.message.startswith(where) else f"{where}: {exc.message}"
+    except Exception as exc:  # whatever is wrong with one record stays with that record
+        text = exc.message if isinstance(exc, SluiceError) else f"{type(exc).__name__}: {exc}"
+        message = text if text.startswith(where) else f"{where}: {text}"
         return InputItem(number, error=InvalidInputError(message, line=number), custom_id=_str_or_none(custom_id))
     return InputItem(number, request=request, custom_id=_str_or_none(custom_id))
 

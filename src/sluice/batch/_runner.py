@@ -70,6 +70,13 @@ class JobProgress:
     errors: dict[str, int] = field(default_factory=dict)
     #: Dollars spent by earlier runs of this job (from the state file).
     spent_before: float = 0.0
+    #: The whole input was read (not stopped early by --strict, Ctrl-C or an error).
+    source_exhausted: bool = False
+
+    @property
+    def complete(self) -> bool:
+        """Every record of the input has its record in the output."""
+        return self.source_exhausted and not self.not_done and not self.stopping and self.strict_error is None
 
     @property
     def done(self) -> int:
@@ -115,9 +122,39 @@ def _claim_state(store: SqliteStore, spec: JobSpec) -> None:
         )
 
 
+@contextlib.contextmanager
+def _exclusive(state: Path) -> Iterator[None]:
+    """One process per job: two runs on one output would send everything twice."""
+    import fcntl
+
+    state.parent.mkdir(parents=True, exist_ok=True)
+    with open(state.with_name(state.name + ".lock"), "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise ConfigError(
+                f"{state} is in use by a running sluice job (pid {holder}); wait for it or stop it"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 async def run_job(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], None] = lambda: None) -> None:
     """Run the job to the end, or until stopped; every answer is on disk when it returns."""
     _check_paths(spec)
+    with _exclusive(spec.state):
+        await _run_locked(spec, progress, on_tick)
+
+
+async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], None]) -> None:
     store = SqliteStore(spec.state)
     try:
         _claim_state(store, spec)
@@ -143,7 +180,7 @@ async def run_job(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], No
     finally:
         progress.finished = time.monotonic()
         status = "finished"
-        if progress.stopping or progress.strict_error or progress.done < progress.total:
+        if not progress.complete:
             status = "interrupted"
         with contextlib.suppress(SluiceError):
             store.set_meta(status=status, finished_at=time.time(), written=progress.done)
@@ -178,13 +215,13 @@ async def _stream(
                 continue
             if item.error is not None and spec.strict:
                 progress.strict_error = item.error.message
-                engine.stop()
-                return
+                return  # the records before it still finish
             pending[next(numbering)] = item
             if item.error is not None:
                 yield item.error
             else:
                 yield _request_of(item, spec.cache)
+        progress.source_exhausted = True
 
     writer = OutputWriter(spec.output)
     ticker = asyncio.get_running_loop().create_task(_tick(writer, on_tick))

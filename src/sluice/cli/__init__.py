@@ -243,7 +243,7 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
             "rerun with a larger --budget to resume them",
             err=True,
         )
-    if aborted or progress.stopping or progress.done < progress.total:
+    if aborted or not progress.complete:
         click.echo("sluice: interrupted; rerun the same command to resume (nothing done is sent again)", err=True)
         sys.exit(130)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from .._errors import ConfigError
 from .._models import Deployment
 from ._anthropic import AnthropicProvider
-from ._base import Provider, Reply, estimate_request_tokens
+from ._base import Provider, Reply, estimate_request_tokens, max_output_tokens
 from ._callable import CallableProvider
 from ._http import HttpProvider, HttpTransport
 from ._openai import AzureOpenAIProvider, OpenAIProvider
@@ -30,6 +30,7 @@ __all__ = [
     "Reply",
     "SimulatedProvider",
     "estimate_request_tokens",
+    "max_output_tokens",
 ]
 
 _FACTORIES: dict[str, Callable[[HttpTransport], Provider]] = {

@@ -17,7 +17,7 @@ from .._tokens import estimate_message_tokens
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["Provider", "Reply", "estimate_request_tokens"]
+__all__ = ["Provider", "Reply", "estimate_request_tokens", "max_output_tokens"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +56,16 @@ class Provider(Protocol):
         ...
 
 
+def max_output_tokens(request: Request, deployment: Deployment) -> int:
+    """The most output a request may produce: its cap (or the deployment's) times ``n`` choices."""
+    cap = request.max_tokens
+    if cap is None:
+        value = request.params.get("max_completion_tokens") or request.params.get("max_tokens")
+        cap = value if isinstance(value, int) and value > 0 else deployment.default_max_tokens
+    choices = request.params.get("n", 1)
+    return cap * (choices if isinstance(choices, int) and choices > 1 else 1)
+
+
 def estimate_request_tokens(request: Request, deployment: Deployment) -> int:
     """Prompt estimate + the output the request may produce, as providers reserve it."""
-    prompt = estimate_message_tokens(request.messages, request.params)
-    max_output = request.max_tokens
-    if max_output is None:
-        value = request.params.get("max_completion_tokens") or request.params.get("max_tokens")
-        max_output = value if isinstance(value, int) and value > 0 else deployment.default_max_tokens
-    return prompt + max_output
+    return estimate_message_tokens(request.messages, request.params) + max_output_tokens(request, deployment)

@@ -18,6 +18,7 @@ from .._errors import (
     AttemptTimeoutError,
     ConfigError,
     ConnectError,
+    InvalidRequestError,
     MalformedResponseError,
     ProviderError,
     error_for_status,
@@ -143,7 +144,12 @@ class HttpProvider(ABC):
         url, headers = self._endpoint_for(deployment)
         if idempotency_key is not None:
             headers = {**headers, "idempotency-key": idempotency_key}
-        data = json.dumps(self.build_body(request, deployment), ensure_ascii=False).encode()
+        try:
+            data = json.dumps(self.build_body(request, deployment), ensure_ascii=False).encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidRequestError(f"the request holds text that is not valid Unicode ({exc.reason})") from None
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(f"the request cannot be sent as JSON: {exc}") from None
         session = self._transport.session()
         try:
             async with session.post(url, data=data, headers=headers) as response:
@@ -154,6 +160,8 @@ class HttpProvider(ABC):
             raise AttemptTimeoutError(f"socket timeout talking to {deployment.label}") from None
         except aiohttp.ClientPayloadError as exc:
             raise MalformedResponseError(f"truncated response body from {deployment.label}: {exc}") from None
+        except aiohttp.ClientConnectorError as exc:  # never connected: nothing was sent
+            raise ConnectError(f"cannot connect to {deployment.label}: {exc}", maybe_billed=False) from None
         except aiohttp.ClientError as exc:
             raise ConnectError(f"{type(exc).__name__} talking to {deployment.label}: {exc}") from None
         request_id = response_headers.get(self.request_id_header)
@@ -169,7 +177,13 @@ class HttpProvider(ABC):
             ) from None
         if not isinstance(body, Mapping):
             raise MalformedResponseError(f"{deployment.label} answered 200 with JSON that is not an object")
-        reply = self.parse_reply(body)
+        try:
+            reply = self.parse_reply(body)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a body of the wrong shape
+            raise MalformedResponseError(
+                f"{deployment.label} answered 200 with an unexpected body ({type(exc).__name__}: {exc})",
+                request_id=request_id,
+            ) from None
         return Reply(
             text=reply.text,
             usage=reply.usage,
