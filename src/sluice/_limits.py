@@ -8,7 +8,8 @@ Each deployment gets one :class:`LocalLimiter`. Two mechanisms work together:
 * a **pacer** (GCRA, the "virtual scheduling" form of a token bucket) spreads the
   limit evenly, because providers enforce a per-minute limit over shorter slices
   (60,000/min may be enforced as 1,000/s). ``burst_*`` lets that much go at once,
-  explicitly; the default is none.
+  explicitly; the default is none. A timer that fires late does not cost throughput:
+  the schedule keeps its slots (see ``CATCH_UP``).
 
 Waiters are served in (priority, arrival) order — never by size, so a large request
 is not starved by small ones — and are woken by a single timer set for the moment the
@@ -74,6 +75,22 @@ class Limiter(Protocol):
 
     def observe(self, snapshot: RateLimitSnapshot) -> None:
         """Learn from the server's rate-limit headers."""
+
+
+#: A grant leaves the ledger this long after its window, not at the exact instant: the
+#: server counts arrivals, and network jitter can bring a request to it a little early.
+WINDOW_MARGIN = 0.010
+
+#: How late a timer may fire and still keep the pacer's schedule (seconds). Event loops
+#: wake timers a millisecond or so late; restarting the schedule from "now" each time
+#: would lose that much per request (~5 % at 50/s). Idle longer than this, and the
+#: schedule restarts: unused capacity is not saved up into a burst.
+CATCH_UP = 0.020
+
+
+def _next_slot(tat: float, now: float) -> float:
+    """Where the pacer's schedule continues from after a grant at ``now``."""
+    return tat if tat >= now - CATCH_UP else now
 
 
 def _sane(snapshot: RateLimitSnapshot) -> RateLimitSnapshot:
@@ -311,7 +328,7 @@ class LocalLimiter:
         return self._loop
 
     def _expire(self, now: float) -> None:
-        horizon = now - self.window
+        horizon = now - self.window - WINDOW_MARGIN
         ledger = self._ledger
         while ledger and ledger[0].t <= horizon:
             entry = ledger.popleft()
@@ -355,7 +372,7 @@ class LocalLimiter:
         if used + ext + amount <= limit:
             return now
         for entry in self._ledger:
-            at = entry.t + self.window
+            at = entry.t + self.window + WINDOW_MARGIN
             if ext and ext_until <= at:
                 if used + amount <= limit:
                     return ext_until
@@ -371,9 +388,9 @@ class LocalLimiter:
         self._used_requests += 1
         self._used_tokens += tokens
         if self.requests_limit is not None:
-            self._tat_requests = max(self._tat_requests, now) + self.window / self.requests_limit
+            self._tat_requests = _next_slot(self._tat_requests, now) + self.window / self.requests_limit
         if self.tokens_limit is not None and tokens:
-            self._tat_tokens = max(self._tat_tokens, now) + tokens * self.window / self.tokens_limit
+            self._tat_tokens = _next_slot(self._tat_tokens, now) + tokens * self.window / self.tokens_limit
         self._in_flight += 1
         return _Grant(self, entry)
 
@@ -383,7 +400,7 @@ class LocalLimiter:
             return
         now = self._now()
         self._expire(now)
-        in_window = entry.t > now - self.window  # after _expire: exactly "still in the ledger"
+        in_window = entry.t > now - self.window - WINDOW_MARGIN  # after _expire: "still in the ledger"
         entry.requests += requests
         entry.tokens += tokens
         if in_window:
