@@ -38,6 +38,12 @@ PRICE = Price(input_per_mtok=2.0, output_per_mtok=8.0)
         (Usage(1000, 0, cached_input_tokens=400), PRICE, 1000 * 2 / 1e6),  # no cached rate: full price
         (Usage(100, 300, reasoning_tokens=200), PRICE, (100 * 2 + 300 * 8) / 1e6),  # reasoning is in output
         (Usage(10, 0, cached_input_tokens=50), Price(2.0, 8.0, 1.0), 10 * 1.0 / 1e6),  # cached capped at input
+        (Usage(1000, 0, cache_write_tokens=900), Price(3.0, 15.0, 0.3, 3.75), (100 * 3 + 900 * 3.75) / 1e6),
+        (
+            Usage(1000, 0, cached_input_tokens=500, cache_write_tokens=500),
+            Price(3.0, 15.0, 0.3, 3.75),
+            (500 * 0.3 + 500 * 3.75) / 1e6,
+        ),
     ],
 )
 def test_cost_table(usage: Usage, price: Price, expected: float) -> None:
@@ -46,6 +52,8 @@ def test_cost_table(usage: Usage, price: Price, expected: float) -> None:
 
 def test_worst_case_is_every_token_at_full_price() -> None:
     assert worst_case_cost(PRICE, 1000, 500) == pytest.approx((1000 * 2 + 500 * 8) / 1e6)
+    dearer_writes = Price(3.0, 15.0, 0.3, 3.75)
+    assert worst_case_cost(dearer_writes, 1000, 0) == pytest.approx(1000 * 3.75 / 1e6)
 
 
 @pytest.mark.parametrize(
@@ -67,6 +75,7 @@ def test_prices_come_from_genai_prices_or_the_config() -> None:
     assert pricing.cost(Deployment("simulate/demo"), Usage(10, 10)) is None
     claude = Deployment("anthropic/claude-sonnet-4")
     assert pricing.cost(claude, Usage(1_000_000, 0)) == pytest.approx(3.0)
+    assert pricing.cost(claude, Usage(1_000_000, 0, cache_write_tokens=1_000_000)) == pytest.approx(3.75)
 
 
 def test_ledger_never_lets_reservations_pass_the_limit_and_refuses_only_when_nothing_can_free() -> None:

@@ -156,8 +156,12 @@ class Usage:
 
     input_tokens: int = 0
     output_tokens: int = 0
+    #: Of ``input_tokens``, those read from the provider's prompt cache (cheaper).
     cached_input_tokens: int = 0
+    #: Of ``output_tokens``, those spent reasoning.
     reasoning_tokens: int = 0
+    #: Of ``input_tokens``, those written to the prompt cache (dearer, on Anthropic).
+    cache_write_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -169,6 +173,7 @@ class Usage:
             self.output_tokens + other.output_tokens,
             self.cached_input_tokens + other.cached_input_tokens,
             self.reasoning_tokens + other.reasoning_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
         )
 
 
@@ -282,11 +287,12 @@ class Price:
     input_per_mtok: float
     output_per_mtok: float
     cached_input_per_mtok: float | None = None
+    cache_write_per_mtok: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("input_per_mtok", "output_per_mtok", "cached_input_per_mtok"):
+        for name in ("input_per_mtok", "output_per_mtok", "cached_input_per_mtok", "cache_write_per_mtok"):
             value = getattr(self, name)
-            if value is None and name == "cached_input_per_mtok":
+            if value is None and name not in ("input_per_mtok", "output_per_mtok"):
                 continue
             if not (_number(value) and value >= 0):
                 raise ConfigError(f"price {name} must be a number >= 0 (USD per million tokens), got {value!r}")

@@ -23,19 +23,25 @@ __all__ = ["Price", "Pricing", "cost_of", "worst_case_cost"]
 
 
 def cost_of(price: Price, usage: Usage) -> float:
-    """Dollars for ``usage``: cached input at its own rate; reasoning is part of output."""
+    """Dollars for ``usage``: cache reads and writes at their own rates (the input rate when
+    unknown); reasoning tokens are part of output."""
     cached = min(usage.cached_input_tokens, usage.input_tokens)
-    cached_rate = price.input_per_mtok if price.cached_input_per_mtok is None else price.cached_input_per_mtok
+    written = min(usage.cache_write_tokens, usage.input_tokens - cached)
+    read_rate = price.input_per_mtok if price.cached_input_per_mtok is None else price.cached_input_per_mtok
+    write_rate = price.input_per_mtok if price.cache_write_per_mtok is None else price.cache_write_per_mtok
     return (
-        (usage.input_tokens - cached) * price.input_per_mtok
-        + cached * cached_rate
+        (usage.input_tokens - cached - written) * price.input_per_mtok
+        + cached * read_rate
+        + written * write_rate
         + usage.output_tokens * price.output_per_mtok
     ) / 1_000_000
 
 
 def worst_case_cost(price: Price, prompt_tokens: int, max_output_tokens: int) -> float:
-    """The most a request can cost: its whole prompt uncached and every output token used."""
-    return (prompt_tokens * price.input_per_mtok + max_output_tokens * price.output_per_mtok) / 1_000_000
+    """The most a request can cost: its whole prompt at the dearest input rate (a cache
+    write, where that costs more) and every output token used."""
+    input_rate = max(price.input_per_mtok, price.cache_write_per_mtok or 0.0)
+    return (prompt_tokens * input_rate + max_output_tokens * price.output_per_mtok) / 1_000_000
 
 
 _PROVIDER_IDS = {"openai": "openai", "azure": "azure", "anthropic": "anthropic"}
@@ -116,11 +122,18 @@ def _look_up(deployment: Deployment) -> _Known | None:
         return None
     model_price = found.model_price
     source = f"genai-prices: {found.provider.id}/{found.model.id}"
-    rates = [_flat(r) for r in (model_price.input_mtok, model_price.output_mtok, model_price.cache_read_mtok)]
+    rates = [
+        _flat(r)
+        for r in (
+            model_price.input_mtok,
+            model_price.output_mtok,
+            model_price.cache_read_mtok,
+            model_price.cache_write_mtok,
+        )
+    ]
     if all(r is not _TIERED for r in rates) and isinstance(rates[0], float):
-        output = rates[1] if isinstance(rates[1], float) else 0.0
-        cached = rates[2] if isinstance(rates[2], float) else None
-        return _Known(Price(rates[0], output, cached), source=source)
+        output, read, write = (r if isinstance(r, float) else None for r in rates[1:])
+        return _Known(Price(rates[0], output or 0.0, read, write), source=source)
 
     def exact(usage: Usage) -> float:
         priced = model_price.calc_price(
@@ -128,6 +141,7 @@ def _look_up(deployment: Deployment) -> _Known | None:
                 input_tokens=usage.input_tokens,
                 output_tokens=usage.output_tokens,
                 cache_read_tokens=usage.cached_input_tokens,
+                cache_write_tokens=usage.cache_write_tokens,
             )
         )
         return float(priced["total_price"])

@@ -86,6 +86,7 @@ class AnthropicProvider(HttpProvider):
                 input_tokens=token_count(usage.get("input_tokens")) + cache_read + cache_write,
                 output_tokens=token_count(usage.get("output_tokens")),
                 cached_input_tokens=cache_read,
+                cache_write_tokens=cache_write,
             ),
             finish_reason=body.get("stop_reason"),
         )
