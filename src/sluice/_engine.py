@@ -265,9 +265,6 @@ class Engine:
             raise EngineClosedError("the engine is closed")
         request = _make_request(model, messages, fields)
         job = self._job(request, priority if request.priority is None else request.priority, budget=budget)
-        stored = self._from_store(job)
-        if stored is not None:
-            return stored
         self._active_calls += 1
         try:
             await self._gate.acquire(job.priority, job.seq)
@@ -332,8 +329,6 @@ class Engine:
                     index = taken
                     taken += 1
                     prepared = self._prepare_item(item, index, model, priority, budget)
-                    if isinstance(prepared, _Job):
-                        prepared = self._from_store(prepared) or prepared
                     if isinstance(prepared, Result):
                         finished.put_nowait((index, prepared))
                         continue
@@ -482,7 +477,7 @@ class Engine:
         except asyncio.CancelledError:
             self._finish(job, _Tally(asyncio.get_running_loop().time()), error=CancelledError(_NEVER_SENT))
             raise
-        stored = self._from_store(job)  # it may have landed while this job waited at the gate
+        stored = self._from_store(job)  # checked here, after the gate: an identical one may have landed
         if stored is not None:
             return stored
         future = self._inflight[job.key] = asyncio.get_running_loop().create_future()

@@ -7,12 +7,12 @@ the million and safe to share between tasks.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import _json
 from ._errors import ConfigError, InvalidRequestError, SluiceError
 
 if TYPE_CHECKING:
@@ -146,8 +146,7 @@ def request_key(request: Request) -> str:
         "temperature": request.temperature,
         "params": request.params,
     }
-    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return hashlib.sha256(_json.canonical(payload)).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)

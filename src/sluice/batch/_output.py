@@ -9,13 +9,12 @@ twice. A half-written last line (the crash came mid-write) is cut off and redone
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .. import _errors
+from .. import _errors, _json
 from .._models import Result
 from .._records import error_record, usage_record
 from ._inputs import InputItem
@@ -91,7 +90,7 @@ def prepare_output(path: Path, *, retry_failed: bool) -> Prepared:
     with path.open("rb") as f:
         for raw in f:
             try:
-                line = _keep(json.loads(raw), retry_failed)
+                line = _keep(_json.loads(raw), retry_failed)
             except ValueError:
                 line = None
             if line is None or line in done:
@@ -132,7 +131,7 @@ def _rewrite_without_dropped(path: Path, retry_failed: bool) -> None:
     with path.open("rb") as source, temporary.open("wb") as target:
         for raw in source:
             try:
-                line = _keep(json.loads(raw), retry_failed)
+                line = _keep(_json.loads(raw), retry_failed)
             except ValueError:
                 continue
             if line is not None and line not in seen:
@@ -176,7 +175,7 @@ class OutputWriter:
         self.written = 0
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, ensure_ascii=False, separators=(", ", ": ")) + "\n")
+        self._file.write(_json.dumps_text(record) + "\n")
         self.written += 1
 
     def flush(self) -> None:

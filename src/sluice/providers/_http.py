@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .. import _json
 from .._errors import (
     AttemptTimeoutError,
     ConfigError,
@@ -145,7 +146,7 @@ class HttpProvider(ABC):
         if idempotency_key is not None:
             headers = {**headers, "idempotency-key": idempotency_key}
         try:
-            data = json.dumps(self.build_body(request, deployment), ensure_ascii=False).encode()
+            data = _json.dumps(self.build_body(request, deployment))
         except UnicodeEncodeError as exc:
             raise InvalidRequestError(f"the request holds text that is not valid Unicode ({exc.reason})") from None
         except (TypeError, ValueError) as exc:
@@ -169,7 +170,7 @@ class HttpProvider(ABC):
         if status != 200:
             raise self._error(status, payload, response_headers, request_id, ratelimit)
         try:
-            body = json.loads(payload)
+            body = _json.loads(payload)
         except ValueError:
             raise MalformedResponseError(
                 f"{deployment.label} answered 200 with a body that is not JSON ({len(payload)} bytes)",
@@ -202,7 +203,7 @@ class HttpProvider(ABC):
         ratelimit: RateLimitSnapshot | None,
     ) -> ProviderError:
         try:
-            message, provider_type = self.parse_error(json.loads(payload))
+            message, provider_type = self.parse_error(_json.loads(payload))
         except ValueError:
             message, provider_type = payload[:200].decode("utf-8", "replace") or "(empty body)", None
         error = error_for_status(status)(

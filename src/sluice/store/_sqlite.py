@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import _json
 from .._errors import ConfigError
 from .._models import Result
 from .._records import result_record
@@ -71,7 +72,7 @@ class SqliteStore:
         row = self._db.execute("SELECT ok, record FROM results WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
-        return StoredResult(bool(row[0]), json.loads(row[1]))
+        return StoredResult(bool(row[0]), _json.loads(row[1]))
 
     def put(self, key: str, result: Result) -> None:
         record = result_record(result)
@@ -87,7 +88,7 @@ class SqliteStore:
                 result.cost_usd,
                 result.attempts,
                 result.timings.latency,
-                json.dumps(record, ensure_ascii=False, separators=(",", ":")),
+                _json.dumps_text(record),
                 time.time(),
             ),
         )  # autocommit: committed when execute returns
