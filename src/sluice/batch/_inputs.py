@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
+from .. import _json
 from .._errors import InvalidInputError, SluiceError
 from .._models import Request
 
@@ -168,7 +169,7 @@ def _read_jsonl(path: Path, options: InputOptions) -> Iterator[InputItem]:
                 )
                 continue
             try:
-                record = json.loads(text)
+                record = _json.loads(text)
             except ValueError as exc:
                 yield _bad(number, f"{where}: not valid JSON ({exc})")
                 continue

@@ -1,0 +1,145 @@
+"""A big batch job: `sluice run` over an N-line file vs the library path, same server.
+
+    python bench/batch.py                 # N = 1,000,000 (about 40 min on 2 cores)
+    python bench/batch.py --n 100000      # a quicker look
+
+A zero-latency fake server runs in its own process on one core; each path runs in its
+own process on the other:
+
+* library: ``Engine.map`` over a generator of the same requests (nothing read from disk,
+  nothing stored) — the floor for what the CLI adds;
+* cli: ``sluice run INPUT -o OUTPUT`` — reads the file, stores every answer in SQLite as
+  it lands, writes the output, shows progress.
+
+Reported per path: wall time, records/s, peak RSS of that process (``wait4``), and the
+CLI's rate as a ratio to the library's. Targets (issue 3): CLI peak RSS < 200 MB
+however big the input, and CLI throughput >= 0.6 x the library path. The run also checks
+that the output has exactly one record per line and that the server saw no request twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import FakeServerProcess, cpu_plan, machine_line, markdown_table, save_results
+
+MODEL = "openai/bench"
+
+
+def prompt(i: int) -> str:
+    return f"Classify support ticket #{i}: 'my sluice gate is stuck half open'"
+
+
+def write_input(path: Path, n: int) -> None:
+    with path.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"messages": [{"role": "user", "content": prompt(i)}], "max_tokens": 16}) + "\n")
+
+
+def library_worker(url: str, n: int, concurrency: int) -> None:
+    """Runs in its own process: the library path, printing one JSON line."""
+    import asyncio
+
+    import sluice
+
+    async def main() -> dict[str, Any]:
+        deployment = sluice.Deployment(MODEL, base_url=url, api_key="x")
+        requests = (sluice.Request.from_prompt(MODEL, prompt(i), max_tokens=16) for i in range(n))
+        async with sluice.Engine(deployment, concurrency=concurrency) as engine:
+            started = time.perf_counter()
+            ok = 0
+            async for result in engine.map(requests):
+                ok += result.ok
+            return {"ok": ok, "seconds": time.perf_counter() - started}
+
+    print(json.dumps(asyncio.run(main())), flush=True)
+
+
+def run_measured(command: list[str], env: dict[str, str], cpus: set[int] | None) -> tuple[float, int, str]:
+    """Run a command; its wall seconds, peak RSS in bytes (from wait4) and stdout."""
+    preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    started = time.perf_counter()
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, preexec_fn=preexec)
+    assert process.stdout is not None
+    output = process.stdout.read().decode()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.perf_counter() - started
+    if process.returncode != 0:
+        raise RuntimeError(f"{command[:4]} exited {process.returncode}: {output[-500:]}")
+    return seconds, usage.ru_maxrss * 1024, output
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=1_000_000)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--worker-library", metavar="URL", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker_library:
+        library_worker(args.worker_library, args.n, args.concurrency)
+        return
+
+    server_cpus, client_cpus = cpu_plan()
+    with tempfile.TemporaryDirectory(prefix="sluice-batch-") as folder:
+        source, output = Path(folder) / "in.jsonl", Path(folder) / "out.jsonl"
+        write_input(source, args.n)
+        rows: dict[str, dict[str, float]] = {}
+        env = {**os.environ, "NO_COLOR": "1"}
+        with FakeServerProcess(["--latency", "0", "--output-tokens", "16"], cpus=server_cpus) as server:
+            url = server.openai_url
+            command = [sys.executable, __file__, "--n", str(args.n), "--concurrency", str(args.concurrency)]
+            seconds, rss, printed = run_measured([*command, "--worker-library", url], env, client_cpus)
+            library = json.loads(printed.strip().splitlines()[-1])
+            rows["library (Engine.map)"] = {"seconds": library["seconds"], "ok": library["ok"], "rss": rss}
+
+            cli_env = {**env, "OPENAI_BASE_URL": url, "OPENAI_API_KEY": "x"}
+            cli = [sys.executable, "-m", "sluice", "run", str(source), "-o", str(output), "--model", MODEL]
+            cli += ["--concurrency", str(args.concurrency), "--log-every", "60"]
+            seconds, rss, _ = run_measured(cli, cli_env, client_cpus)
+            lines = sum(1 for _ in output.open())
+            rows["cli (sluice run)"] = {"seconds": seconds, "ok": lines, "rss": rss}
+            stats = server.stats()
+
+    library_rate = rows["library (Engine.map)"]["ok"] / rows["library (Engine.map)"]["seconds"]
+    table = []
+    for name, row in rows.items():
+        rate = row["ok"] / row["seconds"]
+        table.append(
+            [
+                name,
+                f"{int(row['ok']):,}",
+                f"{row['seconds']:.1f}",
+                f"{rate:,.0f}",
+                f"{row['rss'] / 2**20:.0f}",
+                f"{rate / library_rate:.2f}",
+            ]
+        )
+    print(f"# batch job: {args.n:,} lines, zero-latency fake server, concurrency {args.concurrency}")
+    print(machine_line())
+    print()
+    print(
+        markdown_table(
+            ["path", "records", "seconds", "records/s", "peak RSS MB", "x library"], table, right=[1, 2, 3, 4, 5]
+        )
+    )
+    print()
+    print("targets: cli peak RSS < 200 MB; cli >= 0.6 x library")
+    print(
+        f"server: {stats.get('received')} received for {2 * args.n} sent; duplicate successes: {stats.get('duplicate_successes')}"
+    )
+    save_results("batch", {"n": args.n, "rows": rows, "server": stats})
+
+
+if __name__ == "__main__":
+    main()
