@@ -440,3 +440,20 @@ def test_a_second_sigint_aborts_at_once_and_the_state_stays_consistent(server: F
     done = run_cli(server, *args)
     assert done.returncode == 0, done.stderr
     assert sorted(r["line"] for r in read_output(output)) == list(range(1, 51))
+
+
+def test_the_estimate_brackets_the_actual_cost_of_a_real_run(server: FakeServer, tmp_path: Path) -> None:
+    import re
+
+    server.prices = {"gpt-test": (2.0, 8.0)}
+    source = write_jsonl(tmp_path / "in.jsonl", questions(50))
+    estimate = run_cli(server, "estimate", source, "--model", MODEL, "--price", "2,8")
+    assert estimate.returncode == 0, estimate.stderr
+    low, high = (
+        float(x) for x in re.findall(r"\$([0-9.]+) \((?:prompts only|every max_tokens used)\)", estimate.stdout)
+    )
+    done = run_cli(server, "run", source, "-o", tmp_path / "out.jsonl", "--model", MODEL, "--price", "2,8")
+    assert done.returncode == 0, done.stderr
+    actual = sum(r["cost_usd"] for r in read_output(tmp_path / "out.jsonl"))
+    assert actual == pytest.approx(server.total_billed_usd)
+    assert low <= actual <= high
