@@ -1,0 +1,430 @@
+"""Throughput: how many calls per second each client gets through a zero-latency fake server.
+
+    python bench/throughput.py [--n 3000] [--concurrency 100] [--rounds 3]
+
+The fake server (``python -m sluice.testing``, no limits, no latency) runs in its own
+process pinned to one core; each client runs in a worker process pinned to the other,
+so what is measured is the client's own cost per call. Clients are interleaved across
+rounds (the order rotates each round) and the median round is reported. Each worker
+first sends ``--warmup`` calls untimed (connections opened, code paths warm), then times
+N calls with ``time.perf_counter`` (wall) and ``time.process_time`` (client CPU).
+
+``--profile`` also runs the sluice client once under cProfile and prints where its
+CPU time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import pstats
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from _clients import CLIENTS, LABELS, REQUIRES, NotInstalledError, Settings, make_client
+from _common import (
+    FakeServerProcess,
+    cpu_plan,
+    emit_result,
+    forbid_network,
+    import_seconds,
+    machine_line,
+    markdown_table,
+    median,
+    module_available,
+    pin_self,
+    run_worker,
+    save_results,
+    versions_line,
+)
+
+SCRIPT = Path(__file__).resolve()
+TARGET_RATIO = 0.85
+
+#: What "import s" measures for each client (median of fresh interpreters).
+IMPORTS = {
+    "raw-aiohttp": "import aiohttp",
+    "sluice": "import sluice",
+    "openai": "import openai",
+    "litellm-router": "import litellm",
+}
+#: Further import figures printed under the table.
+IMPORT_DETAILS = (
+    ("import sluice", "import sluice"),
+    ("import sluice; sluice.Engine", "import sluice; sluice.Engine"),
+    ("... + aiohttp (what a first HTTP call adds)", "import sluice, aiohttp; sluice.Engine"),
+)
+
+
+def prompt(i: int) -> str:
+    """The same shape for every client: one short user message, distinct per call."""
+    return f"Benchmark request {i:06d}: in one short sentence, what does a sluice gate do?"
+
+
+# -- the worker (one client, one process) ---------------------------------------------------
+
+
+async def _measure(args: argparse.Namespace) -> dict[str, Any]:
+    settings = Settings(url=args.url, concurrency=args.concurrency, max_tokens=args.max_tokens)
+    try:
+        client = make_client(args.client, settings)
+    except NotInstalledError as exc:
+        return {"status": "not installed", "detail": str(exc)}
+    profiler = cProfile.Profile() if args.profile_out else None
+    try:
+        if args.warmup:
+            await client.run([prompt(i) for i in range(args.n, args.n + args.warmup)])
+        prompts = [prompt(i) for i in range(args.n)]
+        gc.collect()
+        if profiler is not None:
+            profiler.enable()
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        tally = await client.run(prompts)
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile_out)
+    finally:
+        await client.aclose()
+    return {
+        "status": "ok",
+        "n": args.n,
+        "seconds": wall,
+        "cpu_seconds": cpu,
+        "ok": tally.ok,
+        "errors": tally.errors,
+        "samples": tally.samples,
+    }
+
+
+def worker(args: argparse.Namespace) -> int:
+    blocked = forbid_network()
+    result = asyncio.run(_measure(args))
+    result["client"] = args.client
+    result["blocked_network"] = blocked
+    emit_result(result)
+    return 0
+
+
+# -- the orchestrator --------------------------------------------------------------------
+
+
+def _worker_args(args: argparse.Namespace, client: str, url: str) -> list[str]:
+    return [
+        "--client",
+        client,
+        "--url",
+        url,
+        "--n",
+        str(args.n),
+        "--concurrency",
+        str(args.concurrency),
+        "--warmup",
+        str(args.warmup),
+        "--max-tokens",
+        str(args.max_tokens),
+    ]
+
+
+def _rounds(args: argparse.Namespace, clients: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    """Run every client ``rounds`` times, interleaved; the per-round records by client."""
+    server_cpus, client_cpus = cpu_plan()
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    server = FakeServerProcess(["--latency", "0", "--output-tokens", str(args.max_tokens)], cpus=server_cpus)
+    try:
+        server.start()
+        print(f"fake server pid {server.pid} at {server.url}", file=sys.stderr)
+        for round_no in range(args.rounds):
+            for client in _round_order(clients, round_no):
+                if not module_available(REQUIRES[client]):
+                    runs[client].append({"status": "not installed", "round": round_no})
+                    continue
+                outcome = run_worker(
+                    SCRIPT,
+                    _worker_args(args, client, server.openai_url),
+                    timeout=args.timeout,
+                    cpus=client_cpus,
+                )
+                record = outcome.result or {"status": "failed", "detail": outcome.error}
+                if outcome.result is None:
+                    record["stderr"] = outcome.stderr_tail
+                record["round"] = round_no
+                runs[client].append(record)
+                print(f"round {round_no + 1}/{args.rounds} {client}: {_progress(record)}", file=sys.stderr)
+    finally:
+        server.stop()
+    return runs
+
+
+#: Clients fast enough to run back to back with raw aiohttp, so their per-round ratio
+#: compares runs made seconds apart (this machine's speed drifts from run to run).
+FAST = ("raw-aiohttp", "sluice", "sluice-gather")
+
+
+def _round_order(clients: Sequence[str], round_no: int) -> list[str]:
+    """The fast clients first, then the peers; each group's order rotates every round."""
+    fast = [c for c in clients if c in FAST]
+    slow = [c for c in clients if c not in FAST]
+    order = []
+    for group in (fast, slow):
+        if group:
+            shift = round_no % len(group)
+            order += [*group[shift:], *group[:shift]]
+    return order
+
+
+def _progress(record: dict[str, Any]) -> str:
+    if record.get("status") != "ok":
+        return f"{record.get('status')}: {record.get('detail', '')}"
+    rate = record["n"] / record["seconds"]
+    blocked = f", BLOCKED network: {record['blocked_network']}" if record.get("blocked_network") else ""
+    return f"{rate:,.0f} req/s, {record['cpu_seconds']:.2f} CPU s, {record['errors']} errors{blocked}"
+
+
+def _summary(runs: dict[str, list[dict[str, Any]]], clients: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per client: medians over its rounds, and its ratio to raw aiohttp."""
+    raw_done = [r for r in runs.get("raw-aiohttp", []) if r["status"] == "ok"]
+    raw_by_round = {r["round"]: r["n"] / r["seconds"] for r in raw_done}
+    raw_cpu_by_round = {r["round"]: r["cpu_seconds"] / r["n"] for r in raw_done}
+    rows = []
+    for client in clients:
+        done = [r for r in runs.get(client, []) if r.get("status") == "ok"]
+        row: dict[str, Any] = {"client": client, "rounds": len(done)}
+        if not done:
+            statuses = {r.get("status") for r in runs.get(client, [])}
+            row["status"] = "not installed" if statuses == {"not installed"} else "failed"
+            row["detail"] = next((r.get("detail") for r in runs.get(client, []) if r.get("detail")), None)
+            rows.append(row)
+            continue
+        rates = [r["n"] / r["seconds"] for r in done]
+        ratios = [r["n"] / r["seconds"] / raw_by_round[r["round"]] for r in done if r["round"] in raw_by_round]
+        row.update(
+            status="ok",
+            rates=rates,
+            rate=median(rates),
+            cpu_per_1000=median([r["cpu_seconds"] / r["n"] * 1000 for r in done]),
+            errors=sum(r["errors"] for r in done),
+            calls=sum(r["n"] for r in done),
+            ratio=median(ratios),
+            ratios=ratios,
+            cpu_ratio=median(
+                [raw_cpu_by_round[r["round"]] / (r["cpu_seconds"] / r["n"]) for r in done if r["round"] in raw_by_round]
+            ),
+            samples=[s for r in done for s in r.get("samples", [])][:3],
+            blocked=[b for r in done for b in r.get("blocked_network", [])],
+        )
+        rows.append(row)
+    return rows
+
+
+def _table(rows: list[dict[str, Any]], imports: dict[str, float | None]) -> str:
+    lines = []
+    for row in rows:
+        label = LABELS[row["client"]]
+        module = "sluice" if row["client"].startswith("sluice") else row["client"]
+        seconds = imports.get(module)
+        imported = f"{seconds:.2f}" if seconds is not None else "-"
+        if row["status"] != "ok":
+            lines.append([label, row["status"], "-", "-", "-", "-", "-", imported])
+            continue
+        spread = f"{min(row['rates']):,.0f}–{max(row['rates']):,.0f}"
+        ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"
+        cpu_ratio = f"{row['cpu_ratio']:.2f}" if row["cpu_ratio"] is not None else "-"
+        errors = f"{row['errors']} / {row['calls']:,}"
+        lines.append(
+            [label, f"{row['rate']:,.0f}", spread, f"{row['cpu_per_1000']:.2f}", errors, ratio, cpu_ratio, imported]
+        )
+    headers = [
+        "client",
+        "req/s (median)",
+        "req/s (min–max)",
+        "client CPU s / 1,000 calls",
+        "errors / calls",
+        "x raw aiohttp",
+        "x raw (CPU per call)",
+        "import s",
+    ]
+    return markdown_table(headers, lines, right=(1, 2, 3, 4, 5, 6, 7))
+
+
+def _imports(args: argparse.Namespace, clients: Sequence[str]) -> tuple[dict[str, float | None], list[list[str]]]:
+    _, client_cpus = cpu_plan()
+    by_client: dict[str, float | None] = {}
+    for client in clients:
+        module = "sluice" if client.startswith("sluice") else client
+        if module not in by_client and module in IMPORTS and module_available(REQUIRES[client]):
+            by_client[module] = import_seconds(IMPORTS[module], repeats=args.import_repeats, cpus=client_cpus)
+    details = []
+    for label, statement in IMPORT_DETAILS:
+        seconds = import_seconds(statement, repeats=args.import_repeats, cpus=client_cpus)
+        details.append([f"`{label}`", f"{seconds:.3f}" if seconds is not None else "failed"])
+    return by_client, details
+
+
+def _profile(args: argparse.Namespace, top: int) -> None:
+    """Run raw aiohttp and sluice once each under cProfile; print where sluice's extra time goes."""
+    server_cpus, client_cpus = cpu_plan()
+    profiles: dict[str, tuple[pstats.Stats, dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        server = FakeServerProcess(["--latency", "0", "--output-tokens", str(args.max_tokens)], cpus=server_cpus)
+        try:
+            server.start()
+            for client in ("raw-aiohttp", "sluice"):
+                out = str(Path(folder) / f"{client}.prof")
+                worker_args = [*_worker_args(args, client, server.openai_url), "--profile-out", out]
+                outcome = run_worker(SCRIPT, worker_args, timeout=args.timeout, cpus=client_cpus)
+                if outcome.result is None or not Path(out).exists():
+                    print(f"profiling {client} failed: {outcome.error}\n{outcome.stderr_tail}")
+                    return
+                profiles[client] = (pstats.Stats(out), outcome.result)
+        finally:
+            server.stop()
+    print_profile(profiles, top)
+
+
+def _area(filename: str) -> str:
+    """Where a function lives, coarsely: a sluice module, or a library."""
+    path = filename.replace("\\", "/")
+    if "/sluice/" in path:
+        return "sluice/" + path.rsplit("/sluice/", 1)[1]
+    for name in ("aiohttp", "yarl", "multidict", "asyncio", "json"):
+        if f"/{name}/" in path:
+            return name
+    if path.startswith("~") or path == "<built-in>":
+        return "builtins (C)"
+    return "other: " + path.rsplit("/", 1)[-1]
+
+
+def _own_by_area(stats: pstats.Stats) -> dict[str, float]:
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    by_area: dict[str, float] = defaultdict(float)
+    for (filename, _, _), entry in raw.items():
+        by_area[_area(filename)] += entry[2]
+    return by_area
+
+
+def print_profile(profiles: dict[str, tuple[pstats.Stats, dict[str, Any]]], top: int) -> None:
+    """Own time per area for both clients (per 1,000 calls), then sluice's own functions."""
+    raw_stats, raw_result = profiles["raw-aiohttp"]
+    ours_stats, ours_result = profiles["sluice"]
+    per_k_raw = 1000 / raw_result["n"]
+    per_k_ours = 1000 / ours_result["n"]
+    raw_areas, our_areas = _own_by_area(raw_stats), _own_by_area(ours_stats)
+    total_raw = sum(raw_areas.values()) * per_k_raw
+    total_ours = sum(our_areas.values()) * per_k_ours
+    print(
+        f"\n### cProfile: raw aiohttp vs sluice Engine.map ({ours_result['n']:,} calls each; "
+        "cProfile inflates every Python call, so compare the columns, not the absolute figures)\n"
+    )
+    lines = []
+    for area in sorted(set(raw_areas) | set(our_areas), key=lambda a: -our_areas.get(a, 0.0))[:top]:
+        a = raw_areas.get(area, 0.0) * per_k_raw
+        b = our_areas.get(area, 0.0) * per_k_ours
+        lines.append([area, f"{a:.3f}", f"{b:.3f}", f"{b - a:+.3f}", f"{b / total_ours:.1%}"])
+    lines.append(["total", f"{total_raw:.3f}", f"{total_ours:.3f}", f"{total_ours - total_raw:+.3f}", "100%"])
+    headers = ["area (own time)", "raw s / 1,000", "sluice s / 1,000", "difference", "sluice share"]
+    print(markdown_table(headers, lines, right=(1, 2, 3, 4)))
+
+    raw: dict[Any, Any] = ours_stats.stats  # type: ignore[attr-defined]
+    total = sum(entry[2] for entry in raw.values()) or 1.0
+    ours = [(k, v) for k, v in raw.items() if "/sluice/" in k[0].replace("\\", "/")]
+    print("\nsluice's own functions by own time (share of the sluice client's total):\n")
+    lines = [
+        [f"{_area(f)}:{ln} {n}", f"{v[1]:,}", f"{v[2] * per_k_ours:.3f}", f"{v[2] / total:.1%}"]
+        for (f, ln, n), v in sorted(ours, key=lambda kv: -kv[1][2])[:top]
+    ]
+    print(markdown_table(["function", "calls", "own s / 1,000", "share"], lines, right=(1, 2, 3)))
+    print("\nsluice's functions by cumulative time (including what they call):\n")
+    lines = [
+        [f"{_area(f)}:{ln} {n}", f"{v[1]:,}", f"{v[3] * per_k_ours:.3f}", f"{v[3] / total:.1%}"]
+        for (f, ln, n), v in sorted(ours, key=lambda kv: -kv[1][3])[:top]
+    ]
+    print(markdown_table(["function", "calls", "cumulative s / 1,000", "share"], lines, right=(1, 2, 3)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.worker:
+        return worker(args)
+    clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    unknown = [c for c in clients if c not in CLIENTS]
+    if unknown or "raw-aiohttp" not in clients:
+        print(f"--clients: choose from {', '.join(CLIENTS)} (raw-aiohttp is required)", file=sys.stderr)
+        return 2
+    _, client_cpus = cpu_plan()
+    pin_self(client_cpus)
+    started = time.strftime("%Y-%m-%d %H:%M")
+    versions = versions_line()  # before the runs: the code measured
+    runs = _rounds(args, clients)
+    rows = _summary(runs, clients)
+    imports, import_details = _imports(args, clients) if args.import_repeats else ({}, [])
+    print(f"\n## Throughput — {started}; {machine_line()}\n\n{versions}.\n")
+    print(
+        f"Zero-latency fake server in its own process; {args.n:,} calls per run, concurrency "
+        f"{args.concurrency}, {args.warmup} warm-up calls first; {args.rounds} interleaved rounds, "
+        "median shown. x raw aiohttp: median of the per-round req/s ratios; x raw (CPU per call): "
+        "median of the per-round ratios of raw aiohttp's CPU per call to the client's (steadier when "
+        "other work shares the machine).\n"
+    )
+    print(_table(rows, imports))
+    sluice_row = next((r for r in rows if r["client"] == "sluice"), None)
+    print(f"\ntarget: sluice >= {TARGET_RATIO} x raw aiohttp", end="")
+    if sluice_row and sluice_row.get("ratio") is not None:
+        verdict = "met" if sluice_row["ratio"] >= TARGET_RATIO else "MISSED"
+        ratios = sluice_row["ratios"]
+        raw_row = next(r for r in rows if r["client"] == "raw-aiohttp")
+        of_medians = sluice_row["rate"] / raw_row["rate"] if raw_row.get("rate") else float("nan")
+        print(
+            f" — measured {sluice_row['ratio']:.3f} x ({verdict}): median of {len(ratios)} per-round ratios, "
+            f"range {min(ratios):.2f}–{max(ratios):.2f}; ratio of the median rates {of_medians:.2f}; "
+            f"CPU per call: {sluice_row['cpu_ratio']:.2f} x raw aiohttp's"
+        )
+    else:
+        print(" — not measured")
+    if import_details:
+        print(f"\nImport time (fresh interpreter, median of {args.import_repeats}):\n")
+        print(markdown_table(["statement", "seconds"], import_details, right=(1,)))
+    for row in rows:
+        if row.get("samples"):
+            print(f"\n{LABELS[row['client']]}: first errors: {row['samples']}")
+        if row.get("blocked"):
+            print(f"\n{LABELS[row['client']]}: network access refused: {sorted(set(row['blocked']))}")
+        if row.get("status") in ("failed", "not installed") and row.get("detail"):
+            print(f"\n{LABELS[row['client']]}: {row['status']}: {row['detail']}")
+    path = save_results("throughput", {"args": vars(args), "runs": runs, "rows": rows, "imports": imports})
+    print(f"\n(raw figures: {path})")
+    if args.profile:
+        _profile(args, args.profile_top)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--n", type=int, default=3000, help="timed calls per run (default 3000)")
+    add("--concurrency", type=int, default=100, help="calls in flight at once (default 100)")
+    add("--rounds", type=int, default=3, help="interleaved rounds; the median is reported (default 3)")
+    add("--warmup", type=int, default=200, help="untimed calls before each timed run (default 200)")
+    add("--max-tokens", type=int, default=16, help="max_tokens of every call (default 16)")
+    add("--clients", default=",".join(CLIENTS), help=f"comma-separated, from {', '.join(CLIENTS)}")
+    add("--timeout", type=float, default=300.0, help="seconds before a client's run is killed (default 300)")
+    add("--import-repeats", type=int, default=5, help="fresh interpreters per import figure; 0 skips them")
+    add("--profile", action="store_true", help="also profile the sluice client with cProfile")
+    add("--profile-top", type=int, default=20, help="rows in each profile table (default 20)")
+    # Worker mode (internal): one client, one run, a JSON line on stdout.
+    add("--worker", action="store_true", help=argparse.SUPPRESS)
+    add("--client", default="", help=argparse.SUPPRESS)
+    add("--url", default="", help=argparse.SUPPRESS)
+    add("--profile-out", default="", help=argparse.SUPPRESS)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())
