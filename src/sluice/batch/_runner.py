@@ -124,27 +124,23 @@ def _claim_state(store: SqliteStore, spec: JobSpec) -> None:
 
 @contextlib.contextmanager
 def _exclusive(state: Path) -> Iterator[None]:
-    """One process per job: two runs on one output would send everything twice."""
+    """One process per job: two runs on one output would send everything twice.
+
+    An flock on the state file itself (SQLite's own locks are fcntl locks, which flock
+    does not interfere with on Linux), released by the kernel if the process dies.
+    """
     import fcntl
 
     state.parent.mkdir(parents=True, exist_ok=True)
-    with open(state.with_name(state.name + ".lock"), "a+") as lock:
+    with open(state, "ab") as handle:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "another process"
-            raise ConfigError(
-                f"{state} is in use by a running sluice job (pid {holder}); wait for it or stop it"
-            ) from None
-        lock.seek(0)
-        lock.truncate()
-        lock.write(str(os.getpid()))
-        lock.flush()
+            raise ConfigError(f"{state} is in use by a running sluice job; wait for it or stop it") from None
         try:
             yield
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 async def run_job(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], None] = lambda: None) -> None:
