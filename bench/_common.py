@@ -10,6 +10,7 @@ touch another's numbers. A worker prints one line ``RESULT_MARK + json`` at the 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import ipaddress
@@ -23,7 +24,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -316,6 +317,16 @@ def emit_result(payload: Mapping[str, Any]) -> None:
     """The worker's one result line (library noise on stdout is ignored)."""
     sys.stdout.write(RESULT_MARK + json.dumps(payload) + "\n")
     sys.stdout.flush()
+
+
+def worker_main(measure: Callable[[Any], Awaitable[dict[str, Any]]], args: Any) -> int:
+    """A worker process's whole life: no network but loopback, one measurement, one JSON line."""
+    blocked = forbid_network()
+    result = asyncio.run(measure(args))
+    result["client"] = args.client
+    result["blocked_network"] = blocked
+    emit_result(result)
+    return 0
 
 
 def module_available(name: str) -> bool:

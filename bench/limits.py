@@ -24,7 +24,6 @@ client that uses the server's initial burst can exceed 100 %. Target for sluice:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 from collections.abc import Sequence
@@ -35,8 +34,6 @@ from _clients import LABELS, REQUIRES, NotInstalledError, Settings, make_client
 from _common import (
     FakeServerProcess,
     cpu_plan,
-    emit_result,
-    forbid_network,
     machine_line,
     markdown_table,
     module_available,
@@ -44,6 +41,7 @@ from _common import (
     run_worker,
     save_results,
     versions_line,
+    worker_main,
 )
 
 SCRIPT = Path(__file__).resolve()
@@ -104,12 +102,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def worker(args: argparse.Namespace) -> int:
-    blocked = forbid_network()
-    result = asyncio.run(_measure(args))
-    result["client"] = args.client
-    result["blocked_network"] = blocked
-    emit_result(result)
-    return 0
+    return worker_main(_measure, args)
 
 
 # -- the orchestrator --------------------------------------------------------------------

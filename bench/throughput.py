@@ -16,7 +16,6 @@ CPU time goes.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import cProfile
 import gc
 import pstats
@@ -32,8 +31,6 @@ from _clients import CLIENTS, LABELS, REQUIRES, NotInstalledError, Settings, mak
 from _common import (
     FakeServerProcess,
     cpu_plan,
-    emit_result,
-    forbid_network,
     import_seconds,
     machine_line,
     markdown_table,
@@ -43,6 +40,7 @@ from _common import (
     run_worker,
     save_results,
     versions_line,
+    worker_main,
 )
 
 SCRIPT = Path(__file__).resolve()
@@ -105,12 +103,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def worker(args: argparse.Namespace) -> int:
-    blocked = forbid_network()
-    result = asyncio.run(_measure(args))
-    result["client"] = args.client
-    result["blocked_network"] = blocked
-    emit_result(result)
-    return 0
+    return worker_main(_measure, args)
 
 
 # -- the orchestrator --------------------------------------------------------------------
