@@ -471,7 +471,10 @@ class Engine:
             while (leader := self._inflight.get(job.key)) is not None:
                 shared = await asyncio.shield(leader)
                 if not isinstance(shared.error, CancelledError):
-                    result = dataclasses.replace(shared, request=job.request, index=job.index, cached=True)
+                    free = 0.0 if shared.cost_usd is not None else None  # paid for once, by the leader
+                    result = dataclasses.replace(
+                        shared, request=job.request, index=job.index, cached=True, cost_usd=free
+                    )
                     self._emit(result)
                     return result
         except asyncio.CancelledError:
