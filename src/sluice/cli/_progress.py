@@ -120,7 +120,8 @@ def _cost_summary(progress: JobProgress) -> str:
         text += f" (budget {usd(spending.budget.limit)}, {usd(max(0.0, spending.budget.remaining()))} left)"
     if stats.unpriced:
         models = ", ".join(sorted(spending.unpriced_models))
-        text += f"; {stats.unpriced:,} answers from models with no known price ({models}) are not included"
+        answers = "answer" if stats.unpriced == 1 else "answers"
+        text += f"; {stats.unpriced:,} {answers} from models with no known price ({models}) not included"
     return text
 
 
