@@ -24,6 +24,10 @@ message; prompt tokens are sluice's own estimate; completion tokens are
 when admitted and is settled to its real usage when answered; rejected requests do not
 count. ``stats`` records what the client did, including ``duplicate_successes``: requests
 whose key (``Idempotency-Key`` header, else the body's hash) had already succeeded.
+
+``run_in_virtual_time(coro)`` runs a coroutine on an event loop whose clock jumps to the
+next timer instead of waiting: a minute of rate limiting, retries and backoff in
+milliseconds, deterministically (sluice's own limiter tests run this way).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from ._faults import Fault, FaultSpec
 from ._limits import openai_duration
 from ._server import FakeServer
 from ._stats import LedgerEntry, ServerStats
+from ._virtual_time import VirtualTimeLoop, run_in_virtual_time
 
 __all__ = [
     "FakeServer",
@@ -39,5 +44,7 @@ __all__ = [
     "FaultSpec",
     "LedgerEntry",
     "ServerStats",
+    "VirtualTimeLoop",
     "openai_duration",
+    "run_in_virtual_time",
 ]
