@@ -45,7 +45,7 @@ from ._retry import RetryPolicy
 from ._session import Session
 from ._spending import CheaperModel, Spending
 from ._stats import Stats
-from .providers import Provider, ProviderSet, Reply
+from .providers import HttpProvider, Provider, ProviderSet, Reply
 
 if TYPE_CHECKING:
     from .store import Store
@@ -241,7 +241,17 @@ class Engine:
     # -- running -----------------------------------------------------------------------
 
     async def __aenter__(self) -> Engine:
+        await self.start()
         return self
+
+    async def start(self) -> None:
+        """Do the slow one-time work now, not on the first request: open the HTTP pool
+        (importing aiohttp) and look up every deployment's price (importing genai-prices).
+        Otherwise the event loop stalls ~0.5 s mid-run and rate-limit slots go unused."""
+        for deployment in self._deployments:
+            self.spending.pricing.known(deployment)
+            if isinstance(self._routes[deployment.label].provider, HttpProvider):
+                self._providers.transport.session()
 
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
         await self.close(drain=exc_type is None)

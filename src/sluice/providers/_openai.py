@@ -17,7 +17,7 @@ from .._errors import ConfigError, MalformedResponseError
 from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request, Usage
 from ._base import Reply
-from ._http import HttpProvider, header_number, resolve_key, token_count
+from ._http import HttpProvider, HttpTransport, header_number, resolve_key, token_count
 
 __all__ = ["AzureOpenAIProvider", "OpenAIProvider", "parse_openai_duration"]
 
@@ -49,6 +49,10 @@ class OpenAIProvider(HttpProvider):
     key_env = "OPENAI_API_KEY"
     base_url_env = "OPENAI_BASE_URL"
 
+    def __init__(self, transport: HttpTransport) -> None:
+        super().__init__(transport)
+        self._shapes: dict[int, tuple[Deployment, str, str]] = {}
+
     def base_url(self, deployment: Deployment) -> str:
         return (deployment.base_url or os.environ.get(self.base_url_env) or DEFAULT_BASE_URL).rstrip("/")
 
@@ -70,10 +74,19 @@ class OpenAIProvider(HttpProvider):
         host = urlsplit(self.base_url(deployment)).hostname
         return "max_completion_tokens" if host == "api.openai.com" else "max_tokens"
 
+    def _shape(self, deployment: Deployment) -> tuple[str, str]:
+        """(model name, max-tokens field) for a deployment, worked out once, not per request."""
+        cached = self._shapes.get(id(deployment))
+        if cached is None or cached[0] is not deployment:
+            cached = (deployment, deployment.model_name, self._max_tokens_field(deployment))
+            self._shapes[id(deployment)] = cached
+        return cached[1], cached[2]
+
     def build_body(self, request: Request, deployment: Deployment) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": deployment.model_name, "messages": list(request.messages)}
+        model, cap_field = self._shape(deployment)
+        body: dict[str, Any] = {"model": model, "messages": list(request.messages)}
         if request.max_tokens is not None:
-            body[self._max_tokens_field(deployment)] = request.max_tokens
+            body[cap_field] = request.max_tokens
         if request.temperature is not None:
             body["temperature"] = request.temperature
         body.update(request.params)
