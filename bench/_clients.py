@@ -165,6 +165,10 @@ class Sluice:
         )
         self.engine = sluice.Engine(deployment, concurrency=settings.concurrency)
 
+    async def setup(self) -> None:
+        """What ``async with Engine(...)`` does before a user's first request."""
+        await self.engine.start()
+
     async def run(self, prompts: Sequence[str]) -> Tally:
         sluice, engine, max_tokens = self.sluice, self.engine, self.settings.max_tokens
         retries, rate_limited = engine.stats.retries, engine.stats.rate_limited

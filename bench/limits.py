@@ -84,6 +84,9 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
         return {"status": "not installed", "detail": str(exc)}
     prompts = [prompt(i, args.prompt_tokens) for i in range(args.n)]
     try:
+        setup = getattr(client, "setup", None)
+        if setup is not None:  # sluice: the engine is started, as `async with Engine(...)` does
+            await setup()
         started = time.perf_counter()
         tally = await client.run(prompts)
         seconds = time.perf_counter() - started
