@@ -546,9 +546,12 @@ class Engine:
             self._queued.add(task)
         hold: BudgetHold | None = None
         try:
-            async with asyncio.timeout_at(deadline):
-                hold = await self.spending.reserve(job.budget, job.worst_cost)
-                reservation = await route.limiter.acquire(job.tokens, job.priority, job.seq)
+            # The common case, no budget and room at once, takes no timer and no await.
+            reservation = route.limiter.try_acquire(job.tokens) if job.budget is None else None
+            if reservation is None:
+                async with asyncio.timeout_at(deadline):
+                    hold = await self.spending.reserve(job.budget, job.worst_cost)
+                    reservation = await route.limiter.acquire(job.tokens, job.priority, job.seq)
         except TimeoutError:
             _settle(hold, 0.0)
             return DeadlineExceededError(f"its deadline ({self.retry.deadline:g} s) passed while it waited")

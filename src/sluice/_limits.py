@@ -70,6 +70,9 @@ class Limiter(Protocol):
     async def acquire(self, tokens: int, priority: int = 0, seq: int | None = None) -> Reservation:
         """Wait (FIFO within ``priority``) until one request of ``tokens`` may be sent."""
 
+    def try_acquire(self, tokens: int) -> Reservation | None:
+        """Grant at once if nobody waits and there is room; None otherwise (no waiting)."""
+
     def penalize(self, seconds: float) -> None:
         """Pause the whole deployment for ``seconds`` (the server said 429)."""
 
@@ -234,13 +237,18 @@ class LocalLimiter:
                 "shorten the prompt"
             )
 
-    async def acquire(self, tokens: int, priority: int = 0, seq: int | None = None) -> _Grant:
+    def try_acquire(self, tokens: int) -> _Grant | None:
         self.check(tokens)
+        if self._heap:
+            return None  # first come, first served: never jump the queue
+        now = (self._loop or self._bind()).time()
+        return self._grant(tokens, now) if self._ready_at(tokens, now) <= now else None
+
+    async def acquire(self, tokens: int, priority: int = 0, seq: int | None = None) -> _Grant:
+        granted = self.try_acquire(tokens)
+        if granted is not None:
+            return granted
         loop = self._loop or self._bind()
-        if not self._heap:
-            now = loop.time()
-            if self._ready_at(tokens, now) <= now:
-                return self._grant(tokens, now)
         future: asyncio.Future[_Grant] = loop.create_future()
         order = next(self._seq) if seq is None else seq
         heapq.heappush(self._heap, (priority, order, next(self._tie), _Waiter(future, tokens)))
