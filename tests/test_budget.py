@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import struct
+import zlib
 from typing import Any
 
 import pytest
@@ -17,6 +20,7 @@ from sluice import (
     Price,
     Request,
     Result,
+    RetryPolicy,
     UnknownPriceError,
     Usage,
 )
@@ -188,10 +192,13 @@ async def test_unknown_prices_are_reported_never_zero() -> None:
         assert engine.stats.unpriced == 1
         assert engine.spending.unpriced_models == {"openai/gpt-test"}
 
-        async with Engine(unpriced, budget_usd=1.0) as engine:
+        with pytest.raises(UnknownPriceError, match="no known price"):  # refused before anything starts
+            async with Engine(unpriced, budget_usd=1.0):
+                pass
+        async with Engine(budget_usd=1.0) as engine:  # a model met on the way, with no price
             with pytest.raises(UnknownPriceError, match="no known price"):
-                await engine.complete("openai/gpt-test", "hi")
-            results = await engine.run(["a", "b"], model="openai/gpt-test")
+                await engine.complete("openai/gpt-test-unlisted", "hi")
+            results = await engine.run(["a", "b"], model="openai/gpt-test-unlisted")
         assert all(isinstance(r.error, UnknownPriceError) for r in results)
 
         async with Engine(unpriced, budget_usd=1.0, allow_unpriced=True) as engine:
@@ -264,3 +271,60 @@ def test_float_drift_never_leaves_a_waiter_hanging() -> None:
             await waiting  # in virtual time a hang would raise a deadlock error instead
 
     run_in_virtual_time(scenario())
+
+
+# -- the budget is a bound on what the provider bills -------------------------------------
+
+
+def _png_url(width: int, height: int) -> str:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = (b"\0" * (1 + (width + 7) // 8)) * height
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    raw = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    return "data:image/png;base64," + base64.b64encode(raw).decode()
+
+
+_CODE = "for (let i = 0; i < n; i++) { total += values[i] * weights[i]; }\n"
+_CJK = "水門は水の流れを調整し、下流の町を洪水から守る。"
+_EMOJI = "🌊🚪💧🏞️⛵🌧️"
+_WIDE = _png_url(2048, 768)  # 8 tiles: 1,445 tokens on gpt-4o, where 765 was assumed
+
+
+def _dense(i: int) -> list[dict[str, Any]]:
+    """~1,500 characters of code, CJK or emoji: one token per byte for a byte-level worst case."""
+    filler = (_CODE, _CJK, _EMOJI)[i % 3]
+    return [{"role": "user", "content": f"Request {i}. " + filler * (1500 // len(filler))}]
+
+
+def _pictures(i: int) -> list[dict[str, Any]]:
+    parts = [{"type": "text", "text": f"Request {i}: what is in these pictures?"}]
+    parts += [{"type": "image_url", "image_url": {"url": _WIDE}}] * 2
+    return [{"role": "user", "content": parts}]
+
+
+@pytest.mark.parametrize(("prompt", "budget_usd"), [(_dense, 0.4), (_pictures, 0.3)], ids=["dense-text", "images"])
+async def test_what_the_provider_bills_never_exceeds_the_budget(prompt: Any, budget_usd: float) -> None:
+    """The fake bills with its own tokenizer (one token per UTF-8 byte, images by their
+    pixels), including garbled and cut answers it generated; sluice must stay inside."""
+    async with FakeServer(
+        api_key="sk-test",
+        tokenizer="bytes",
+        output_tokens=40,
+        prices={"gpt-4o": (2.5, 10.0)},
+        latency=0.05,
+        fault_rates={"malformed": 0.1, "truncated": 0.1},
+        seed=3,
+    ) as server:
+        deployment = _deployment(server, "openai/gpt-4o", price=Price(2.5, 10.0))
+        policy = RetryPolicy(max_attempts=4, base_delay=0.01, max_delay=0.05)
+        requests = [Request("openai/gpt-4o", prompt(i), max_tokens=40, id=f"r{i}") for i in range(300)]
+        async with Engine(deployment, budget_usd=budget_usd, concurrency=100, retry=policy) as engine:
+            results = await engine.run(requests)
+        ok = [r for r in results if r.ok]
+        assert any(isinstance(r.error, BudgetExhaustedError) for r in results)  # the budget stopped the run
+        assert len(ok) >= 20  # and the bound is not so loose that it stopped it at once
+        assert any(not entry.delivered for entry in server.ledger)  # lost answers were billed too
+        assert server.total_billed_usd <= budget_usd
+        assert engine.spent() >= server.total_billed_usd - 1e-12  # sluice never counts less than was billed

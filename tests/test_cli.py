@@ -141,7 +141,7 @@ def test_malformed_lines_are_reported_by_line_and_the_rest_succeed(server: FakeS
         + b"\n"
     )
     done = run_cli(server, "run", source, "-o", tmp_path / "out.jsonl", "--model", MODEL, "--ordered")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # finished; the bad lines are failed records
     records = read_output(tmp_path / "out.jsonl")
     assert [r["line"] for r in records] == [1, 2, 3, 4, 5, 6, 8, 9]
     errors = {r["line"]: r["error"]["message"] for r in records if not r["ok"]}
@@ -161,7 +161,7 @@ def test_strict_stops_at_the_first_bad_line(server: FakeServer, tmp_path: Path) 
     lines[2] = "not json"
     source.write_text("\n".join(lines) + "\n")
     done = run_cli(server, "run", source, "-o", tmp_path / "out.jsonl", "--model", MODEL, "--strict")
-    assert done.returncode == 1
+    assert done.returncode == 3  # --strict stopped the job itself
     assert "line 3: not valid JSON" in done.stderr
     assert "--strict" in done.stderr
     assert sorted(r["line"] for r in read_output(tmp_path / "out.jsonl")) == [1, 2]
@@ -188,7 +188,7 @@ def test_openai_batch_api_files_run_unchanged(server: FakeServer, tmp_path: Path
     batch.append({"custom_id": "task-bad", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}})
     source = write_jsonl(tmp_path / "batch.jsonl", batch)
     done = run_cli(server, "run", source, "-o", tmp_path / "out.jsonl", "--ordered")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # one line is not a chat request
     records = read_output(tmp_path / "out.jsonl")
     assert [r["custom_id"] for r in records] == [f"task-{i}" for i in range(5)] + ["task-bad"]
     assert records[0]["response"]["choices"][0]["message"]["content"] == "echo: item 0"
@@ -216,7 +216,7 @@ def test_templates_over_csv(server: FakeServer, tmp_path: Path) -> None:
         "--id-field",
         "package",
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # one row is broken
     records = read_output(tmp_path / "out.jsonl")
     assert [r["id"] for r in records] == ["requests", "numpy", "line-3", "rich"]
     assert records[0]["text"] == "echo: What is requests 2.32?"
@@ -243,9 +243,13 @@ def test_retry_failed_sends_failures_again(server: FakeServer, tmp_path: Path) -
     source = write_jsonl(tmp_path / "in.jsonl", questions(5))
     output = tmp_path / "out.jsonl"
     server.inject("400", times=1)
-    assert run_cli(server, "run", source, "-o", output, "--model", MODEL).returncode == 0
+    assert (
+        run_cli(server, "run", source, "-o", output, "--model", MODEL).returncode == 1
+    )  # one record was rejected (400)
     assert sum(not r["ok"] for r in read_output(output)) == 1
-    assert run_cli(server, "run", source, "-o", output, "--model", MODEL).returncode == 0
+    assert (
+        run_cli(server, "run", source, "-o", output, "--model", MODEL).returncode == 1
+    )  # the rejection is kept: still failed
     assert server.stats.received == 5  # the failure is kept, not resent
     done = run_cli(server, "run", source, "-o", output, "--model", MODEL, "--retry-failed")
     assert done.returncode == 0, done.stderr
@@ -350,7 +354,7 @@ def test_missing_input_and_missing_model(server: FakeServer, tmp_path: Path) -> 
     done = subprocess.run(
         sluice_cmd("run", source, "-o", tmp_path / "o.jsonl"), capture_output=True, text=True, cwd=tmp_path
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # finished, and its one record failed
     (record,) = read_output(tmp_path / "o.jsonl")
     assert record["error"]["message"] == "line 1: no model; give --model or a 'model' field"
 
@@ -361,7 +365,7 @@ def test_a_budget_stops_the_job_and_a_larger_one_resumes_it(server: FakeServer, 
     output = tmp_path / "out.jsonl"
     common = ["run", source, "-o", output, "--model", MODEL, "--price", "2,8", "--concurrency", "4"]
     first = run_cli(server, *common, "--budget", "0.002")
-    assert first.returncode == 0, first.stderr
+    assert first.returncode == 4, first.stderr  # finished; some records could not be paid for
     assert "rerun with a larger --budget" in first.stderr
     records = read_output(output)
     done = [r for r in records if r["ok"]]
@@ -387,8 +391,9 @@ def test_a_budget_stops_the_job_and_a_larger_one_resumes_it(server: FakeServer, 
 def test_a_budget_refuses_models_with_no_price(server: FakeServer, tmp_path: Path) -> None:
     source = write_jsonl(tmp_path / "in.jsonl", questions(2))
     done = run_cli(server, "run", source, "-o", tmp_path / "out.jsonl", "--model", MODEL, "--budget", "1")
-    assert done.returncode == 0, done.stderr
-    assert all(r["error"]["type"] == "unknown_price" for r in read_output(tmp_path / "out.jsonl"))
+    assert done.returncode == 2, done.stderr  # refused before anything starts
+    assert "has no known price" in done.stderr
+    assert "--allow-unpriced" in done.stderr or "allow unpriced" in done.stderr
     assert server.stats.received == 0
     done = run_cli(
         server, "run", source, "-o", tmp_path / "out.jsonl", "--model", MODEL, "--budget", "1", "--allow-unpriced"
@@ -413,7 +418,7 @@ def test_a_huge_line_is_an_error_for_that_line_only(server: FakeServer, tmp_path
     huge = json.dumps({"messages": [{"role": "user", "content": "x" * (9 * 1024 * 1024)}]})
     source.write_text("\n".join([json.dumps(questions(1)[0]), huge, json.dumps(questions(2)[1])]) + "\n")
     done = run_cli(server, "run", source, "-o", tmp_path / "out.jsonl", "--model", MODEL, "--ordered")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # the huge line failed
     records = read_output(tmp_path / "out.jsonl")
     assert [r["ok"] for r in records] == [True, False, True]
     assert records[1]["error"]["message"] == "line 2 is longer than 8,388,608 bytes"

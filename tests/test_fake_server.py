@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -19,7 +22,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from sluice._tokens import estimate_message_tokens
 from sluice.testing import FakeServer, Fault, openai_duration
 from sluice.testing.__main__ import _parser, _server
 
@@ -75,7 +77,9 @@ async def test_openai_success_body(session: aiohttp.ClientSession) -> None:
         status, headers, body = await chat(session, server)
     assert status == 200
     assert headers["x-request-id"] == "req_1"
-    prompt = estimate_message_tokens(MESSAGES, OPENAI)
+    # the fake's own count ("chars": ceil(len / 4) a string): 3 per message + its role,
+    # 3 to prime the reply. system: 3 + 2 ("system") + 3 ("Be brief."); user: 3 + 1 + 3
+    prompt = 3 + (3 + 2 + 3) + (3 + 1 + 3)
     assert body["id"] == "chatcmpl-1"
     assert body["object"] == "chat.completion"
     assert isinstance(body["created"], int)
@@ -118,7 +122,7 @@ async def test_anthropic_success_body(session: aiohttp.ClientSession) -> None:
         status, headers, body = await messages(session, server)
     assert status == 200
     assert headers["request-id"] == "req_1"
-    prompt = estimate_message_tokens(ANTHROPIC["messages"], ANTHROPIC)
+    prompt = 3 + (3 + 3) + (3 + 1 + 2)  # primer; system "Be brief."; user "hi there"
     assert body == {
         "id": "msg_1",
         "type": "message",
@@ -148,7 +152,7 @@ async def test_reply_text_escapes_any_prompt(session: aiohttp.ClientSession) -> 
     assert body["choices"][0]["message"]["content"] == "echo: " + prompt[:200]
     assert status == 200
     assert anthropic["content"][0]["text"] == "echo: " + prompt[:200]
-    assert anthropic["usage"]["input_tokens"] == estimate_message_tokens(user, anthropic_body)
+    assert anthropic["usage"]["input_tokens"] == 3 + (3 + 1) + (3 + 1 + -(-len(prompt) // 4))
 
 
 async def test_reply_text_skips_non_text_parts(session: aiohttp.ClientSession) -> None:
@@ -247,10 +251,10 @@ async def test_request_limit_429_and_sliding_window(session: aiohttp.ClientSessi
                 await asyncio.sleep(0.2)  # so only the first has left when a 4th fits
             status, headers, _ = await chat(session, server)
             assert status == 200
-            assert headers["x-ratelimit-limit-requests"] == "3"
+            assert headers["x-ratelimit-limit-requests"] == "360"  # per minute, as OpenAI's: 3 per 0.5 s
             assert headers["x-ratelimit-reset-requests"].endswith("ms")
             remaining.append(headers["x-ratelimit-remaining-requests"])
-        assert remaining == ["2", "1", "0"]
+        assert remaining == ["240", "120", "0"]
         assert "x-ratelimit-limit-tokens" not in headers
         status, headers, body = await chat(session, server)
         assert status == 429
@@ -285,16 +289,16 @@ async def test_requests_are_also_enforced_per_slice(session: aiohttp.ClientSessi
 async def test_token_limit_reserves_max_tokens_then_settles(
     session: aiohttp.ClientSession,
 ) -> None:
-    prompt = estimate_message_tokens(MESSAGES, {**OPENAI, "max_tokens": 100})
+    prompt = 18  # as in test_openai_success_body
     tpm = (prompt + 100) + (prompt + 16)  # the 2nd fits only once the 1st is settled
     async with FakeServer(tpm=tpm, window=5.0, output_tokens=16) as server:
         status, headers, _ = await chat(session, server, max_tokens=100)
         assert status == 200
-        assert headers["x-ratelimit-limit-tokens"] == str(tpm)
-        assert headers["x-ratelimit-remaining-tokens"] == str(tpm - prompt - 16)
+        assert headers["x-ratelimit-limit-tokens"] == str(tpm * 12)  # per minute: 12 windows of 5 s
+        assert headers["x-ratelimit-remaining-tokens"] == str((tpm - prompt - 16) * 12)
         status, headers, _ = await chat(session, server, max_tokens=100)
         assert status == 200
-        assert headers["x-ratelimit-remaining-tokens"] == str(tpm - 2 * (prompt + 16))
+        assert headers["x-ratelimit-remaining-tokens"] == str((tpm - 2 * (prompt + 16)) * 12)
         status, headers, body = await chat(session, server, max_tokens=100)
         assert (status, body["error"]["type"]) == (429, "tokens")
         assert 0 < int(headers["retry-after-ms"]) <= 5000
@@ -311,9 +315,9 @@ async def test_anthropic_rate_limit_headers(session: aiohttp.ClientSession) -> N
         before = time.time()
         status, headers, _ = await messages(session, server)
         assert status == 200
-        assert headers["anthropic-ratelimit-requests-limit"] == "1"
+        assert headers["anthropic-ratelimit-requests-limit"] == "120"  # per minute: 1 per 0.5 s
         assert headers["anthropic-ratelimit-requests-remaining"] == "0"
-        assert headers["anthropic-ratelimit-tokens-limit"] == "10000"
+        assert headers["anthropic-ratelimit-tokens-limit"] == "1200000"
         reset = datetime.fromisoformat(headers["anthropic-ratelimit-requests-reset"])
         assert before < reset.timestamp() <= time.time() + 0.5
         status, headers, body = await messages(session, server)
@@ -433,7 +437,7 @@ async def test_hang_does_not_block_shutdown(session: aiohttp.ClientSession) -> N
 
 
 async def test_malformed_and_empty_faults(session: aiohttp.ClientSession) -> None:
-    async with FakeServer() as server:
+    async with FakeServer(prices={"*": (1.0, 2.0)}) as server:
         server.inject("malformed")
         server.inject("empty_choices", times=2)
         async with session.post(f"{server.url}/chat/completions", json=OPENAI) as response:
@@ -444,17 +448,70 @@ async def test_malformed_and_empty_faults(session: aiohttp.ClientSession) -> Non
         _, _, anthropic_empty = await messages(session, server)
         assert server.stats.accepted == 0
         assert server.stats.by_status[200] == 3
+        # the garbled answer was generated: billed (prompt + a normal completion), not delivered
+        (garbled,) = server.ledger
+        assert (garbled.kind, garbled.delivered, garbled.input_tokens, garbled.output_tokens) == (
+            "malformed",
+            False,
+            18,
+            16,
+        )
+        assert server.total_billed_usd == pytest.approx((18 * 1.0 + 16 * 2.0) / 1e6)
+        assert (server.stats.undelivered, server.stats.duplicate_successes) == (1, 0)
     assert empty["choices"] == []
     assert anthropic_empty["content"] == []
 
 
 async def test_truncated_fault(session: aiohttp.ClientSession) -> None:
-    async with FakeServer() as server:
+    async with FakeServer(prices={"*": (1.0, 2.0)}) as server:
         server.inject("truncated")
         with pytest.raises(aiohttp.ClientPayloadError):
-            await chat(session, server)
-        assert (await chat(session, server))[0] == 200
+            await chat(session, server, max_tokens=5)
+        assert (await chat(session, server, max_tokens=5))[0] == 200
         assert server.stats.by_status[0] == 1
+        cut, answered = server.ledger
+        assert (cut.kind, cut.output_tokens) == ("truncated", 5)  # capped by max_tokens, as answers are
+        assert answered.kind == "delivered"
+        assert cut.cost_usd == answered.cost_usd > 0
+        assert server.stats.accepted == 1  # retrying a cut answer is right, not a duplicate
+        assert server.stats.duplicate_successes == 0
+
+
+async def test_faulted_invalid_requests_are_not_billed(session: aiohttp.ClientSession) -> None:
+    async with FakeServer(api_key="sk-test", prices={"*": (1.0, 2.0)}) as server:
+        server.inject("malformed")
+        server.inject("truncated")
+        async with session.post(f"{server.url}/chat/completions", json=OPENAI) as response:  # no key: a 401's work
+            await response.read()
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await chat(session, server)
+        assert server.ledger == []
+
+
+async def test_an_answer_the_client_stopped_waiting_for_is_still_billed(session: aiohttp.ClientSession) -> None:
+    async with FakeServer(latency=0.3, prices={"*": (1.0, 2.0)}) as server:
+        with pytest.raises(asyncio.TimeoutError):
+            await session.post(f"{server.url}/chat/completions", json=OPENAI, timeout=aiohttp.ClientTimeout(total=0.05))
+        assert server.ledger == []  # still generating
+        await asyncio.sleep(0.4)
+        (abandoned,) = server.ledger
+        assert (abandoned.kind, abandoned.delivered, abandoned.output_tokens) == ("abandoned", False, 16)
+        assert abandoned.cost_usd > 0
+        # generated, so it counts as a success: the client's retry is a (billed) duplicate
+        assert (server.stats.accepted, server.stats.undelivered) == (1, 1)
+        assert (await chat(session, server))[0] == 200
+        assert server.ledger[-1].kind == "delivered"
+        assert server.stats.duplicate_successes == 1
+
+
+async def test_an_answer_cut_short_by_shutdown_is_billed(session: aiohttp.ClientSession) -> None:
+    server = await FakeServer(latency=5.0, prices={"*": (1.0, 2.0)}).start()
+    pending = asyncio.ensure_future(chat(session, server))
+    await asyncio.sleep(0.1)
+    await server.stop()  # aiohttp cancels the handler still generating
+    with pytest.raises(aiohttp.ClientConnectionError):
+        await pending
+    assert [entry.kind for entry in server.ledger] == ["abandoned"]
 
 
 async def test_random_faults_follow_the_seed(session: aiohttp.ClientSession) -> None:
@@ -465,6 +522,88 @@ async def test_random_faults_follow_the_seed(session: aiohttp.ClientSession) -> 
     assert outcomes[0] == outcomes[1]
     assert 5 < outcomes[0].count(500) < 25
     assert set(outcomes[0]) == {200, 500}
+
+
+# -- the fake's own tokenizer ---------------------------------------------------------
+
+DENSE = "def 日本(x): return '🙂' * x"  # code, CJK and emoji: 25 characters, 32 UTF-8 bytes
+
+
+async def test_tokenizers_count_the_same_prompt_differently(session: aiohttp.ClientSession) -> None:
+    prompt = [{"role": "user", "content": DENSE}]
+    usage = {}
+    for tokenizer in ("chars", "bytes", len):
+        async with FakeServer(tokenizer=tokenizer) as server:
+            _, _, body = await chat(session, server, messages=prompt)
+            usage[tokenizer] = body["usage"]["prompt_tokens"]
+    assert len(DENSE) == 25
+    assert len(DENSE.encode()) == 32
+    assert usage == {"chars": 3 + (3 + 1 + 7), "bytes": 3 + (3 + 4 + 32), len: 3 + (3 + 4 + 25)}
+    with pytest.raises(ValueError, match="tokenizer"):
+        FakeServer(tokenizer="words")  # type: ignore[arg-type]
+
+
+async def test_the_fake_counts_tools_names_and_tool_calls(session: aiohttp.ClientSession) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    chat_with_tools = [
+        {"role": "user", "content": "hi", "name": "ada"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "content": "42", "tool_call_id": "c1"},
+    ]
+    async with FakeServer(tokenizer="bytes") as server:
+        _, _, plain = await chat(session, server, messages=chat_with_tools)
+        _, _, with_tools = await chat(session, server, messages=chat_with_tools, tools=tools)
+    compact = json.dumps(calls, separators=(",", ":"))
+    expected = 3 + (3 + 4 + 2 + 3 + 1) + (3 + 9 + len(compact)) + (3 + 4 + 2 + 2)
+    assert plain["usage"]["prompt_tokens"] == expected
+    assert with_tools["usage"]["prompt_tokens"] == expected + len(json.dumps(tools, separators=(",", ":"))) + 9
+
+
+def _png(width: int, height: int) -> str:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = (b"\0" * (1 + (width + 7) // 8)) * height
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    raw = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    return base64.b64encode(raw).decode()
+
+
+@pytest.mark.parametrize(
+    ("image", "tokens"),
+    [
+        ({"url": "data:image/png;base64," + _png(1024, 1024)}, 85 + 4 * 170),  # 768x768: 4 tiles
+        ({"url": "data:image/png;base64," + _png(1024, 1024), "detail": "low"}, 85),
+        ({"url": "data:image/png;base64," + _png(4000, 1500)}, 85 + 8 * 170),  # 2048x768: 8 tiles
+        ({"url": "data:image/png;base64," + _png(100, 100)}, 85 + 170),
+        ({"url": "https://example.com/unseen.png"}, 85 + 8 * 170),  # the largest
+    ],
+)
+async def test_openai_images_are_charged_by_their_pixels(
+    session: aiohttp.ClientSession, image: dict[str, str], tokens: int
+) -> None:
+    content = [{"type": "image_url", "image_url": image}]
+    async with FakeServer() as server:
+        _, _, body = await chat(session, server, messages=[{"role": "user", "content": content}])
+    assert body["usage"]["prompt_tokens"] == 3 + (3 + 1) + tokens
+
+
+@pytest.mark.parametrize(
+    ("source", "tokens"),
+    [
+        ({"type": "base64", "media_type": "image/png", "data": _png(1024, 1024)}, 1399),  # 1024 * 1024 / 750
+        ({"type": "base64", "media_type": "image/png", "data": _png(3000, 3000)}, 1534),  # ~1.15 MP at most
+        ({"type": "url", "url": "https://example.com/unseen.png"}, 1534),
+    ],
+)
+async def test_anthropic_images_are_charged_by_their_pixels(
+    session: aiohttp.ClientSession, source: dict[str, str], tokens: int
+) -> None:
+    body = {**ANTHROPIC, "system": "", "messages": [{"role": "user", "content": [{"type": "image", "source": source}]}]}
+    async with FakeServer() as server:
+        _, _, reply = await post(session, f"{server.anthropic_url}/v1/messages", body, VERSION)
+    assert reply["usage"]["input_tokens"] == 3 + (3 + 1) + tokens
 
 
 # -- counters and billing -------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import random
 from collections.abc import Awaitable, Callable
 
@@ -221,6 +222,149 @@ def test_a_lower_limit_from_the_server_is_adopted() -> None:
     run_in_virtual_time(scenario())
 
 
+# -- learnt limits keep their units -------------------------------------------------------
+
+
+def _times(limiter: LocalLimiter, n: int, snapshot: RateLimitSnapshot, cost: int = 1) -> list[float]:
+    """Grant times of ``n`` requests of ``cost`` tokens, after one ``observe(snapshot)``."""
+
+    async def scenario() -> list[float]:
+        limiter.observe(snapshot)
+        return [t for t, _ in sorted(await _take_all(limiter, [cost] * n))]
+
+    return run_in_virtual_time(scenario())
+
+
+def test_a_per_minute_header_is_converted_into_a_six_second_window() -> None:
+    # configured 300 per 6 s (50/s); the provider says 960 per minute, i.e. 96 per 6 s
+    limiter = LocalLimiter(requests=300, window=6.0)
+    times = _times(limiter, 400, RateLimitSnapshot(limit_requests=960, requests_window=60.0))
+    assert limiter.requests_limit == 96
+    grants = [(t, 1) for t in times]
+    assert max_in_any_window(grants, 6.0, tokens=False) <= 96
+    assert max_in_any_window(grants, 60.0, tokens=False) <= 960
+    # and not throttled below it: 16 a second, evenly
+    assert times[-1] == pytest.approx(399 / 16, rel=0.01)
+    assert {round(b - a, 6) for a, b in itertools.pairwise(times)} <= {0.0625, 0.0625 + WINDOW_MARGIN}
+
+
+def test_a_limit_learnt_from_headers_paces_at_limit_over_60_per_second() -> None:
+    limiter = LocalLimiter(window=6.0)  # nothing configured
+    times = _times(limiter, 200, RateLimitSnapshot(limit_requests=960, remaining_requests=960, reset_requests=0.0))
+    assert limiter.requests_limit == 96  # per 6 s
+    gaps = {round(b - a, 6) for a, b in itertools.pairwise(times)}
+    assert gaps == {0.0625, 0.0625 + WINDOW_MARGIN}  # 960 / 60 per second; a margin at each window
+    assert max_in_any_window([(t, 1) for t in times], 6.0, tokens=False) <= 96
+
+
+def test_a_learnt_token_limit_paces_tokens_at_limit_over_60_per_second() -> None:
+    limiter = LocalLimiter(window=6.0)
+    times = _times(limiter, 100, RateLimitSnapshot(limit_tokens=48_000, tokens_window=60.0), cost=100)
+    assert limiter.tokens_limit == 4800  # per 6 s
+    gaps = {round(b - a, 6) for a, b in itertools.pairwise(times)}
+    assert gaps == {0.125, 0.125 + WINDOW_MARGIN}  # 48,000 / 60 = 800 tokens a second, 100 each
+
+
+def test_an_hourly_window_is_not_throttled_by_a_per_minute_figure() -> None:
+    # 10,000 per hour configured; the provider allows 200 a minute (12,000 an hour): not lower
+    limiter = LocalLimiter(requests=10_000, window=3600.0)
+    times = _times(limiter, 500, RateLimitSnapshot(limit_requests=200, requests_window=60.0))
+    assert limiter.requests_limit == 10_000
+    assert times[-1] == pytest.approx(499 * 0.36, rel=0.01)
+
+
+def test_an_hourly_window_adopts_a_lower_per_minute_limit_in_its_own_units() -> None:
+    limiter = LocalLimiter(requests=10_000, window=3600.0)
+    times = _times(limiter, 300, RateLimitSnapshot(limit_requests=120, requests_window=60.0))
+    assert limiter.requests_limit == 7200  # 120 a minute, per hour
+    grants = [(t, 1) for t in times]
+    assert max_in_any_window(grants, 60.0, tokens=False) <= 120  # the provider's real limit holds
+    assert times[-1] == pytest.approx(299 * 0.5)  # two a second, not slower
+
+
+def test_per_minute_remaining_is_converted_before_it_counts_as_outside_traffic() -> None:
+    async def scenario() -> int:
+        limiter = LocalLimiter(requests=300, window=6.0, burst_requests=300)
+        # 3000 a minute is our 300 per 6 s; 1000 left this minute is 100 left in our window
+        limiter.observe(RateLimitSnapshot(limit_requests=3000, remaining_requests=1000, reset_requests=3.0))
+        grants = await _take_all(limiter, [1] * 300)
+        assert max_in_any_window(grants, 6.0, tokens=False) <= 300
+        return sum(1 for t, _ in grants if t < 3.0)
+
+    assert run_in_virtual_time(scenario()) == 100
+
+
+def test_a_request_larger_than_our_window_share_of_a_learnt_limit_goes_alone() -> None:
+    async def scenario() -> list[float]:
+        loop = asyncio.get_running_loop()
+        limiter = LocalLimiter(window=6.0)
+        limiter.observe(RateLimitSnapshot(limit_tokens=30_000, tokens_window=60.0))
+        assert limiter.tokens_limit == 3000  # per 6 s, but one request may hold up to 30,000
+        with pytest.raises(CapacityError, match=r"40000 tokens.*allows 30000 tokens per 60 s"):
+            await limiter.acquire(40_000)
+        times = []
+        for _ in range(3):
+            (await limiter.acquire(5000)).done()
+            times.append(loop.time())
+        return times
+
+    # each goes alone in its window, spaced by the pacer at 500 tokens a second
+    assert run_in_virtual_time(scenario()) == pytest.approx([0.0, 10.0, 20.0])
+
+
+def test_a_learnt_limit_under_one_request_per_window_is_paced_not_refused() -> None:
+    limiter = LocalLimiter(window=1.0)
+    times = _times(limiter, 5, RateLimitSnapshot(limit_requests=30, requests_window=60.0))  # 0.5 per second
+    assert times == pytest.approx([0.0, 2.0, 4.0, 6.0, 8.0])
+
+
+@pytest.mark.parametrize("window", [0.0, -60.0, float("nan"), float("inf")])
+def test_counts_over_a_nonsense_window_are_ignored(window: float) -> None:
+    async def scenario() -> None:
+        limiter = LocalLimiter(requests=100, tokens=1000, window=60.0)
+        limiter.observe(
+            RateLimitSnapshot(
+                limit_requests=1,
+                remaining_requests=0,
+                reset_requests=30.0,
+                requests_window=window,
+                limit_tokens=1,
+                remaining_tokens=0,
+                reset_tokens=30.0,
+                tokens_window=window,
+            )
+        )
+        assert (limiter.requests_limit, limiter.tokens_limit) == (100, 1000)
+        (await limiter.acquire(500)).done()
+        assert asyncio.get_running_loop().time() == 0.0
+
+    run_in_virtual_time(scenario())
+
+
+@pytest.mark.parametrize("start", [0.01, 0.02, 0.08, 25.50690257394217])  # where floats round unluckily
+def test_an_entry_is_gone_from_the_counts_at_the_instant_a_waiter_is_granted_for_its_leaving(start: float) -> None:
+    """Found by the property test: the ledger expired an entry at ``t <= now - window -
+    margin`` but the wake-up time was ``t + window + margin``; for some ``t`` the two round
+    differently, so at the instant B was granted because A had left, A still counted.
+    A header read at that instant then saw no outside traffic where there was some, and
+    the next request went at once into a server that had just said "0 remaining"."""
+
+    async def scenario() -> float:
+        loop = asyncio.get_running_loop()
+        limiter = LocalLimiter(tokens=1000, window=10.0, burst_tokens=1000)
+        await asyncio.sleep(start)
+        (await limiter.acquire(600)).done()  # A
+        b = await limiter.acquire(600)  # granted the instant A leaves the window
+        granted = loop.time()
+        # the server has counted 1000 (B and 400 from elsewhere): nothing left for 5 s
+        limiter.observe(RateLimitSnapshot(limit_tokens=1000, remaining_tokens=0, reset_tokens=5.0, tokens_window=10.0))
+        (await limiter.acquire(400)).done()
+        b.done()
+        return loop.time() - granted
+
+    assert run_in_virtual_time(scenario()) == pytest.approx(5.0)
+
+
 def test_cancelled_waiter_does_not_block_the_queue() -> None:
     async def scenario() -> float:
         loop = asyncio.get_running_loop()
@@ -256,39 +400,326 @@ def test_repr_is_informative() -> None:
     assert "tokens=0/1000" in text
 
 
-@settings(max_examples=60, deadline=None)
+# -- the property test: random interleavings, checked against a model ---------------------
+
+WINDOW = 10.0
+EPS = 1e-9
+
+
+class _Recorded(LocalLimiter):
+    """A LocalLimiter that notes each grant at the instant it is made, in order.
+
+    It changes nothing. The test needs the exact order of grants relative to the
+    reconciles, refunds and observations around them; a waiting task only resumes
+    later in the same tick, after other callbacks may have run.
+    """
+
+    def __init__(self, log: list[tuple[object, ...]], **kwargs: float | int | None) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.log = log
+
+    def _grant(self, tokens: int, now: float) -> object:  # type: ignore[override]
+        grant = super()._grant(tokens, now)
+        self.log.append(("grant", now, grant, tokens))
+        return grant
+
+
+def _quarter(high: int) -> st.SearchStrategy[float]:
+    """Times on a 0.25 s grid, so many things happen at the same instant."""
+    return st.integers(0, high).map(lambda k: k * 0.25)
+
+
+_JOBS = st.lists(
+    st.tuples(
+        _quarter(12),  # gap after the previous job's arrival
+        st.integers(0, 2),  # priority lane
+        st.integers(1, 600),  # estimated tokens
+        st.sampled_from(["reconcile", "reconcile", "refund"]),  # how the attempt settles
+        st.sampled_from([0.0, 0.1, 0.5, 1.0, 1.5, 2.5]),  # actual / estimate (down and up)
+        _quarter(12),  # held before it settles
+        st.one_of(  # headers read the instant it is granted: (remaining requests, tokens, reset)
+            st.none(),
+            st.tuples(
+                st.one_of(st.none(), st.integers(0, 30)), st.one_of(st.none(), st.integers(0, 5000)), _quarter(40)
+            ),
+        ),
+    ),
+    min_size=1,
+    max_size=40,
+)
+_SNAPSHOT_WINDOW = st.sampled_from([WINDOW, 60.0, 5.0])
+_EVENTS = st.lists(
+    st.one_of(
+        st.tuples(  # tighten: lower limits, in the server's unit
+            st.just("limit"),
+            _quarter(120),
+            st.one_of(st.none(), st.integers(1, 40)),
+            st.one_of(st.none(), st.integers(300, 30_000)),
+            _SNAPSHOT_WINDOW,
+        ),
+        st.tuples(  # outside traffic: less remaining than we account for
+            st.just("outside"),
+            _quarter(120),
+            st.one_of(st.none(), st.integers(0, 40)),
+            st.one_of(st.none(), st.integers(0, 30_000)),
+            _SNAPSHOT_WINDOW,
+            _quarter(60),  # reset
+        ),
+        st.tuples(st.just("penalize"), _quarter(120), _quarter(60)),
+    ),
+    max_size=8,
+)
+
+
+class _Model:
+    """What the limiter promises, replayed from the event log in the order things happened."""
+
+    def __init__(self, requests: int | None, tokens: int | None, max_in_flight: int | None) -> None:
+        self.requests_limit: float | None = requests
+        self.tokens_limit: float | None = tokens
+        self.hard_tokens: float | None = tokens
+        self.max_in_flight = max_in_flight
+        self.entries: dict[int, list[float]] = {}  # id(grant) -> [time, requests, tokens]
+        self.open: set[int] = set()
+        self.paused_until = -math.inf
+        self.ext_requests = (0.0, -math.inf)
+        self.ext_tokens = (0.0, -math.inf)
+
+    def used(self, now: float, *, tokens: bool, margin: float) -> float:
+        """Requests (or tokens) granted in the window ending at ``now`` (the ledger's, with
+        ``margin=WINDOW_MARGIN``: an entry leaves it at exactly ``t + WINDOW + margin``)."""
+        return sum(e[2] if tokens else e[1] for e in self.entries.values() if e[0] + (WINDOW + margin) > now)
+
+    def grant(self, now: float, key: int, amount: int) -> None:
+        assert now >= self.paused_until, f"granted at {now} during a pause until {self.paused_until}"
+        if self.max_in_flight is not None:
+            assert len(self.open) < self.max_in_flight, "more in flight than max_in_flight"
+        if self.hard_tokens is not None:
+            assert amount <= self.hard_tokens, f"granted {amount} tokens, more than any window allows"
+        if self.requests_limit is not None:
+            cap = max(1.0, self.requests_limit)
+            assert self.used(now, tokens=False, margin=0.0) + 1 <= cap + EPS, f"requests over {cap} at {now}"
+            ext, until = self.ext_requests
+            if now < until:
+                assert self.used(now, tokens=False, margin=WINDOW_MARGIN) + ext + 1 <= cap + EPS, "outside traffic"
+        if self.tokens_limit is not None and amount:
+            cap = max(float(amount), self.tokens_limit)
+            assert self.used(now, tokens=True, margin=0.0) + amount <= cap + EPS, f"tokens over {cap} at {now}"
+            ext, until = self.ext_tokens
+            if now < until:
+                assert self.used(now, tokens=True, margin=WINDOW_MARGIN) + ext + amount <= cap + EPS, "outside tokens"
+        self.entries[key] = [now, 1, amount]
+        self.open.add(key)
+
+    def observe(self, now: float, snapshot: RateLimitSnapshot) -> None:
+        """The documented reading of a snapshot: limits and remaining counts in our window."""
+        if snapshot.limit_requests is not None and snapshot.limit_requests >= 1:
+            learnt = snapshot.limit_requests * WINDOW / snapshot.requests_window
+            if self.requests_limit is None or learnt < self.requests_limit:
+                self.requests_limit = learnt
+        if snapshot.limit_tokens is not None and snapshot.limit_tokens >= 1:
+            learnt = snapshot.limit_tokens * WINDOW / snapshot.tokens_window
+            if self.tokens_limit is None or learnt < self.tokens_limit:
+                self.tokens_limit = learnt
+            if self.hard_tokens is None or snapshot.limit_tokens < self.hard_tokens:
+                self.hard_tokens = snapshot.limit_tokens
+        if (
+            self.requests_limit is not None
+            and snapshot.remaining_requests is not None
+            and snapshot.reset_requests is not None
+        ):
+            remaining = snapshot.remaining_requests * WINDOW / snapshot.requests_window
+            unseen = self.requests_limit - self.used(now, tokens=False, margin=WINDOW_MARGIN) - remaining
+            if unseen > 0:
+                self.ext_requests = (unseen, now + snapshot.reset_requests)
+        if (
+            self.tokens_limit is not None
+            and snapshot.remaining_tokens is not None
+            and snapshot.reset_tokens is not None
+        ):
+            remaining = snapshot.remaining_tokens * WINDOW / snapshot.tokens_window
+            unseen = self.tokens_limit - self.used(now, tokens=True, margin=WINDOW_MARGIN) - remaining
+            if unseen > 0:
+                self.ext_tokens = (unseen, now + snapshot.reset_tokens)
+
+
+@settings(max_examples=400, deadline=None)
 @given(
     requests=st.one_of(st.none(), st.integers(1, 30)),
-    tokens=st.one_of(st.none(), st.integers(500, 5000)),
-    burst=st.integers(0, 5),
-    jobs=st.lists(st.tuples(st.integers(1, 500), st.floats(0.0, 1.0), st.floats(0.0, 3.0)), min_size=1, max_size=60),
+    tokens=st.one_of(st.none(), st.integers(300, 5000)),
+    burst_requests=st.integers(0, 5),
+    burst_tokens=st.sampled_from([0, 0, 200, 1000]),
+    max_in_flight=st.one_of(st.none(), st.integers(1, 8)),
+    jobs=_JOBS,
+    events=_EVENTS,
 )
 def test_property_no_window_ever_exceeds_either_limit(
-    requests: int | None, tokens: int | None, burst: int, jobs: list[tuple[int, float, float]]
+    requests: int | None,
+    tokens: int | None,
+    burst_requests: int,
+    burst_tokens: int,
+    max_in_flight: int | None,
+    jobs: list[tuple[float, int, int, str, float, float, tuple[int | None, int | None, float] | None]],
+    events: list[tuple[object, ...]],
 ) -> None:
-    """Random arrivals, costs, downward reconciliations and hold times."""
-    window = 10.0
+    """Random arrivals, priorities, costs, reconciliations up and down, refunds, pauses,
+    and headers that tighten the limits or report outside traffic, all interleaved.
 
-    async def scenario() -> list[Grant]:
+    After each run: no window held more than the limit in force (the reconciled amounts
+    counting), no grant fell in a pause or broke max_in_flight, every acquire finished
+    (granted, or refused with CapacityError because it could never fit), and each
+    priority lane was served first come, first served.
+    """
+    log: list[tuple[object, ...]] = []
+    outcome: dict[int, str] = {}
+    job_of: dict[int, int] = {}
+
+    async def scenario() -> None:
         loop = asyncio.get_running_loop()
-        limiter = LocalLimiter(requests=requests, tokens=tokens, window=window, burst_requests=burst, max_in_flight=8)
-        grants: list[Grant] = []
+        limiter = _Recorded(
+            log,
+            requests=requests,
+            tokens=tokens,
+            window=WINDOW,
+            burst_requests=burst_requests,
+            burst_tokens=burst_tokens,
+            max_in_flight=max_in_flight,
+        )
 
-        async def one(cost: int, used: float, hold: float, delay: float) -> None:
-            await asyncio.sleep(delay)
-            r = await limiter.acquire(cost)
-            actual = max(1, int(cost * used))
-            grants.append((loop.time(), actual))
-            r.reconcile(actual)
+        def observe(snapshot: RateLimitSnapshot) -> None:
+            log.append(("observe", loop.time(), snapshot))
+            limiter.observe(snapshot)
+
+        async def job(
+            i: int,
+            start: float,
+            priority: int,
+            cost: int,
+            settle: str,
+            ratio: float,
+            hold: float,
+            report: tuple[int | None, int | None, float] | None,
+        ) -> None:
+            await asyncio.sleep(start)
+            log.append(("call", loop.time(), i, priority, cost))
+            try:
+                grant = await limiter.acquire(cost, priority=priority)
+            except CapacityError:
+                log.append(("refused", loop.time(), i, cost))
+                outcome[i] = "refused"
+                return
+            job_of[id(grant)] = i
+            outcome[i] = "granted"
+            if report is not None:  # at the very instant of the grant, as a fast reply would
+                remaining_requests, remaining_tokens, reset = report
+                observe(
+                    RateLimitSnapshot(
+                        remaining_requests=remaining_requests,
+                        reset_requests=reset,
+                        remaining_tokens=remaining_tokens,
+                        reset_tokens=reset,
+                        requests_window=WINDOW,
+                        tokens_window=WINDOW,
+                    )
+                )
             await asyncio.sleep(hold)
-            r.done()
+            if settle == "refund":
+                log.append(("refund", loop.time(), grant))
+                grant.refund()
+                return
+            actual = round(cost * ratio)
+            log.append(("reconcile", loop.time(), grant, actual))
+            grant.reconcile(actual)
+            log.append(("done", loop.time(), grant))
+            grant.done()
 
-        await asyncio.gather(*(one(c, u, h, i * 0.1) for i, (c, u, h) in enumerate(jobs)))
-        return grants
+        async def event(spec: tuple[object, ...]) -> None:
+            kind, at = spec[0], spec[1]
+            assert isinstance(at, float)
+            await asyncio.sleep(at)
+            if kind == "penalize":
+                seconds = spec[2]
+                assert isinstance(seconds, float)
+                log.append(("penalize", loop.time(), seconds))
+                limiter.penalize(seconds)
+                return
+            if kind == "limit":
+                _, _, lim_r, lim_t, per = spec
+                snapshot = RateLimitSnapshot(
+                    limit_requests=lim_r,
+                    limit_tokens=lim_t,
+                    requests_window=per,
+                    tokens_window=per,  # type: ignore[arg-type]
+                )
+            else:
+                _, _, rem_r, rem_t, per, reset = spec
+                snapshot = RateLimitSnapshot(
+                    remaining_requests=rem_r,  # type: ignore[arg-type]
+                    reset_requests=reset,  # type: ignore[arg-type]
+                    remaining_tokens=rem_t,  # type: ignore[arg-type]
+                    reset_tokens=reset,  # type: ignore[arg-type]
+                    requests_window=per,  # type: ignore[arg-type]
+                    tokens_window=per,  # type: ignore[arg-type]
+                )
+            observe(snapshot)
 
-    grants = run_in_virtual_time(scenario())
-    assert len(grants) == len(jobs)
-    if requests is not None:
-        assert max_in_any_window(grants, window, tokens=False) <= requests
-    if tokens is not None:
-        assert max_in_any_window(grants, window, tokens=True) <= tokens
+        starts = list(itertools.accumulate(gap for gap, *_ in jobs))
+        tasks = [job(i, starts[i], *spec[1:]) for i, spec in enumerate(jobs)]
+        try:
+            async with asyncio.timeout(100_000):  # virtual seconds: a stuck waiter ends the run here
+                await asyncio.gather(*tasks, *(event(e) for e in events))
+        except TimeoutError:
+            stuck = sorted(set(range(len(jobs))) - set(outcome))
+            pytest.fail(f"jobs {stuck} waited forever: {limiter!r}")
+        assert limiter.waiting == 0
+        assert limiter.in_flight == 0
+
+    run_in_virtual_time(scenario())
+    assert len(outcome) == len(jobs)  # every acquire finished
+
+    model = _Model(requests, tokens, max_in_flight)
+    call_order: dict[int, int] = {}
+    lanes: dict[int, list[int]] = {}
+    for record in log:
+        kind, now = record[0], record[1]
+        assert isinstance(now, float)
+        if kind == "call":
+            _, _, i, priority, _ = record
+            assert isinstance(i, int)
+            assert isinstance(priority, int)
+            call_order[i] = len(call_order)
+            lanes.setdefault(priority, []).append(i)
+        elif kind == "grant":
+            _, _, grant, amount = record
+            assert isinstance(amount, int)
+            model.grant(now, id(grant), amount)
+        elif kind == "refused":
+            _, _, i, amount = record
+            assert model.hard_tokens is not None
+            assert isinstance(amount, int)
+            assert amount > model.hard_tokens, f"job {i} ({amount} tokens) refused though it fits"
+        elif kind == "reconcile":
+            _, _, grant, actual = record
+            assert isinstance(actual, int)
+            model.entries[id(grant)][2] = actual
+        elif kind == "refund":
+            entry = model.entries[id(record[2])]
+            entry[1] = entry[2] = 0
+            model.open.discard(id(record[2]))
+        elif kind == "done":
+            model.open.discard(id(record[2]))
+        elif kind == "penalize":
+            seconds = record[2]
+            assert isinstance(seconds, float)
+            model.paused_until = max(model.paused_until, now + max(0.0, seconds))
+        elif kind == "observe":
+            snapshot = record[2]
+            assert isinstance(snapshot, RateLimitSnapshot)
+            model.observe(now, snapshot)
+
+    # first come, first served within each lane (refused jobs drop out of the line)
+    granted_order = [job_of[id(record[2])] for record in log if record[0] == "grant"]
+    position = {i: n for n, i in enumerate(granted_order)}
+    for lane in lanes.values():
+        served = [i for i in lane if outcome[i] == "granted"]
+        assert sorted(served, key=position.__getitem__) == served, f"lane served out of order: {served}"

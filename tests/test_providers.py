@@ -135,4 +135,24 @@ def test_openai_usage_and_ratelimit_parsing() -> None:
     assert snapshot is not None
     assert (snapshot.limit_requests, snapshot.remaining_requests, snapshot.reset_requests) == (500, 499, 0.12)
     assert snapshot.remaining_tokens is None
+    assert (snapshot.requests_window, snapshot.tokens_window) == (60.0, 60.0)  # OpenAI counts per minute
     assert provider.parse_ratelimit({}) is None
+
+
+def test_anthropic_ratelimit_parsing_counts_per_minute() -> None:
+    snapshot = AnthropicProvider(HttpTransport()).parse_ratelimit(
+        {
+            "anthropic-ratelimit-requests-limit": "50",
+            "anthropic-ratelimit-requests-remaining": "49",
+            "anthropic-ratelimit-requests-reset": "2999-01-01T00:00:00Z",
+            "anthropic-ratelimit-tokens-limit": "40000",
+            "anthropic-ratelimit-tokens-remaining": "39000",
+        }
+    )
+    assert snapshot is not None
+    assert (snapshot.limit_requests, snapshot.remaining_requests) == (50, 49)
+    assert (snapshot.limit_tokens, snapshot.remaining_tokens, snapshot.reset_tokens) == (40000, 39000, None)
+    assert snapshot.reset_requests is not None
+    assert snapshot.reset_requests > 0
+    assert (snapshot.requests_window, snapshot.tokens_window) == (60.0, 60.0)
+    assert AnthropicProvider(HttpTransport()).parse_ratelimit({"x-ratelimit-remaining-requests": "1"}) is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from sluice import (
@@ -20,8 +22,8 @@ from sluice import (
     backoff_delay,
     parse_retry_after,
 )
-from sluice._errors import ConfigError, error_for_status
-from sluice._retry import parse_should_retry
+from sluice._errors import CapacityError, ConfigError, SluiceError, error_for_status
+from sluice._retry import backoff_ceiling, parse_should_retry
 
 
 @pytest.mark.parametrize(
@@ -124,6 +126,11 @@ def test_policy_retries_by_class_and_budget() -> None:
         {"base_delay": -1},
         {"deadline": 0},
         {"attempt_timeout": -2},
+        {"max_retry_after": -1},
+        {"max_retry_after": math.nan},
+        {"max_retry_after": "60"},
+        {"max_retry_after": True},
+        {"base_delay": math.nan},
     ],
 )
 def test_policy_refuses_nonsense(kwargs: dict[str, float]) -> None:
@@ -135,3 +142,67 @@ def test_error_message_names_status_and_request_id() -> None:
     error = RateLimitError("slow down", status=429, request_id="req_42")
     assert str(error) == "HTTP 429: slow down (request id req_42)"
     assert error.kind == "rate_limited"
+
+
+def test_policy_accepts_an_unbounded_hint_cap() -> None:
+    assert RetryPolicy(max_retry_after=math.inf).max_retry_after == math.inf
+    assert RetryPolicy(max_retry_after=0).max_retry_after == 0
+
+
+@pytest.mark.parametrize(
+    ("error", "cap", "expected"),
+    [
+        (RateLimitError("x"), 60.0, None),  # no hint
+        (RateLimitError("x", retry_after=0.0), 60.0, 0.0),  # "now" is a hint
+        (RateLimitError("x", retry_after=30.0), 60.0, 30.0),
+        (RateLimitError("x", retry_after=60.0), 60.0, 60.0),  # the cap itself is obeyed
+        (RateLimitError("x", retry_after=60.5), 60.0, None),
+        (RateLimitError("x", retry_after=86_400.0), 60.0, None),  # "come back tomorrow"
+        (RateLimitError("x", retry_after=86_400.0), math.inf, 86_400.0),  # opted in
+        (RateLimitError("x", retry_after=1.0), 0.0, None),
+        (RateLimitError("x", retry_after=math.inf), math.inf, None),  # never a real hint
+        (RateLimitError("x", retry_after=math.nan), 60.0, None),
+        (RateLimitError("x", retry_after=-1.0), 60.0, None),
+        (ServerError("x", retry_after=5.0), 60.0, 5.0),  # a 503 may carry one too
+        (CapacityError("x"), 60.0, None),  # not from a provider: no hint
+    ],
+)
+def test_hint_table(error: SluiceError, cap: float, expected: float | None) -> None:
+    assert RetryPolicy(max_retry_after=cap).hint(error) == expected
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "attempt", "expected"),
+    [
+        (3.0, 1, 3.0),  # a hint within the cap wins
+        (45.0, 1, 45.0),  # ... even past max_delay: the server knows when it has room
+        (0.0, 4, 0.0),
+        (None, 1, 0.5),  # no hint: the un-jittered backoff, base * 2**(attempt-1)
+        (None, 3, 2.0),
+        (86_400.0, 1, 0.5),  # over the cap: as if there were no hint
+        (86_400.0, 4, 4.0),
+        (86_400.0, 10, 8.0),  # capped at max_delay
+        (86_400.0, 5000, 8.0),  # no overflow however many attempts
+    ],
+)
+def test_pause_table(retry_after: float | None, attempt: int, expected: float) -> None:
+    policy = RetryPolicy(base_delay=0.5, max_delay=8.0, max_retry_after=60.0)
+    assert policy.pause(RateLimitError("x", retry_after=retry_after), attempt) == expected
+
+
+@pytest.mark.parametrize(("attempt", "ceiling"), [(1, 0.5), (3, 2.0), (12, 8.0)])
+def test_a_hint_over_the_cap_gets_jittered_backoff_not_the_hint(attempt: int, ceiling: float) -> None:
+    policy = RetryPolicy(base_delay=0.5, max_delay=8.0, max_retry_after=60.0)
+    error = RateLimitError("x", retry_after=86_400.0)
+    delays = [policy.delay(error, attempt) for _ in range(200)]
+    assert all(0.0 <= d < ceiling for d in delays)
+    # jittered, so a crowd does not wake together (a spread under half the range has
+    # probability ~2**-198)
+    assert max(delays) - min(delays) > ceiling / 2
+    # within the cap the hint is used as given, without jitter
+    assert policy.delay(RateLimitError("x", retry_after=7.0), attempt) == 7.0
+
+
+@pytest.mark.parametrize(("attempt", "expected"), [(0, 0.5), (1, 0.5), (2, 1.0), (5, 8.0), (6, 10.0), (10**6, 10.0)])
+def test_backoff_ceiling_table(attempt: int, expected: float) -> None:
+    assert backoff_ceiling(attempt, base=0.5, cap=10.0) == expected

@@ -14,6 +14,13 @@
 
 from __future__ import annotations
 
+import sys
+
+if sys.argv[:1] == ["-m"] or sys.argv[0].endswith("/sluice"):  # the `sluice` command is starting
+    from ._entry import quiet_interrupts
+
+    quiet_interrupts()  # first, so a Ctrl-C while the rest loads is not a traceback
+
 import importlib
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +46,7 @@ from ._errors import (
     RetryableError,
     ServerError,
     SluiceError,
+    StoreError,
     UnknownPriceError,
 )
 from ._models import Deployment, Price, Priority, Request, Result, Secret, Timings, Usage, request_key, store_key
@@ -134,6 +142,7 @@ __all__ = [
     "SimulatedProvider",
     "SluiceError",
     "Stats",
+    "StoreError",
     "Timings",
     "UnknownPriceError",
     "Usage",

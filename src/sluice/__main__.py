@@ -1,5 +1,5 @@
 """``python -m sluice`` is the ``sluice`` command."""
 
-from .cli import main
+from ._entry import main
 
 main()

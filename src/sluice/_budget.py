@@ -1,10 +1,12 @@
 """Budgets that cannot be overshot: reserve the worst case before spending.
 
-At admission a request reserves what it could cost at most (its prompt, with a safety
-margin for the estimate, plus every output token it may produce); when the answer lands
-the actual cost is committed and the rest of the reservation returns; a failure
-releases it. So however many requests run at once, ``spent + reserved <= limit``
-holds at every instant.
+At admission a request reserves what it could cost at most (the most prompt tokens the
+provider can bill for it, a bound that holds for any byte-level tokenizer, plus every
+output token it may produce: see ``_spending.worst_case_tokens``); when the answer
+lands the actual cost is committed and the rest of the reservation returns; a failure
+releases it, and one that may have been billed unseen commits its worst case. So
+however many requests run at once, ``spent + reserved <= limit`` holds at every
+instant, and what the provider bills stays within the limit.
 
 A request that does not fit waits while money is still reserved by requests in flight
 (they usually cost less than their worst case); when nothing is in flight and it still
@@ -22,9 +24,6 @@ from collections import deque
 from ._errors import BudgetExhaustedError, ConfigError, UnknownPriceError
 
 __all__ = ["Budget", "BudgetExhaustedError", "BudgetHold", "BudgetLedger", "UnknownPriceError"]
-
-#: Prompt token estimates are heuristics; a budget reserves this much more for prompts.
-PROMPT_MARGIN = 1.25
 
 
 class Budget:

@@ -20,11 +20,13 @@ import dataclasses
 import functools
 import hashlib
 import itertools
+import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._budget import Budget, BudgetHold
+from ._coerce import RequestLike, aiterate, coerce, make_request
 from ._errors import (
     AttemptTimeoutError,
     CancelledError,
@@ -36,9 +38,10 @@ from ._errors import (
     ProviderError,
     RateLimitError,
     SluiceError,
+    StoreError,
 )
 from ._gate import PriorityGate
-from ._limits import Limiter, LocalLimiter
+from ._limits import Limiter, LocalLimiter, Reservation
 from ._models import BUILTIN_PROVIDERS, Deployment, Priority, Request, Result, Timings, Usage, store_key
 from ._records import result_from_record
 from ._retry import RetryPolicy
@@ -52,9 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Engine", "RequestLike", "RetryEvent"]
 
-#: What ``map`` accepts per item: a Request, a dict of Request fields, a prompt string,
-#: or a SluiceError standing for a bad input record (it becomes that item's result).
-RequestLike = Request | Mapping[str, Any] | str | SluiceError
+_log = logging.getLogger("sluice")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,8 @@ class _Job:
     key: str | None = None
     budget: Budget | None = None
     worst_cost: float = 0.0
+    #: What was reported when the job's task was cancelled (``map`` hands it out).
+    cancelled: Result | None = None
 
     @property
     def idempotency_key(self) -> str | None:
@@ -115,12 +118,18 @@ class Engine:
     deployment's own ``max_in_flight`` and rate limits apply inside it); ``buffer``
     caps results admitted but not yet taken by the consumer of :meth:`map`, which is
     what keeps memory flat however long the input. Hooks are plain functions, called
-    for every result (``on_result``) and before every retry (``on_retry``).
+    for every result (``on_result``) and before every retry (``on_retry``); a hook that
+    raises is logged and counted (``stats.hook_errors``), never allowed to lose a result.
 
-    With a ``store``, every finished result is written to it as it lands, and a request
-    whose key (:func:`~sluice.store_key`) has a stored success is served from the store
-    instead of being sent (stored failures too, unless ``retry_failed``). Identical
-    requests in flight at once are sent once.
+    A model with no configured deployment is served by ``Deployment(model, **defaults)``:
+    no local limits unless ``defaults`` gives some; it learns from the provider's headers.
+
+    With a ``store``, every attempt is recorded (durably) before it is sent and settled
+    with what it cost, every finished result is written as it lands, and a request whose
+    key (:func:`~sluice.store_key`) has a stored answer is served from the store instead
+    of being sent; so is a stored rejection of the request itself (400/422), unless
+    ``retry_failed``. Identical requests in flight at once are sent once. When the store
+    cannot be written the engine stops admitting (see :attr:`store_error`).
 
     Every result carries its cost when its model's price is known. With ``budget_usd``,
     each request reserves its worst-case cost before it is sent, so concurrency cannot
@@ -146,6 +155,7 @@ class Engine:
         budget_usd: float | None = None,
         allow_unpriced: bool = False,
         cheaper: CheaperModel | None = None,
+        defaults: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(deployments, Deployment):
             deployments = [deployments]
@@ -162,6 +172,9 @@ class Engine:
         self.retry_failed = retry_failed
         self.spending = Spending(budget_usd, allow_unpriced=allow_unpriced, cheaper=cheaper)
         self.stats = Stats()
+        #: Why the store stopped taking writes, once it has; the engine stopped admitting then.
+        self.store_error: StoreError | None = None
+        self._defaults = dict(defaults or {})
         self._inflight: dict[str, asyncio.Future[Result]] = {}
         self._limiter_factory = limiter_factory
         self._providers = ProviderSet()
@@ -172,13 +185,16 @@ class Engine:
         self._gate = PriorityGate(concurrency)
         self._seq = itertools.count()
         self._tasks: set[asyncio.Task[Result]] = set()
+        self._producers: set[asyncio.Task[None]] = set()
         self._active_calls = 0
         self._idle: asyncio.Event | None = None
         self._stopping = False
         self._closed = False
-        #: Batch tasks waiting for money or capacity before their first send (stop() cancels them).
-        self._queued: set[asyncio.Task[Any]] = set()
+        #: Batch tasks not at the provider right now (waiting for money, capacity or a
+        #: retry's backoff): stop() cancels them, so a stop sends nothing new.
+        self._waiting: set[asyncio.Task[Any]] = set()
         self._stop_cancelled: set[asyncio.Task[Any]] = set()
+        self._grace_timer: asyncio.TimerHandle | None = None
 
     # -- configuration -------------------------------------------------------------------
 
@@ -209,9 +225,9 @@ class Engine:
         return self.spending.remaining()
 
     def spent(self) -> float:
-        """Dollars spent so far by finished requests with a known price."""
+        """Dollars spent so far: answers, and failed attempts that may have been billed."""
         budget = self.spending.budget
-        return budget.spent() if budget is not None else self.stats.cost_usd
+        return budget.spent() if budget is not None else self.stats.cost_usd + self.stats.maybe_billed_usd
 
     @property
     def deployments(self) -> Sequence[Deployment]:
@@ -233,9 +249,11 @@ class Engine:
                 f"model {model!r}: unknown provider {prefix!r}; use one of "
                 f"{', '.join(sorted(BUILTIN_PROVIDERS))}, or add a Deployment for it"
             )
-        # A model nobody configured: serve it without local limits; the limiter still
-        # learns the provider's limits from its x-ratelimit headers and 429s.
-        self.add_deployment(Deployment(model))
+        # A model nobody configured: served with the defaults' limits (none by default);
+        # the limiter still learns the provider's limits from its headers and 429s.
+        deployment = Deployment(model, **self._defaults)
+        self.add_deployment(deployment)
+        self.spending.pricing.known(deployment)  # now, not between an answer and its commit
         return self._routes[model]
 
     # -- running -----------------------------------------------------------------------
@@ -245,12 +263,20 @@ class Engine:
         return self
 
     async def start(self) -> None:
-        """Do the slow one-time work now, not on the first request: open the HTTP pool
-        (importing aiohttp) and look up every deployment's price (importing genai-prices).
-        Otherwise the event loop stalls ~0.5 s mid-run and rate-limit slots go unused."""
+        """Check and do the slow one-time work now, not on the first request.
+
+        A configured deployment that needs an API key and has none is a
+        :class:`ConfigError` here, before anything is sent; so is one with no known price
+        under a budget (unless ``allow_unpriced``). The HTTP pool is opened
+        (importing aiohttp) and every deployment's price looked up (importing
+        genai-prices); otherwise the event loop stalls ~0.5 s mid-run and rate-limit
+        slots go unused.
+        """
         for deployment in self._deployments:
-            self.spending.pricing.known(deployment)
-            if isinstance(self._routes[deployment.label].provider, HttpProvider):
+            self.spending.check_priced(deployment)
+            provider = self._routes[deployment.label].provider
+            if isinstance(provider, HttpProvider):
+                provider.check(deployment)
                 self._providers.transport.session()
 
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -273,7 +299,7 @@ class Engine:
         """
         if self._closed:
             raise EngineClosedError("the engine is closed")
-        request = _make_request(model, messages, fields)
+        request = make_request(model, messages, fields)
         job = self._job(request, priority if request.priority is None else request.priority, budget=budget)
         self._active_calls += 1
         try:
@@ -310,9 +336,11 @@ class Engine:
 
         The source is read only as capacity frees up, so a generator of ten million
         prompts never sits in memory. Every item taken from the source yields exactly
-        one Result; a bad item yields one whose ``error`` names it. Leaving the loop
+        one Result; a bad item yields one whose ``error`` names it, and one cancelled
+        (``close(drain=False)``, ``stop()``) yields a cancelled one. Leaving the loop
         early (break, cancellation) cancels the in-flight requests and waits for them:
-        no task outlives the iteration.
+        no task outlives the iteration. If the engine is closed without draining while
+        the source is still being read, the iteration ends with :class:`EngineClosedError`.
         """
         if self._closed:
             raise EngineClosedError("the engine is closed")
@@ -323,10 +351,17 @@ class Engine:
         taken = 0
         producer_done = False
 
-        def on_done(task: asyncio.Task[Result], *, index: int) -> None:
+        def on_done(task: asyncio.Task[Result], *, index: int, job: _Job) -> None:
             tasks.discard(task)
             self._tasks.discard(task)
-            if not task.cancelled():
+            self._stop_cancelled.discard(task)
+            if task.cancelled():  # its result was reported as it was cancelled; hand it out
+                result = job.cancelled
+                if result is None:  # cancelled before it ever ran
+                    result = Result(job.request, error=CancelledError(_NEVER_SENT_CANCELLED), index=index)
+                    self._emit(result)
+                finished.put_nowait((index, result))
+            else:
                 error = task.exception()
                 finished.put_nowait(error if error is not None else (index, task.result()))
             self._maybe_idle()
@@ -334,7 +369,7 @@ class Engine:
         async def produce() -> None:
             nonlocal taken
             try:
-                async for item in _aiterate(requests):
+                async for item in aiterate(requests):
                     await room.acquire()
                     index = taken
                     taken += 1
@@ -342,7 +377,11 @@ class Engine:
                     if isinstance(prepared, Result):
                         finished.put_nowait((index, prepared))
                         continue
-                    await self._gate.acquire(prepared.priority, prepared.seq)
+                    try:
+                        await self._gate.acquire(prepared.priority, prepared.seq)
+                    except asyncio.CancelledError:  # closed while it waited: it still gets its result
+                        finished.put_nowait((index, self._not_started(prepared)))
+                        raise
                     if self._stopping:
                         self._gate.release()
                         finished.put_nowait((index, self._not_started(prepared)))
@@ -350,13 +389,14 @@ class Engine:
                     task = loop.create_task(self._admitted(prepared))
                     tasks.add(task)
                     self._tasks.add(task)
-                    task.add_done_callback(functools.partial(on_done, index=index))
+                    task.add_done_callback(functools.partial(on_done, index=index, job=prepared))
                     if self._stopping:
                         break
             finally:
                 finished.put_nowait(None)
 
         producer = loop.create_task(produce())
+        self._producers.add(producer)
         received = 0
         waiting: dict[int, Result] = {}
         next_index = 0
@@ -380,22 +420,43 @@ class Engine:
                     next_index += 1
                     room.release()
                     yield ready
+            if producer.cancelled():
+                raise EngineClosedError("the engine was closed while map() was still reading its source")
             await producer  # surfaces an error raised by the source itself
         finally:
+            self._producers.discard(producer)
             if not producer.done():
                 producer.cancel()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(producer, *tasks, return_exceptions=True)
 
-    def stop(self) -> None:
-        """Stop admitting new work; what is in flight finishes and is delivered.
+    def stop(self, *, grace: float | None = None) -> None:
+        """Stop admitting new work and send nothing new.
 
-        Batch items still waiting for money or rate-limit capacity are not sent: they come
-        back at once as cancelled ("stopped before it was sent"), for a rerun to do.
+        Batch items not at the provider right now (waiting for money or rate-limit
+        capacity, or in a retry's backoff) are not sent: they come back at once as
+        cancelled ("stopped before it was sent" / "stopped before retrying"), for a rerun
+        to do. Attempts at the provider finish and are delivered; with ``grace``, those
+        still there after ``grace`` seconds are cancelled and come back as cancelled (they
+        were sent, so they may have been billed).
         """
         self._stopping = True
-        for task in list(self._queued):
+        for task in list(self._waiting):
+            self._cancel_for_stop(task)
+        if grace is not None and self._grace_timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._grace_timer = loop.call_later(max(0.0, grace), self._end_grace)
+
+    def _end_grace(self) -> None:
+        for task in list(self._tasks):
+            self._cancel_for_stop(task)
+
+    def _cancel_for_stop(self, task: asyncio.Task[Any]) -> None:
+        if task not in self._stop_cancelled and not task.done():
             self._stop_cancelled.add(task)
             task.cancel()
 
@@ -406,11 +467,15 @@ class Engine:
         if not drain:
             for task in list(self._tasks):
                 task.cancel()
+            for producer in list(self._producers):
+                producer.cancel()
         while self._tasks or self._active_calls:
             if self._idle is None or self._idle.is_set():
                 self._idle = asyncio.Event()
             await self._idle.wait()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
         await self._providers.aclose()
 
     def _maybe_idle(self) -> None:
@@ -436,7 +501,7 @@ class Engine:
     ) -> _Job | Result:
         """A job for an input item, or a failed Result saying why it cannot be one."""
         try:
-            request = _coerce(item, model)
+            request = coerce(item, model)
             return self._job(request, priority if request.priority is None else request.priority, index, budget)
         except Exception as exc:  # one odd item must never stop the rest
             error = exc if isinstance(exc, SluiceError) else InvalidRequestError(f"{type(exc).__name__}: {exc}")
@@ -463,11 +528,12 @@ class Engine:
             self._gate.release()
 
     def _from_store(self, job: _Job) -> Result | None:
-        """The stored result for this job, emitted, if the store has one worth reusing."""
+        """The stored result for this job, emitted, if the store has one worth reusing:
+        an answer, or (unless ``retry_failed``) the provider's rejection of the request."""
         if self.store is None or job.key is None:
             return None
         stored = self.store.get(job.key)
-        if stored is None or not (stored.ok or not self.retry_failed):
+        if stored is None or not (stored.ok or (stored.kept and not self.retry_failed)):
             return None
         result = result_from_record(job.request, stored.record, index=job.index)
         self._emit(result)
@@ -488,7 +554,9 @@ class Engine:
                     self._emit(result)
                     return result
         except asyncio.CancelledError:
-            self._finish(job, _Tally(asyncio.get_running_loop().time()), error=CancelledError(_NEVER_SENT))
+            job.cancelled = self._finish(
+                job, _Tally(asyncio.get_running_loop().time()), error=CancelledError(_NEVER_SENT)
+            )
             raise
         stored = self._from_store(job)  # checked here, after the gate: an identical one may have landed
         if stored is not None:
@@ -506,81 +574,96 @@ class Engine:
         return result
 
     async def _attempts(self, job: _Job) -> Result:
-        """Attempt until success, a final error, the attempt budget, the deadline or a stop."""
+        """Attempt until an outcome, then record it (durably, with a store) and report it."""
         loop = asyncio.get_running_loop()
         tally = _Tally(loop.time())
+        try:
+            outcome = await self._until_outcome(job, tally)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task not in self._stop_cancelled:
+                note = "it was sent and may have been answered" if tally.sent else "it was never sent"
+                job.cancelled = self._finish(job, tally, error=CancelledError(f"cancelled; {note}"))
+                raise
+            self._stop_cancelled.discard(task)  # stop() wants a result, not a cancelled task
+            task.uncancel()
+            outcome = CancelledError(_stopped_note(tally))
+        result = self._result(job, tally, outcome)
+        if (
+            job.key is not None
+            and self.store is not None
+            and tally.attempts
+            and not isinstance(outcome, CancelledError)
+        ):
+            try:
+                await self.store.put(job.key, result)  # durable before anyone is told
+            except StoreError as exc:
+                self._store_failed(exc)  # the answer still goes out: the output may keep it
+        self._emit(result)
+        return result
+
+    async def _until_outcome(self, job: _Job, tally: _Tally) -> Reply | SluiceError:
+        """Attempt until success, a final error, the attempt budget, the deadline or a stop."""
         deadline = tally.started + self.retry.deadline if self.retry.deadline is not None else None
         batch = job.index is not None
-        error: SluiceError | None = None
-        try:
-            while True:
-                if self._stopping and batch:  # not sent (again): the rerun does it
-                    note = "stopped before retrying" if tally.attempts else "stopped before it was sent"
-                    return self._finish(job, tally, error=CancelledError(note))
-                outcome = await self._attempt(job, tally, deadline)
-                if not isinstance(outcome, SluiceError):
-                    return self._finish(job, tally, reply=outcome)
-                error = outcome
-                if not tally.sent_this_time:  # budget, capacity, deadline or stop: final
-                    return self._finish(job, tally, error=error)
-                delay = self._after_failure(job, error, tally.attempts, deadline)
-                if delay is None:
-                    return self._finish(job, tally, error=error)
-                if delay > 0 and not isinstance(error, RateLimitError):
-                    await asyncio.sleep(delay)  # a 429's pause is the limiter's to keep
-        except asyncio.CancelledError:
-            note = "it was sent and may have been answered" if tally.sent else "it was never sent"
-            self._finish(job, tally, error=CancelledError(f"cancelled; {note}"))
-            raise
+        while True:
+            if self._stopping and batch:  # not sent (again): the rerun does it
+                return CancelledError(_stopped_note(tally))
+            outcome = await self._attempt(job, tally, deadline)
+            if not isinstance(outcome, SluiceError):
+                return outcome
+            if not tally.sent_this_time:  # budget, capacity, deadline, store or stop: final
+                return outcome
+            delay = self._after_failure(job, outcome, tally.attempts, deadline)
+            if delay is None:
+                return outcome
+            if delay > 0 and not isinstance(outcome, RateLimitError):  # a 429's pause is the limiter's
+                with self._waiting_while(batch):
+                    await asyncio.sleep(delay)
 
     async def _attempt(self, job: _Job, tally: _Tally, deadline: float | None) -> Reply | SluiceError:
-        """One attempt: money, capacity, then the provider. Everything it reserves is settled
-        before it returns, whatever happens."""
+        """One attempt: money, capacity, the intent, then the provider. Everything it
+        reserves is settled before it returns, whatever happens."""
         loop = asyncio.get_running_loop()
         route = job.route
+        batch = job.index is not None
         tally.sent_this_time = False
         waited_from = loop.time()
-        task = asyncio.current_task()
-        queued = task is not None and task in self._tasks and not tally.sent
-        if task is not None and queued:
-            self._queued.add(task)
         hold: BudgetHold | None = None
         try:
             # The common case, no budget and room at once, takes no timer and no await.
             reservation = route.limiter.try_acquire(job.tokens) if job.budget is None else None
             if reservation is None:
-                async with asyncio.timeout_at(deadline):
-                    hold = await self.spending.reserve(job.budget, job.worst_cost)
-                    reservation = await route.limiter.acquire(job.tokens, job.priority, job.seq)
+                with self._waiting_while(batch):
+                    async with asyncio.timeout_at(deadline):
+                        hold = await self.spending.reserve(job.budget, job.worst_cost)
+                        reservation = await route.limiter.acquire(job.tokens, job.priority, job.seq)
         except TimeoutError:
             _settle(hold, 0.0)
             return DeadlineExceededError(f"its deadline ({self.retry.deadline:g} s) passed while it waited")
         except SluiceError as exc:  # no money left, or a limit learnt since that it can never fit
             _settle(hold, 0.0)
             return exc
-        except asyncio.CancelledError:
+        except BaseException:
             _settle(hold, 0.0)
-            if task is not None and task in self._stop_cancelled:
-                self._stop_cancelled.discard(task)
-                task.uncancel()
-                return CancelledError("stopped before it was sent")
             raise
         finally:
             tally.waited += loop.time() - waited_from
-            if task is not None and queued:
-                self._queued.discard(task)
-        if self._stopping and job.index is not None and not tally.sent:
-            reservation.refund()
-            _settle(hold, 0.0)
-            return CancelledError("stopped before it was sent")
+        intent = await self._intent(job, reservation, hold)
+        if isinstance(intent, SluiceError):
+            return intent
+        if self._stopping and batch:
+            self._release_unsent(reservation, hold, intent)
+            return CancelledError(_stopped_note(tally))
         sent_at = loop.time()
         timeout = self.retry.attempt_timeout
         if deadline is not None:
             timeout = min(timeout or deadline - sent_at, deadline - sent_at)
         tally.attempts += 1
-        tally.sent = tally.sent_this_time = True
+        tally.sent = tally.sent_this_time = tally.at_provider = True
         self.stats.attempts += 1
-        charge = job.worst_cost  # what a request that may have been billed counts for
+        charge: float | None = None  # None: it may have been billed, at its worst case
+        answered = cancelled = False
         try:
             async with asyncio.timeout(timeout):
                 reply = await route.provider.send(job.request, route.deployment, idempotency_key=job.idempotency_key)
@@ -593,6 +676,9 @@ class Engine:
         except SluiceError as exc:  # raised before anything went out (a missing key, say)
             charge = 0.0
             return exc
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
         except Exception as exc:  # a provider's own bug must not take the whole job down
             return FatalProviderError(f"{type(exc).__name__} in provider {route.provider.name!r}: {exc}")
         else:
@@ -601,12 +687,63 @@ class Engine:
             reservation.reconcile(reply.usage.total_tokens or job.tokens)
             cost = self.spending.cost(route.deployment, reply.usage)
             charge = cost or 0.0
+            answered = True
             return reply
         finally:
+            tally.at_provider = cancelled  # a cut-off attempt was still at the provider
             tally.latency = loop.time() - sent_at
             reservation.done()
+            if charge is None:
+                charge = self._worst(job)
             _settle(hold, charge)
             tally.charged += charge
+            self.stats.charge(charge, answered=answered)
+            if intent is not None and not cancelled:  # a cancelled send stays an open intent
+                self._settle_intent(intent, charge, answered)
+
+    async def _intent(self, job: _Job, reservation: Reservation, hold: BudgetHold | None) -> int | SluiceError | None:
+        """With a store: durably note the attempt (and its worst case) before it is sent."""
+        store = self.store
+        if store is None or job.key is None:
+            return None
+        try:
+            return await store.begin(job.key, self._worst(job))
+        except StoreError as exc:
+            self._release_unsent(reservation, hold, None)
+            self._store_failed(exc)
+            return CancelledError(f"not sent: {exc.message}")
+        except BaseException:
+            self._release_unsent(reservation, hold, None)
+            raise
+
+    def _release_unsent(self, reservation: Reservation, hold: BudgetHold | None, intent: int | None) -> None:
+        reservation.refund()
+        _settle(hold, 0.0)
+        if intent is not None:
+            self._settle_intent(intent, 0.0, False)
+
+    def _settle_intent(self, intent: int, charge: float, answered: bool) -> None:
+        assert self.store is not None
+        try:
+            self.store.settle(intent, charge, answered=answered)
+        except StoreError as exc:
+            self._store_failed(exc)
+
+    def _worst(self, job: _Job) -> float:
+        """What an attempt counts for when it may have been billed unseen: its worst case."""
+        if job.budget is not None:
+            return job.worst_cost
+        return self.spending.worst_cost(job.request, job.route.deployment)
+
+    def _store_failed(self, error: StoreError) -> None:
+        """The state cannot be written: stop admitting; what is in flight still finishes."""
+        if self.store_error is None:
+            self.store_error = error
+            _log.error("sluice: %s; stopping", error.message)
+            self.stop()
+
+    def _waiting_while(self, batch: bool) -> _WaitingScope:
+        return _WaitingScope(self._waiting if batch else None)
 
     def _after_failure(self, job: _Job, error: SluiceError, attempt: int, deadline: float | None) -> float | None:
         """Learn from a failed attempt; the delay before the next, or None to give up."""
@@ -627,11 +764,26 @@ class Engine:
             return None
         self.stats.retries += 1
         if self.on_retry is not None:
-            self.on_retry(RetryEvent(job.request, error, attempt, delay, route.deployment.label))
+            try:
+                self.on_retry(RetryEvent(job.request, error, attempt, delay, route.deployment.label))
+            except Exception:
+                self.stats.hook_errors += 1
+                _log.exception("sluice: the on_retry hook raised; carrying on")
         return delay
 
+    def _result(self, job: _Job, tally: _Tally, outcome: Reply | SluiceError) -> Result:
+        if isinstance(outcome, SluiceError):
+            return self._finish(job, tally, error=outcome, emit=False)
+        return self._finish(job, tally, reply=outcome, emit=False)
+
     def _finish(
-        self, job: _Job, tally: _Tally, *, error: SluiceError | None = None, reply: Reply | None = None
+        self,
+        job: _Job,
+        tally: _Tally,
+        *,
+        error: SluiceError | None = None,
+        reply: Reply | None = None,
+        emit: bool = True,
     ) -> Result:
         now = asyncio.get_running_loop().time()
         priced = self.spending.pricing.has_price(job.route.deployment)
@@ -654,15 +806,18 @@ class Engine:
             index=job.index,
             cost_usd=tally.charged if priced and tally.attempts else None,
         )
-        self._emit(result, job.key if tally.attempts else None)  # only what reached the provider
+        if emit:
+            self._emit(result)
         return result
 
-    def _emit(self, result: Result, key: str | None = None) -> None:
-        if key is not None and self.store is not None and not isinstance(result.error, CancelledError):
-            self.store.put(key, result)  # durable before anyone is told
+    def _emit(self, result: Result) -> None:
         self.stats.record(result)
         if self.on_result is not None:
-            self.on_result(result)
+            try:
+                self.on_result(result)
+            except Exception:  # a hook's bug must not abort map() or lose a paid answer
+                self.stats.hook_errors += 1
+                _log.exception("sluice: the on_result hook raised; the result is kept")
 
     def __repr__(self) -> str:
         names = ", ".join(d.label for d in self._deployments)
@@ -671,6 +826,13 @@ class Engine:
 
 
 _NEVER_SENT = "cancelled while an identical request was in flight; it was never sent"
+_NEVER_SENT_CANCELLED = "cancelled before it started; it was never sent"
+
+
+def _stopped_note(tally: _Tally) -> str:
+    if tally.at_provider:
+        return "stopped: still at the provider when the grace period ended; it was sent and may have been billed"
+    return "stopped before retrying" if tally.sent else "stopped before it was sent"
 
 
 @dataclass(slots=True)
@@ -684,68 +846,30 @@ class _Tally:
     charged: float = 0.0
     sent: bool = False
     sent_this_time: bool = False
+    at_provider: bool = False
+
+
+class _WaitingScope:
+    """Marks the current task as waiting (stop() may cancel it) for the ``with`` body."""
+
+    __slots__ = ("_task", "_tasks")
+
+    def __init__(self, tasks: set[asyncio.Task[Any]] | None) -> None:
+        self._tasks = tasks
+        self._task: asyncio.Task[Any] | None = None
+
+    def __enter__(self) -> None:
+        if self._tasks is not None:
+            task = asyncio.current_task()
+            if task is not None:
+                self._task = task
+                self._tasks.add(task)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._task is not None and self._tasks is not None:
+            self._tasks.discard(self._task)
 
 
 def _settle(hold: BudgetHold | None, charge: float) -> None:
     if hold is not None:
         hold.commit(charge)
-
-
-def _make_request(
-    model: str | Request, messages: Sequence[Mapping[str, Any]] | str | None, fields: Mapping[str, Any]
-) -> Request:
-    if isinstance(model, Request):
-        if messages is not None or fields:
-            raise InvalidRequestError("complete(request) takes no further messages or fields")
-        return model
-    if messages is None:
-        raise InvalidRequestError("complete(model, messages): messages are missing")
-    if isinstance(messages, str):
-        return Request.from_prompt(model, messages, **fields)
-    try:
-        return Request(model=model, messages=messages, **fields)
-    except TypeError as exc:
-        raise InvalidRequestError(f"complete(): {exc}") from None
-
-
-_REQUEST_FIELDS = frozenset(Request.__dataclass_fields__)
-
-
-def _coerce(item: object, model: str | None) -> Request:
-    """An input item as a Request: a Request, a dict of its fields, or a prompt string.
-
-    An exception as an item stands for a bad input record: it becomes that item's error.
-    """
-    if isinstance(item, Request):
-        return item
-    if isinstance(item, SluiceError):
-        raise item
-    if isinstance(item, str):
-        if model is None:
-            raise InvalidRequestError("a prompt string needs map(..., model=...) to say which model")
-        return Request.from_prompt(model, item)
-    if isinstance(item, Mapping):
-        unknown = set(item) - _REQUEST_FIELDS
-        if unknown:
-            raise InvalidRequestError(
-                f"unknown field(s) {sorted(unknown)}; a request has {sorted(_REQUEST_FIELDS)} "
-                "(put provider parameters under 'params')"
-            )
-        fields = dict(item)
-        if "model" not in fields:
-            if model is None:
-                raise InvalidRequestError("no 'model' in the item and no map(..., model=...) default")
-            fields["model"] = model
-        if "messages" not in fields:
-            raise InvalidRequestError("no 'messages' in the item")
-        return Request(**fields)
-    raise InvalidRequestError(f"cannot make a request from a {type(item).__name__}")
-
-
-async def _aiterate(source: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]:
-    if isinstance(source, AsyncIterable):
-        async for item in source:
-            yield item
-    else:
-        for item in source:
-            yield item

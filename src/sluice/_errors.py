@@ -12,6 +12,7 @@
     ├── DeadlineExceededError        its total deadline passed before it could be sent
     ├── BudgetExhaustedError         not run: its worst case no longer fits the budget
     ├── UnknownPriceError            a budgeted run met a model with no known price
+    ├── StoreError                   the state file cannot be written (disk full, read-only...)
     └── ProviderError                the provider (or the way to it) failed
         ├── RetryableError           worth another attempt
         │   ├── RateLimitError           429
@@ -59,6 +60,7 @@ __all__ = [
     "RetryableError",
     "ServerError",
     "SluiceError",
+    "StoreError",
     "UnknownPriceError",
     "error_for_status",
 ]
@@ -69,6 +71,11 @@ class SluiceError(Exception):
 
     #: A short stable name for reports and JSON output ("rate_limited", "bad_request"...).
     kind: str = "error"
+    #: A stored failure of this kind is the request's own fault (the provider rejected it
+    #: as such): a rerun keeps it instead of sending again, unless told to retry failures.
+    #: Every other failure (configuration, keys, connections, the server, money, time) is
+    #: redone by a plain rerun.
+    kept_on_rerun: bool = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -118,6 +125,16 @@ class BudgetExhaustedError(SluiceError):
     """Not run: its worst-case cost no longer fits the budget. A rerun with more resumes it."""
 
     kind = "budget_exhausted"
+
+
+class StoreError(SluiceError):
+    """The state file could not be written: the job stops admitting and says why.
+
+    Carries the file and the operating system's (or SQLite's) words for the cause, so a
+    person can free space, fix permissions or stop the other process, then rerun.
+    """
+
+    kind = "store_error"
 
 
 class UnknownPriceError(SluiceError):
@@ -201,7 +218,10 @@ class FatalProviderError(ProviderError):
 
 
 class BadRequestError(FatalProviderError):
+    """400/422: the provider refused this request itself; sending it again cannot help."""
+
     kind = "bad_request"
+    kept_on_rerun = True
 
 
 class AuthenticationError(FatalProviderError):

@@ -17,6 +17,12 @@ head of the queue can go, or by a release. Nothing polls, and no lock is held ac
 a sleep. A 429 pauses the whole deployment; ``x-ratelimit-*`` headers tighten the
 local view when the server has seen traffic we have not (another process, another
 tool on the same key).
+
+Header figures are per the provider's window (a minute, for OpenAI and Anthropic), which
+need not be the deployment's: :meth:`LocalLimiter.observe` converts them into its own
+window before it compares or adopts anything. A learnt limit can then fall below one
+request per window, or below one large request's tokens; such a request goes alone in
+its window and the pacer spaces it out, so the rate still holds.
 """
 
 from __future__ import annotations
@@ -36,7 +42,12 @@ __all__ = ["Limiter", "LocalLimiter", "RateLimitSnapshot", "Reservation"]
 
 @dataclass(frozen=True, slots=True)
 class RateLimitSnapshot:
-    """What a response's rate-limit headers said (None where a header was absent)."""
+    """What a response's rate-limit headers said (None where a header was absent).
+
+    Limits and remaining counts are per ``requests_window`` / ``tokens_window`` seconds:
+    the provider's unit, not the deployment's (OpenAI and Anthropic count per minute;
+    some OpenAI-compatible servers count requests per day). Resets are seconds from now.
+    """
 
     limit_requests: float | None = None
     remaining_requests: float | None = None
@@ -44,6 +55,8 @@ class RateLimitSnapshot:
     limit_tokens: float | None = None
     remaining_tokens: float | None = None
     reset_tokens: float | None = None
+    requests_window: float = 60.0
+    tokens_window: float = 60.0
 
 
 class Reservation(Protocol):
@@ -97,19 +110,29 @@ def _next_slot(tat: float, now: float) -> float:
 
 
 def _sane(snapshot: RateLimitSnapshot) -> RateLimitSnapshot:
-    """Drop header values that cannot be limits: 0, negatives ("unlimited"), NaN, inf."""
+    """Drop header values that cannot be limits: 0, negatives ("unlimited"), NaN, inf,
+    and every count whose window is not a positive number of seconds."""
 
     def keep(value: float | None, minimum: float) -> float | None:
         return value if value is not None and math.isfinite(value) and value >= minimum else None
 
+    requests_ok = keep(snapshot.requests_window, math.ulp(0.0)) is not None
+    tokens_ok = keep(snapshot.tokens_window, math.ulp(0.0)) is not None
     return RateLimitSnapshot(
-        limit_requests=keep(snapshot.limit_requests, 1.0),
-        remaining_requests=keep(snapshot.remaining_requests, 0.0),
+        limit_requests=keep(snapshot.limit_requests, 1.0) if requests_ok else None,
+        remaining_requests=keep(snapshot.remaining_requests, 0.0) if requests_ok else None,
         reset_requests=keep(snapshot.reset_requests, 0.0),
-        limit_tokens=keep(snapshot.limit_tokens, 1.0),
-        remaining_tokens=keep(snapshot.remaining_tokens, 0.0),
+        limit_tokens=keep(snapshot.limit_tokens, 1.0) if tokens_ok else None,
+        remaining_tokens=keep(snapshot.remaining_tokens, 0.0) if tokens_ok else None,
         reset_tokens=keep(snapshot.reset_tokens, 0.0),
+        requests_window=snapshot.requests_window if requests_ok else 60.0,
+        tokens_window=snapshot.tokens_window if tokens_ok else 60.0,
     )
+
+
+def _per_window(value: float | None, window: float, own: float) -> float | None:
+    """``value`` per ``window`` seconds, as the same rate per ``own`` seconds."""
+    return None if value is None else value * own / window
 
 
 class _Entry:
@@ -164,6 +187,8 @@ class LocalLimiter:
         "_ext_tokens",
         "_ext_until_requests",
         "_ext_until_tokens",
+        "_hard_tokens",
+        "_hard_tokens_per",
         "_heap",
         "_in_flight",
         "_ledger",
@@ -204,6 +229,12 @@ class LocalLimiter:
         self.max_in_flight = max_in_flight
         self.burst_requests = burst_requests
         self.burst_tokens = burst_tokens
+        # The most tokens one request may ever take, and per how many seconds that limit
+        # is counted: the configured limit, or a lower one the server reported in its own
+        # unit. Unlike ``tokens_limit`` it is never converted into our window: a request
+        # larger than our window's share of a per-minute limit still fits the minute.
+        self._hard_tokens = tokens
+        self._hard_tokens_per = window
         self._ledger: deque[_Entry] = deque()
         self._used_requests = 0
         self._used_tokens = 0
@@ -225,17 +256,9 @@ class LocalLimiter:
     # -- the public protocol -------------------------------------------------------
 
     def check(self, tokens: int) -> None:
-        if self.requests_limit is not None and self.requests_limit < 1:
-            raise CapacityError(
-                f"{self.name} allows {self.requests_limit:g} requests per {self.window:g} s, less than one; "
-                "lengthen the window instead"
-            )
-        if self.tokens_limit is not None and tokens > self.tokens_limit:
-            raise CapacityError(
-                f"needs ~{tokens} tokens (prompt estimate + max_tokens) but {self.name} allows "
-                f"{self.tokens_limit:g} tokens per {self.window:g} s; lower max_tokens or "
-                "shorten the prompt"
-            )
+        error = self._too_large(tokens)
+        if error is not None:
+            raise error
 
     def try_acquire(self, tokens: int) -> _Grant | None:
         self.check(tokens)
@@ -270,36 +293,38 @@ class LocalLimiter:
 
     def observe(self, snapshot: RateLimitSnapshot) -> None:
         snapshot = _sane(snapshot)
-        loop = self._loop or self._bind()
-        now = loop.time()
+        now = self._now()
         self._expire(now)
+        own = self.window
+        # A limit converts exactly: N per minute is N * own / 60 per ``own`` seconds. A
+        # remaining count cannot: the server counts over its window, we over ours. We take
+        # our window's share of it as proportional to the lengths (as if the traffic it
+        # counts were spread evenly), which is exact when the windows are equal.
+        limit_requests = _per_window(snapshot.limit_requests, snapshot.requests_window, own)
+        remaining_requests = _per_window(snapshot.remaining_requests, snapshot.requests_window, own)
+        limit_tokens = _per_window(snapshot.limit_tokens, snapshot.tokens_window, own)
+        remaining_tokens = _per_window(snapshot.remaining_tokens, snapshot.tokens_window, own)
         changed = False
-        if snapshot.limit_requests is not None and (
-            self.requests_limit is None or snapshot.limit_requests < self.requests_limit
-        ):
-            self.requests_limit = snapshot.limit_requests
+        if limit_requests is not None and (self.requests_limit is None or limit_requests < self.requests_limit):
+            self.requests_limit = limit_requests
+            changed = True
+        if limit_tokens is not None and (self.tokens_limit is None or limit_tokens < self.tokens_limit):
+            self.tokens_limit = limit_tokens
             changed = True
         if snapshot.limit_tokens is not None and (
-            self.tokens_limit is None or snapshot.limit_tokens < self.tokens_limit
+            self._hard_tokens is None or snapshot.limit_tokens < self._hard_tokens
         ):
-            self.tokens_limit = snapshot.limit_tokens
+            self._hard_tokens = snapshot.limit_tokens
+            self._hard_tokens_per = snapshot.tokens_window
             changed = True
-        if (
-            self.requests_limit is not None
-            and snapshot.remaining_requests is not None
-            and snapshot.reset_requests is not None
-        ):
-            unseen = self.requests_limit - self._used_requests - snapshot.remaining_requests
+        if self.requests_limit is not None and remaining_requests is not None and snapshot.reset_requests is not None:
+            unseen = self.requests_limit - self._used_requests - remaining_requests
             if unseen > 0:
                 self._ext_requests = unseen
                 self._ext_until_requests = now + snapshot.reset_requests
                 changed = True
-        if (
-            self.tokens_limit is not None
-            and snapshot.remaining_tokens is not None
-            and snapshot.reset_tokens is not None
-        ):
-            unseen = self.tokens_limit - self._used_tokens - snapshot.remaining_tokens
+        if self.tokens_limit is not None and remaining_tokens is not None and snapshot.reset_tokens is not None:
+            unseen = self.tokens_limit - self._used_tokens - remaining_tokens
             if unseen > 0:
                 self._ext_tokens = unseen
                 self._ext_until_tokens = now + snapshot.reset_tokens
@@ -336,15 +361,23 @@ class LocalLimiter:
         return self._loop
 
     def _expire(self, now: float) -> None:
-        horizon = now - self.window - WINDOW_MARGIN
+        # An entry leaves at ``t + window + WINDOW_MARGIN``, computed exactly as
+        # ``_window_ready`` computes it: ``t <= now - window - margin`` can round the
+        # other way, and then an entry lingers in the counts at the instant a waiter was
+        # granted because it had left (and an ``observe`` then misjudges outside traffic).
+        span = self.window + WINDOW_MARGIN
         ledger = self._ledger
-        while ledger and ledger[0].t <= horizon:
+        while ledger and ledger[0].t + span <= now:
             entry = ledger.popleft()
             self._used_requests -= entry.requests
             self._used_tokens -= entry.tokens
 
     def _ready_at(self, tokens: int, now: float) -> float:
-        """The earliest time a request of ``tokens`` could go; inf while slots are full."""
+        """The earliest time a request of ``tokens`` could go; inf while slots are full.
+
+        A learnt limit below one request (or below this request's tokens) per window
+        lets the request go alone in its window; the pacer then spaces it out.
+        """
         if self.max_in_flight is not None and self._in_flight >= self.max_in_flight:
             return math.inf
         self._expire(now)
@@ -354,14 +387,14 @@ class LocalLimiter:
             at = max(
                 at,
                 self._tat_requests - self.burst_requests * interval,
-                self._window_ready(1, self.requests_limit, True, now),
+                self._window_ready(1, max(1.0, self.requests_limit), True, now),
             )
         if self.tokens_limit is not None and tokens:
             interval = self.window / self.tokens_limit
             at = max(
                 at,
                 self._tat_tokens - self.burst_tokens * interval,
-                self._window_ready(tokens, self.tokens_limit, False, now),
+                self._window_ready(tokens, max(float(tokens), self.tokens_limit), False, now),
             )
         return at
 
@@ -379,8 +412,9 @@ class LocalLimiter:
             ext = 0.0
         if used + ext + amount <= limit:
             return now
+        span = self.window + WINDOW_MARGIN
         for entry in self._ledger:
-            at = entry.t + self.window + WINDOW_MARGIN
+            at = entry.t + span
             if ext and ext_until <= at:
                 if used + amount <= limit:
                     return ext_until
@@ -389,6 +423,16 @@ class LocalLimiter:
             if used + ext + amount <= limit:
                 return at
         return ext_until if ext and amount <= limit else math.inf
+
+    def _too_large(self, tokens: int) -> CapacityError | None:
+        """The error for a request that can never be granted, or None."""
+        cap = self._hard_tokens
+        if cap is None or tokens <= cap:
+            return None
+        return CapacityError(
+            f"needs ~{tokens} tokens (prompt estimate + max_tokens) but {self.name} allows "
+            f"{cap:g} tokens per {self._hard_tokens_per:g} s; lower max_tokens or shorten the prompt"
+        )
 
     def _grant(self, tokens: int, now: float) -> _Grant:
         entry = _Entry(now, tokens)
@@ -408,7 +452,7 @@ class LocalLimiter:
             return
         now = self._now()
         self._expire(now)
-        in_window = entry.t > now - self.window - WINDOW_MARGIN  # after _expire: "still in the ledger"
+        in_window = entry.t + (self.window + WINDOW_MARGIN) > now  # as _expire reckons: still in the ledger
         entry.requests += requests
         entry.tokens += tokens
         if in_window:
@@ -438,12 +482,10 @@ class LocalLimiter:
             if waiter.future.done():
                 heapq.heappop(heap)
                 continue
-            if self.tokens_limit is not None and waiter.tokens > self.tokens_limit:
-                heapq.heappop(heap)  # the server told us the limit is lower than configured
-                try:
-                    self.check(waiter.tokens)
-                except CapacityError as error:
-                    waiter.future.set_exception(error)
+            too_large = self._too_large(waiter.tokens)
+            if too_large is not None:  # the server told us its limit is lower than configured
+                heapq.heappop(heap)
+                waiter.future.set_exception(too_large)
                 continue
             at = self._ready_at(waiter.tokens, now)
             if at <= now:

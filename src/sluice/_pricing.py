@@ -13,6 +13,7 @@ context length) keep using the library's exact calculation.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -91,13 +92,66 @@ class Pricing:
         return worst_case_cost(known.price, prompt_tokens, max_output_tokens)
 
     def describe(self, deployment: Deployment) -> str:
+        """Where the price comes from, for ``sluice config check``: configured, genai-prices
+        (provider/model), or unknown and why."""
         known = self.known(deployment)
         if known is None:
-            return "unknown (set a price for this deployment)"
+            return f"unknown: {_why_unknown(deployment)}"
         if known.price is None:
             return f"tiered ({known.source})"
         p = known.price
         return f"${p.input_per_mtok:g} in / ${p.output_per_mtok:g} out per Mtok ({known.source})"
+
+
+#: The variables each provider reads its endpoint from when a deployment names none
+#: (see ``sluice.providers``): a price must follow the same endpoint the request does.
+_BASE_URL_ENV = {"openai": "OPENAI_BASE_URL", "azure": "AZURE_OPENAI_ENDPOINT", "anthropic": "ANTHROPIC_BASE_URL"}
+
+
+def effective_base_url(deployment: Deployment) -> str | None:
+    """The URL requests go to: the deployment's ``base_url``, else the provider's variable;
+    None means the provider's own default endpoint."""
+    if deployment.base_url:
+        return deployment.base_url
+    env = _BASE_URL_ENV.get(deployment.provider_name)
+    return (os.environ.get(env) or None) if env else None
+
+
+def _route(deployment: Deployment) -> tuple[dict[str, Any], str] | None:
+    """How to ask genai-prices, and how to say it: a known provider's URL prices by that
+    provider; any other server (vLLM, a proxy, a test server) by the provider prefix, so a
+    model is priced the same whether its URL comes from the config or the environment."""
+    url = effective_base_url(deployment)
+    if url is not None and _known_url(url):
+        return {"provider_api_url": url}, url
+    provider = _PROVIDER_IDS.get(deployment.provider_name)
+    if provider is not None:
+        return {"provider_id": provider}, provider
+    if url is not None:
+        return None  # an unknown provider on an unknown server: no honest guess
+    return {}, "any provider"  # a custom provider: genai-prices matches by model name
+
+
+def _known_url(url: str) -> bool:
+    """Does the URL belong to a provider genai-prices lists (its ``api_pattern``)?"""
+    from genai_prices.data_snapshot import get_snapshot
+
+    try:
+        get_snapshot().find_provider(None, None, url)
+    except LookupError:
+        return False
+    return True
+
+
+def _why_unknown(deployment: Deployment) -> str:
+    if deployment.provider_name == "simulate":
+        return "the simulated provider has no price (give one to rehearse a budget)"
+    route = _route(deployment)
+    where = "an unlisted server" if route is None else route[1]
+    return (
+        f"genai-prices has no {deployment.model_name!r} for {where} "
+        "(give price = {input_per_mtok = ..., output_per_mtok = ...} or --price IN,OUT)"
+    )
 
 
 def _look_up(deployment: Deployment) -> _Known | None:
@@ -110,18 +164,15 @@ def _look_up(deployment: Deployment) -> _Known | None:
         from genai_prices import calc_price
     except ImportError:  # pragma: no cover - a declared dependency
         return None
-    kwargs: dict[str, Any] = {}
-    provider = _PROVIDER_IDS.get(deployment.provider_name)
-    if deployment.base_url is not None and provider in (None, "openai"):
-        kwargs["provider_api_url"] = deployment.base_url
-    elif provider is not None:
-        kwargs["provider_id"] = provider
+    route = _route(deployment)
+    if route is None:
+        return None
     try:
-        found = calc_price(PriceUsage(input_tokens=1, output_tokens=1), deployment.model_name, **kwargs)
+        found = calc_price(PriceUsage(input_tokens=1, output_tokens=1), deployment.model_name, **route[0])
     except LookupError:
         return None
-    model_price = found.model_price
     source = f"genai-prices: {found.provider.id}/{found.model.id}"
+    model_price = found.model_price
     rates = [
         _flat(r)
         for r in (

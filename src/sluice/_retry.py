@@ -2,7 +2,9 @@
 
 The order of the server's hints follows the official OpenAI SDK: ``retry-after-ms``,
 then ``retry-after`` in seconds, then ``retry-after`` as an HTTP date; an explicit
-``x-should-retry`` header wins over the status code.
+``x-should-retry`` header wins over the status code. A hint longer than
+``RetryPolicy.max_retry_after`` is not obeyed: one 429 saying "come back tomorrow" must
+not pause a deployment past every job's deadline.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 from ._errors import ConfigError, ProviderError, SluiceError
 
-__all__ = ["RetryPolicy", "backoff_delay", "parse_retry_after", "parse_should_retry"]
+__all__ = ["RetryPolicy", "backoff_ceiling", "backoff_delay", "parse_retry_after", "parse_should_retry"]
 
 
 def backoff_delay(
@@ -33,8 +35,13 @@ def backoff_delay(
     """
     if hint is not None and hint >= 0:
         return hint
-    ceiling = min(cap, base * 2.0 ** max(0, attempt - 1))
-    return ceiling * rand()
+    return backoff_ceiling(attempt, base=base, cap=cap) * rand()
+
+
+def backoff_ceiling(attempt: int, *, base: float, cap: float) -> float:
+    """The un-jittered backoff after attempt ``attempt``: ``min(cap, base * 2**(attempt-1))``."""
+    # The exponent is bounded as the SDKs bound it: 2.0**1024 would overflow.
+    return min(cap, base * 2.0 ** min(1000, max(0, attempt - 1)))
 
 
 def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
@@ -93,13 +100,17 @@ class RetryPolicy:
     deadline: float | None = 900.0
     #: Seconds one attempt may take before it counts as a timeout.
     attempt_timeout: float | None = 600.0
+    #: The longest server hint (``Retry-After``) obeyed, in seconds. A longer one is
+    #: treated as no hint at all: capped exponential backoff with jitter instead, as the
+    #: official OpenAI and Anthropic SDKs do beyond 60 s. ``math.inf`` obeys any hint.
+    max_retry_after: float = 60.0
 
     def __post_init__(self) -> None:
         if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or self.max_attempts < 1:
             raise ConfigError(f"RetryPolicy.max_attempts must be an integer >= 1, got {self.max_attempts!r}")
-        for name in ("base_delay", "max_delay"):
+        for name in ("base_delay", "max_delay", "max_retry_after"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
                 raise ConfigError(f"RetryPolicy.{name} must be a number >= 0, got {value!r}")
         for name in ("deadline", "attempt_timeout"):
             value = getattr(self, name)
@@ -114,6 +125,30 @@ class RetryPolicy:
             return error.should_retry
         return error.retryable
 
+    def hint(self, error: SluiceError) -> float | None:
+        """The server's wait hint for ``error`` if it is one to obey, else None.
+
+        Like the official SDKs, a hint is obeyed only up to a bound: openai-python's and
+        anthropic-sdk-python's ``_calculate_retry_timeout`` return ``retry_after`` only
+        when ``0 < retry_after <= 60`` and otherwise fall back to capped exponential
+        backoff with jitter (newer openai-python releases give up instead past two
+        minutes). Here the bound is ``max_retry_after``; a hint of 0 means "now".
+        """
+        value = error.retry_after if isinstance(error, ProviderError) else None
+        if value is None or not math.isfinite(value) or not 0 <= value <= self.max_retry_after:
+            return None
+        return value
+
     def delay(self, error: SluiceError, attempt: int) -> float:
-        hint = error.retry_after if isinstance(error, ProviderError) else None
-        return backoff_delay(attempt, base=self.base_delay, cap=self.max_delay, hint=hint)
+        """Seconds before the attempt after ``attempt``: the hint within the cap, else
+        capped exponential backoff with full jitter."""
+        return backoff_delay(attempt, base=self.base_delay, cap=self.max_delay, hint=self.hint(error))
+
+    def pause(self, error: SluiceError, attempt: int) -> float:
+        """How long the whole deployment should pause after ``error`` (a 429) on attempt
+        ``attempt``: the hint within the cap, else the un-jittered backoff. Un-jittered,
+        because the pause is one shared deadline, not a crowd of retries to spread."""
+        hint = self.hint(error)
+        if hint is not None:
+            return hint
+        return backoff_ceiling(attempt, base=self.base_delay, cap=self.max_delay)

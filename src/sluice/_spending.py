@@ -12,14 +12,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ._budget import PROMPT_MARGIN, Budget, BudgetHold, BudgetLedger, UnknownPriceError
+from ._budget import Budget, BudgetHold, BudgetLedger, UnknownPriceError
 from ._errors import ConfigError
 from ._models import Deployment, Request, Usage
 from ._pricing import Pricing
-from ._tokens import estimate_message_tokens
+from ._tokens import max_prompt_tokens
 from .providers._base import max_output_tokens
 
-__all__ = ["CheaperModel", "Spending"]
+__all__ = ["CheaperModel", "Spending", "worst_case_tokens"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +78,7 @@ class Spending:
             return request, 0.0
         if request.max_tokens is None and _output_cap(request) is None:
             request = dataclasses.replace(request, max_tokens=deployment.default_max_tokens)
-        max_output = max_output_tokens(request, deployment)
-        prompt = math.ceil(estimate_message_tokens(request.messages, request.params) * PROMPT_MARGIN)
-        worst = self.pricing.worst_case(deployment, prompt, max_output)
+        worst = self.pricing.worst_case(deployment, *worst_case_tokens(request, deployment))
         if worst is None:
             if not self.allow_unpriced:
                 raise UnknownPriceError(
@@ -89,6 +87,22 @@ class Spending:
                 )
             return request, 0.0
         return request, worst
+
+    def worst_cost(self, request: Request, deployment: Deployment) -> float:
+        """The most ``request`` can cost as it will be sent (0.0 when its price is unknown).
+
+        Without an output cap it is priced at ``deployment.default_max_tokens``, the cap a
+        budgeted run sends it with.
+        """
+        return self.pricing.worst_case(deployment, *worst_case_tokens(request, deployment)) or 0.0
+
+    def check_priced(self, deployment: Deployment) -> None:
+        """Look the price up now; under a budget, refuse a deployment with none (unless allowed)."""
+        if self.pricing.known(deployment) is None and self.budget is not None and not self.allow_unpriced:
+            raise UnknownPriceError(
+                f"model {deployment.model!r} has no known price and this run has a budget; "
+                "set a price for its deployment (--price IN,OUT), or allow unpriced models (--allow-unpriced)"
+            )
 
     async def reserve(self, budget: Budget | None, worst: float) -> BudgetHold | None:
         if budget is None:
@@ -105,7 +119,22 @@ class Spending:
         return math.inf if self.budget is None else self.budget.remaining()
 
 
+def worst_case_tokens(request: Request, deployment: Deployment) -> tuple[int, int]:
+    """(most prompt tokens the provider can bill, most output tokens): a budget's worst case.
+
+    The prompt is :func:`~sluice._tokens.max_prompt_tokens` (a bound that holds for any
+    byte-level BPE tokenizer, images by the provider's formula), not the ~4-characters
+    estimate used for rate limits: a tokenizer that counts more than the estimate would
+    otherwise overshoot the budget.
+    """
+    prompt = max_prompt_tokens(
+        request.messages, request.params, provider=deployment.provider_name, model=deployment.model_name
+    )
+    return prompt, max_output_tokens(request, deployment)
+
+
 def _output_cap(request: Request) -> int | None:
+    """An output cap a chat API honours, given in ``params`` (``max_output_tokens`` is not one)."""
     for key in ("max_completion_tokens", "max_tokens"):
         value = request.params.get(key)
         if isinstance(value, int) and value > 0:

@@ -58,9 +58,15 @@ class Stats:
     rate_limited: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    #: Dollars for answers, at the usage the provider reported (this engine's run only).
     cost_usd: float = 0.0
+    #: Dollars for failed attempts the provider may have billed (timeouts, resets after
+    #: sending, garbled 200s), at their worst case.
+    maybe_billed_usd: float = 0.0
     #: Answers from models with no known price: their cost is unknown, not zero.
     unpriced: int = 0
+    #: Times an ``on_result`` / ``on_retry`` hook raised (logged; the result was kept).
+    hook_errors: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
@@ -68,19 +74,29 @@ class Stats:
     def finished(self) -> int:
         return self.succeeded + self.failed + self.cancelled
 
+    @property
+    def total_cost_usd(self) -> float:
+        """Answers and possibly-billed failures together: what this run may have cost."""
+        return self.cost_usd + self.maybe_billed_usd
+
+    def charge(self, dollars: float, *, answered: bool) -> None:
+        """One attempt's cost, counted as it settles (so a failed request's bill counts too)."""
+        if answered:
+            self.cost_usd += dollars
+        else:
+            self.maybe_billed_usd += dollars
+
     def record(self, result: Result) -> None:
         if result.cached:
             self.cached += 1
         if result.ok:
             self.succeeded += 1
-            if not result.cached:  # tokens, money and latency of this run only
+            if not result.cached:  # tokens and latency of this run only
                 self.input_tokens += result.usage.input_tokens
                 self.output_tokens += result.usage.output_tokens
                 self.latency.add(result.timings.latency)
                 if result.cost_usd is None:
                     self.unpriced += 1
-                else:
-                    self.cost_usd += result.cost_usd
         elif result.error is not None and result.error.kind == "cancelled":
             self.cancelled += 1
         else:
@@ -100,7 +116,9 @@ class Stats:
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "cost_usd": self.cost_usd,
+            "maybe_billed_usd": self.maybe_billed_usd,
             "unpriced": self.unpriced,
+            "hook_errors": self.hook_errors,
             "errors": dict(self.errors),
             "latency_p50": self.latency.percentile(50),
             "latency_p90": self.latency.percentile(90),

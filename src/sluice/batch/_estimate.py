@@ -1,9 +1,10 @@
 """``sluice estimate``: what a job would send and how long its limits make it take.
 
 Nothing is sent. Time is bounded below by each deployment's limits: requests / rpm and
-tokens / tpm, per window. Tokens are counted twice over: prompts only (the least the
-provider will count once outputs are settled) and prompts + max_tokens (what it reserves
-up front), so the shortest time is given as a range.
+tokens / tpm, per window; a model without a deployment of its own gets the limits of
+``JobConfig.defaults``, as the engine gives it. Tokens are counted twice over: prompts
+only (the least the provider will count once outputs are settled) and prompts +
+max_tokens (what it reserves up front), so the shortest time is given as a range.
 """
 
 from __future__ import annotations
@@ -104,8 +105,10 @@ def estimate_job(
             continue
         request = item.request
         deployment = routes.get(request.model)
-        if deployment is None:
-            deployment = routes[request.model] = Deployment(request.model)
+        if deployment is None and "/" not in request.model:  # a bare name is the OpenAI-compatible one
+            deployment = routes.get(f"openai/{request.model}")
+        if deployment is None:  # as the engine serves a model the config does not name
+            deployment = routes[request.model] = Deployment(request.model, **config.defaults)
         tally = result.tallies.get(deployment.label)
         if tally is None:
             tally = result.tallies[deployment.label] = _Tally(deployment)

@@ -10,7 +10,12 @@ Three shapes, one per line (or row):
 Every record becomes an :class:`InputItem` holding either a Request or an
 :class:`~sluice.InvalidInputError` that names the line and says what is wrong. The file
 is read in binary a line at a time with a length cap, so a huge or endless line cannot
-exhaust memory and a stray non-UTF-8 byte spoils only its own line.
+exhaust memory and a stray non-UTF-8 byte spoils only its own line. A UTF-8 byte order
+mark (as Excel and Windows editors write) is skipped.
+
+``--model`` fills in the model of records that name none; a record's own model is kept
+(and reported in :attr:`InputItem.own_model` when it differs from ``--model``, so the
+runner can say so) unless ``--force-model`` sends every record to ``--model``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ Format = Literal["auto", "jsonl", "csv"]
 #: Fields of a chat body that sluice reads itself; everything else passes through.
 _OWN_FIELDS = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "id", "metadata")
 _BATCH_URLS = ("/v1/chat/completions", "/chat/completions")
+_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +51,9 @@ class InputItem:
     request: Request | None = None
     error: InvalidInputError | None = None
     custom_id: str | None = None
+    #: The model the record named when that differs from ``--model`` and was kept (not
+    #: forced): the runner counts these to warn that ``--model`` did not apply to them.
+    own_model: str | None = None
 
 
 class Template:
@@ -92,8 +101,9 @@ def _text(value: Any) -> str:
 class InputOptions:
     """How to turn records into requests."""
 
-    model: str | None = None  # overrides the model of every record
-    default_model: str | None = None  # for records that name none
+    model: str | None = None  # --model: for records that name none
+    default_model: str | None = None  # the config's model: the same, at lower precedence
+    force_model: bool = False  # --force-model: every record goes to ``model``, whatever it names
     template: Template | None = None
     system: str | None = None
     id_field: str | None = None
@@ -121,7 +131,7 @@ def count_records(path: Path, options: InputOptions) -> int:
     """How many records the file holds, for progress and ETA (a quick pass, bounded memory)."""
     if detect_format(path, options.format) == "csv":
         csv.field_size_limit(options.max_line_bytes)
-        with path.open(encoding="utf-8", errors="replace", newline="") as f:
+        with path.open(encoding="utf-8-sig", errors="replace", newline="") as f:
             try:
                 rows = sum(1 for row in csv.reader(f) if any(v.strip() for v in row))
             except csv.Error:  # a broken row: the job reports it; count lines instead
@@ -148,7 +158,7 @@ def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
                 raw = f.readline(1 << 20)
             yield number, None
             continue
-        yield number, raw
+        yield number, raw[len(_BOM) :] if number == 1 and raw.startswith(_BOM) else raw
 
 
 def _read_jsonl(path: Path, options: InputOptions) -> Iterator[InputItem]:
@@ -180,6 +190,7 @@ def _item(record: Any, number: int, where: str, options: InputOptions, *, row: b
     if not isinstance(record, dict):
         return _bad(number, f"{where}: expected a JSON object, got {type(record).__name__}")
     custom_id = record.get("custom_id") if "body" in record and not row else None
+    own_model = None
     try:
         if row:
             request = _from_row(record, where, options)
@@ -198,7 +209,18 @@ def _item(record: Any, number: int, where: str, options: InputOptions, *, row: b
         text = exc.message if isinstance(exc, SluiceError) else f"{type(exc).__name__}: {exc}"
         message = text if text.startswith(where) else f"{where}: {text}"
         return InputItem(number, error=InvalidInputError(message, line=number), custom_id=_str_or_none(custom_id))
-    return InputItem(number, request=request, custom_id=_str_or_none(custom_id))
+    if not row and options.model is not None and not options.force_model:
+        own_model = _differs(request.model, options.model)
+    return InputItem(number, request=request, custom_id=_str_or_none(custom_id), own_model=own_model)
+
+
+def _differs(kept: str, given: str) -> str | None:
+    """``kept`` when it names another model than ``given`` (a bare name is openai's)."""
+
+    def norm(model: str) -> str:
+        return model if "/" in model else f"openai/{model}"
+
+    return kept if norm(kept) != norm(given) else None
 
 
 def _str_or_none(value: Any) -> str | None:
@@ -228,8 +250,13 @@ def _from_batch_line(record: Mapping[str, Any], where: str, options: InputOption
 def _from_chat_body(body: Mapping[str, Any], where: str, options: InputOptions, *, request_id: str | None) -> Request:
     if body.get("stream"):
         raise InvalidInputError(f"{where}: 'stream' is not supported in a batch job; remove it")
-    model = options.model or body.get("model") or options.default_model
-    if not isinstance(model, str) or not model:
+    own = body.get("model") or None  # "" or null: the record names no model
+    if options.force_model:
+        own = None
+    elif own is not None and not isinstance(own, str):
+        raise InvalidInputError(f"{where}: model must be a string, got {own!r}")
+    model = own or options.model or options.default_model
+    if not model:
         raise InvalidInputError(f"{where}: no model; give --model or a 'model' field")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if options.max_tokens is not None:
@@ -290,7 +317,7 @@ def _read_csv(path: Path, options: InputOptions) -> Iterator[InputItem]:
     csv.field_size_limit(options.max_line_bytes)
     dialect: type[csv.Dialect] = csv.excel_tab if path.suffix.lower() == ".tsv" else csv.excel
     with path.open("rb") as binary:
-        text = io.TextIOWrapper(binary, encoding="utf-8", errors="surrogateescape", newline="")
+        text = io.TextIOWrapper(binary, encoding="utf-8-sig", errors="surrogateescape", newline="")
         reader = csv.reader(text, dialect)
         try:
             header = next(reader)

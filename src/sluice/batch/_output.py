@@ -5,54 +5,101 @@ what has been *answered*. A result is committed to the store first and written h
 second, so after a crash a rerun finds every answer in one or the other: lines already
 here are skipped, answers only in the store are written from it, and nothing is sent
 twice. A half-written last line (the crash came mid-write) is cut off and redone.
+
+Each record carries ``request_hash``, a hash of the request its line made: a rerun over
+an input edited in place redoes the lines whose request changed instead of keeping
+answers to questions nobody asks any more.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
+from array import array
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from .. import _errors, _json
-from .._models import Result
+from .._errors import ConfigError
+from .._models import Request, Result, store_key
 from .._records import error_record, usage_record
 from ._inputs import InputItem
 
-__all__ = ["DoneLines", "OutputWriter", "output_record", "prepare_output"]
+__all__ = [
+    "KEPT_KINDS",
+    "DoneLines",
+    "OutputWriter",
+    "Prepared",
+    "looks_like_output",
+    "output_record",
+    "prepare_output",
+    "request_hash",
+]
 
 
-def _provider_kinds() -> frozenset[str]:
+def _kept_kinds() -> frozenset[str]:
     kinds: set[str] = set()
-    pending: list[type[_errors.SluiceError]] = [_errors.ProviderError]
+    pending: list[type[_errors.SluiceError]] = [_errors.SluiceError]
     while pending:
         cls = pending.pop()
-        kinds.add(cls.kind)
+        if cls.kept_on_rerun:
+            kinds.add(cls.kind)
         pending.extend(cls.__subclasses__())
     return frozenset(kinds)
 
 
-#: Failures that cost an attempt at the provider: kept on a rerun unless --retry-failed.
-#: Any other failure (bad input, cancelled, over budget) is redone on every rerun.
-PROVIDER_FAILURES = _provider_kinds()
+#: Failures a rerun keeps unless --retry-failed: the provider rejected the request itself.
+#: Every other failure (keys, connections, the server, money, time, bad input) is redone.
+KEPT_KINDS = _kept_kinds()
+
+
+def request_hash(request: Request) -> str:
+    """16 hex digits naming what a line asks (its id and content): a changed line differs."""
+    return hashlib.blake2b(store_key(request).encode(), digest_size=8).hexdigest()
 
 
 class DoneLines:
-    """A bitmap of record numbers already in the output: 1 bit each, so 1M lines = 125 KB."""
+    """Record numbers already in the output, with each one's request hash.
 
-    __slots__ = ("_bits", "count")
+    A bitmap (1 bit per line) and an array of 64-bit hashes (0: unknown): 1M lines take
+    ~8 MB, where a dict of them would take ten times that.
+    """
+
+    __slots__ = ("_bits", "_hashes", "count")
 
     def __init__(self) -> None:
         self._bits = bytearray()
+        self._hashes = array("Q")
         self.count = 0
 
-    def add(self, line: int) -> None:
+    def add(self, line: int, digest: int = 0) -> None:
         byte, bit = divmod(line, 8)
         if byte >= len(self._bits):
             self._bits.extend(bytes(byte - len(self._bits) + 1024))
         if not self._bits[byte] & (1 << bit):
             self._bits[byte] |= 1 << bit
             self.count += 1
+        if digest:
+            if line >= len(self._hashes):
+                self._hashes.extend([0] * (line - len(self._hashes) + 1024))
+            self._hashes[line] = digest
+
+    def discard(self, line: int) -> None:
+        byte, bit = divmod(line, 8)
+        if byte < len(self._bits) and self._bits[byte] & (1 << bit):
+            self._bits[byte] &= ~(1 << bit) & 0xFF
+            self.count -= 1
+
+    def digest(self, line: int) -> int:
+        return self._hashes[line] if line < len(self._hashes) else 0
+
+    @property
+    def has_digests(self) -> bool:
+        return any(self._hashes)
 
     def __contains__(self, line: int) -> bool:
         byte, bit = divmod(line, 8)
@@ -65,6 +112,12 @@ class Prepared:
     kept: int
     dropped: int
     repaired_bytes: int
+    #: Of ``kept``, failures kept from earlier runs (the request's own fault).
+    kept_failures: int = 0
+    #: Lines whose input changed since their record was written: dropped and redone.
+    changed: int = 0
+    #: Dollars the records in the file say they cost (all of them, kept or not).
+    cost_usd: float = 0.0
 
 
 def _keep(record: Any, retry_failed: bool) -> int | None:
@@ -75,31 +128,73 @@ def _keep(record: Any, retry_failed: bool) -> int | None:
         return int(record["line"])
     error = record.get("error")
     kind = error.get("type") if isinstance(error, dict) else None
-    if kind in PROVIDER_FAILURES and not retry_failed:
+    if kind in KEPT_KINDS and not retry_failed:
         return int(record["line"])
     return None
 
 
-def prepare_output(path: Path, *, retry_failed: bool) -> Prepared:
-    """Repair a torn last line, drop records this run must redo, and list what is done."""
+def _digest(record: dict[str, Any]) -> int:
+    value = record.get("request_hash")
+    try:
+        return int(value, 16) if isinstance(value, str) else 0
+    except ValueError:
+        return 0
+
+
+def looks_like_output(path: Path) -> bool:
+    """Whether ``path`` starts like a sluice output (a JSON record with ``line`` and ``ok``)."""
+    try:
+        with path.open("rb") as f:
+            first = f.readline(1 << 20)
+        record = _json.loads(first)
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and isinstance(record.get("line"), int) and "ok" in record
+
+
+def prepare_output(
+    path: Path,
+    *,
+    retry_failed: bool,
+    line_hashes: Callable[[], Iterable[tuple[int, str]]] | None = None,
+) -> Prepared:
+    """Repair a torn last line, drop records this run must redo, and list what is done.
+
+    ``line_hashes`` gives the current input's ``(line, request_hash)``; a record whose line
+    now asks something else is dropped and redone.
+    """
     done = DoneLines()
     if not path.exists():
         return Prepared(done, 0, 0, 0)
     repaired = _cut_torn_tail(path)
-    dropped = 0
+    dropped = kept_failures = 0
+    cost = 0.0
     with path.open("rb") as f:
         for raw in f:
             try:
-                line = _keep(_json.loads(raw), retry_failed)
+                record = _json.loads(raw)
             except ValueError:
-                line = None
+                record = None
+            line = _keep(record, retry_failed)
+            if isinstance(record, dict) and isinstance(record.get("cost_usd"), (int, float)):
+                cost += float(record["cost_usd"])
             if line is None or line in done:
                 dropped += 1
                 continue
-            done.add(line)
-    if dropped:
-        _rewrite_without_dropped(path, retry_failed)
-    return Prepared(done, done.count, dropped, repaired)
+            assert isinstance(record, dict)
+            done.add(line, _digest(record))
+            if record.get("ok") is not True:
+                kept_failures += 1
+    changed: set[int] = set()
+    if line_hashes is not None and done.has_digests:
+        for line, digest in line_hashes():
+            known = done.digest(line)
+            if line in done and known and known != int(digest, 16):
+                changed.add(line)
+                done.discard(line)
+    if dropped or changed:
+        _rewrite_without_dropped(path, retry_failed, changed)
+    return Prepared(done, done.count, dropped + len(changed), repaired, kept_failures, len(changed), cost)
 
 
 def _cut_torn_tail(path: Path) -> int:
@@ -124,7 +219,7 @@ def _cut_torn_tail(path: Path) -> int:
         return size
 
 
-def _rewrite_without_dropped(path: Path, retry_failed: bool) -> None:
+def _rewrite_without_dropped(path: Path, retry_failed: bool, changed: set[int]) -> None:
     """Atomically replace the output with only the records kept on this run."""
     temporary = path.with_name(path.name + ".rewrite")
     seen = DoneLines()
@@ -134,7 +229,7 @@ def _rewrite_without_dropped(path: Path, retry_failed: bool) -> None:
                 line = _keep(_json.loads(raw), retry_failed)
             except ValueError:
                 continue
-            if line is not None and line not in seen:
+            if line is not None and line not in seen and line not in changed:
                 seen.add(line)
                 target.write(raw)
         target.flush()
@@ -142,8 +237,13 @@ def _rewrite_without_dropped(path: Path, retry_failed: bool) -> None:
     os.replace(temporary, path)
 
 
-def output_record(item: InputItem, result: Result) -> dict[str, Any]:
-    """The JSON record of one input record's outcome (``line`` first, for cheap scans)."""
+def output_record(item: InputItem, result: Result, sent: Request | None = None) -> dict[str, Any]:
+    """The JSON record of one input record's outcome (``line`` first, for cheap scans).
+
+    ``sent`` is the request as the line made it (before the engine adapted it): its hash
+    goes into the record, and a ``max_tokens`` the engine had to add (a budgeted run
+    caps every request) is named, so a cut answer is never silently cut.
+    """
     record: dict[str, Any] = {"line": item.line, "id": item.custom_id or _id(item, result)}
     if item.custom_id is not None:
         record["custom_id"] = item.custom_id
@@ -151,14 +251,29 @@ def output_record(item: InputItem, result: Result) -> dict[str, Any]:
     record["text"] = result.text
     record["response"] = result.raw
     record["error"] = error_record(result.error) if result.error is not None else None
+    record["finish_reason"] = result.finish_reason
     record["usage"] = usage_record(result.usage)
     record["cost_usd"] = result.cost_usd
     record["attempts"] = result.attempts
     record["latency_s"] = round(result.timings.latency, 4)
     record["deployment"] = result.deployment
     record["cached"] = result.cached
+    if sent is not None:
+        record["request_hash"] = request_hash(sent)
+        added = max_tokens_added(sent, result)
+        if added is not None:
+            record["max_tokens_added"] = added
     record["metadata"] = dict(result.metadata)
     return record
+
+
+def max_tokens_added(sent: Request, result: Result) -> int | None:
+    """The output cap the engine set on a request that gave none (a budget needs one)."""
+    if result.request is None or sent.max_tokens is not None:
+        return None
+    if any(isinstance(sent.params.get(k), int) for k in ("max_tokens", "max_completion_tokens")):
+        return None
+    return result.request.max_tokens
 
 
 def _id(item: InputItem, result: Result) -> str:
@@ -166,12 +281,21 @@ def _id(item: InputItem, result: Result) -> str:
 
 
 class OutputWriter:
-    """Appends records; buffered (the store, not this file, is what must survive a crash)."""
+    """Appends records; buffered (the store, not this file, is what must survive a crash).
+
+    Holds an exclusive lock on the file for the whole run: a second job writing the same
+    output (say with another ``--state``) is refused instead of interleaving records.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file: IO[str] = path.open("a", encoding="utf-8", buffering=1 << 16)
+        try:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.close()
+            raise ConfigError(f"{path} is being written by another sluice job; wait for it or stop it") from None
         self.written = 0
 
     def write(self, record: dict[str, Any]) -> None:
@@ -182,7 +306,12 @@ class OutputWriter:
         self._file.flush()
 
     def close(self) -> None:
-        if not self._file.closed:
+        """Flush, sync and close; raises OSError if the last bytes cannot be written."""
+        if self._file.closed:
+            return
+        try:
             self._file.flush()
             os.fsync(self._file.fileno())
-            self._file.close()
+        finally:
+            with contextlib.suppress(OSError):  # the flush above already said why
+                self._file.close()

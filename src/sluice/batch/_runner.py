@@ -1,8 +1,10 @@
 """A batch job: an input file streamed through the engine into an output file.
 
-Durable and idempotent: the engine commits every answer to the SQLite state as it
-lands, the output is appended after, and a rerun of the same command skips what the
-output already holds, writes what only the state holds, and sends only the rest.
+Durable and idempotent: the engine notes every attempt in the SQLite state before it is
+sent and commits every answer as it lands, the output is appended after, and a rerun of
+the same command skips what the output already holds, writes what only the state holds,
+and sends only the rest. The output is only ever touched when it is this job's (its state
+says so); the job's budget covers every run, crashed ones included.
 """
 
 from __future__ import annotations
@@ -12,19 +14,19 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._engine import Engine
-from .._errors import CancelledError, ConfigError, InvalidInputError, SluiceError
-from .._models import Request, Result
-from ..cli._config import JobConfig
+from .._errors import CancelledError, ConfigError, InvalidInputError, SluiceError, StoreError
+from .._models import Request
 from ..store import SqliteStore
-from ._inputs import InputItem, InputOptions, count_records, read_inputs
-from ._output import DoneLines, OutputWriter, output_record, prepare_output
+from ._inputs import InputItem, count_records, read_inputs
+from ._job import FailFast, JobProgress, JobSpec
+from ._output import DoneLines, OutputWriter, looks_like_output, output_record, prepare_output, request_hash
 
 __all__ = ["JobProgress", "JobSpec", "default_state_path", "run_job"]
 
@@ -34,105 +36,47 @@ def default_state_path(output: Path) -> Path:
     return output.with_suffix(".sluice.db")
 
 
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    input: Path
-    output: Path
-    state: Path
-    config: JobConfig
-    inputs: InputOptions
-    ordered: bool = False
-    retry_failed: bool = False
-    cache: bool = True
-    strict: bool = False
-    restart: bool = False
-
-
-@dataclass(slots=True)
-class JobProgress:
-    """Live counters of a job, read by the progress display and the summary."""
-
-    total: int = 0
-    already_done: int = 0
-    repaired_bytes: int = 0
-    redone: int = 0
-    written: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    invalid: int = 0
-    from_store: int = 0
-    not_done: int = 0
-    started: float = field(default_factory=time.monotonic)
-    finished: float | None = None
-    stopping: bool = False
-    strict_error: str | None = None
-    engine: Engine | None = None
-    errors: dict[str, int] = field(default_factory=dict)
-    #: Dollars spent by earlier runs of this job (from the state file).
-    spent_before: float = 0.0
-    #: The whole input was read (not stopped early by --strict, Ctrl-C or an error).
-    source_exhausted: bool = False
-
-    @property
-    def complete(self) -> bool:
-        """Every record of the input has its record in the output."""
-        return self.source_exhausted and not self.not_done and not self.stopping and self.strict_error is None
-
-    @property
-    def done(self) -> int:
-        return self.already_done + self.written
-
-    def count(self, result: Result) -> None:
-        self.written += 1
-        if result.cached:
-            self.from_store += 1
-        if result.ok:
-            self.succeeded += 1
-            return
-        self.failed += 1
-        kind = result.error.kind if result.error is not None else "error"
-        if kind == "invalid_input":
-            self.invalid += 1
-        self.errors[kind] = self.errors.get(kind, 0) + 1
-
-    def stop(self) -> None:
-        """Stop admitting; in-flight requests finish and are recorded."""
-        self.stopping = True
-        if self.engine is not None:
-            self.engine.stop()
-
-
-def _check_paths(spec: JobSpec) -> None:
+def _resolved(spec: JobSpec) -> JobSpec:
+    """Check the three paths before anything is opened; compare them as the files they are."""
     if not spec.input.is_file():
         raise InvalidInputError(f"{spec.input}: no such input file")
-    if spec.input.resolve() == spec.output.resolve():
-        raise ConfigError("the output file must not be the input file")
     if spec.input.stat().st_size == 0:
         raise InvalidInputError(f"{spec.input} is empty: there are no requests to run")
-
-
-def _claim_state(store: SqliteStore, spec: JobSpec) -> None:
-    """A state file belongs to one input; refuse to mix two jobs' results by line number."""
-    previous = store.meta().get("input")
-    here = str(spec.input.resolve())
-    if previous and previous != here and not spec.restart:
-        raise ConfigError(
-            f"{spec.state} is the state of a job over {previous}; give another -o or --state, "
-            "or --restart to start over (stored answers are still reused)"
-        )
+    for name, path in (("-o", spec.output), ("--state", spec.state)):
+        if path.is_dir():
+            raise ConfigError(f"{name} {path} is a directory; give a file path")
+        if path.exists() and not stat.S_ISREG(path.stat().st_mode):
+            raise ConfigError(f"{name} {path} is not a regular file; give a file path")
+        parent = path.resolve().parent
+        if not parent.is_dir():
+            try:
+                parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"{name} {path}: cannot create its directory ({exc.strerror})") from None
+        if not os.access(parent, os.W_OK):
+            raise ConfigError(f"{name} {path}: the directory {parent} is not writable")
+    input_, output, state = spec.input.resolve(), spec.output.resolve(), spec.state.resolve()
+    if input_ == output:
+        raise ConfigError("the output file must not be the input file")
+    if state in (input_, output):
+        raise ConfigError(f"--state {spec.state} must be a file of its own, not the input or the output")
+    return dataclasses.replace(spec, input=input_, output=output)
 
 
 @contextlib.contextmanager
 def _exclusive(state: Path) -> Iterator[None]:
-    """One process per job: two runs on one output would send everything twice.
+    """One process per job: two runs on one state would send everything twice.
 
     An flock on the state file itself (SQLite's own locks are fcntl locks, which flock
     does not interfere with on Linux), released by the kernel if the process dies.
     """
     import fcntl
 
-    state.parent.mkdir(parents=True, exist_ok=True)
-    with open(state, "ab") as handle:
+    try:
+        handle = open(state, "ab")  # noqa: SIM115 - held for the whole job
+    except OSError as exc:
+        raise StoreError(f"cannot open the state file {state}: {exc.strerror}") from None
+    with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -145,27 +89,69 @@ def _exclusive(state: Path) -> Iterator[None]:
 
 async def run_job(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], None] = lambda: None) -> None:
     """Run the job to the end, or until stopped; every answer is on disk when it returns."""
-    _check_paths(spec)
+    spec = _resolved(spec)
+    progress.grace = spec.grace
     with _exclusive(spec.state):
         await _run_locked(spec, progress, on_tick)
+
+
+def _claim_state(store: SqliteStore, spec: JobSpec) -> None:
+    """A state file belongs to one input; refuse to mix two jobs' results by line number."""
+    previous = store.meta().get("input")
+    if previous and previous != str(spec.input) and not spec.restart:
+        raise ConfigError(
+            f"{spec.state} is the state of a job over {previous}; give another -o or --state, "
+            "or --restart to start over (stored answers are still reused)"
+        )
+
+
+def _claim_output(store: SqliteStore, spec: JobSpec, progress: JobProgress) -> None:
+    """Touch the output only when it is this job's, or the user said to replace it."""
+    output = spec.output
+    mine = store.meta().get("output") == str(output)
+    if not output.exists() or output.stat().st_size == 0:
+        return
+    if spec.overwrite or (spec.restart and mine):
+        output.unlink()
+        return
+    if mine:
+        return
+    if not looks_like_output(output):
+        raise ConfigError(
+            f"{output} already exists and was not written by this job; choose another -o, "
+            "or add --overwrite to replace it"
+        )
+    if spec.adopt_output:
+        progress.adopted = True
+        return
+    raise ConfigError(
+        f"{output} holds sluice records, but its state file {spec.state} does not know it (the state was "
+        "deleted or replaced, or this is another job's output). Rerun with the --state that wrote it; or add "
+        "--adopt-output to continue from its records (their cost counts against --budget); or --overwrite "
+        "to start over"
+    )
 
 
 async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], None]) -> None:
     store = SqliteStore(spec.state)
     try:
         _claim_state(store, spec)
-        if spec.restart:
-            spec.output.unlink(missing_ok=True)
-        prepared = prepare_output(spec.output, retry_failed=spec.retry_failed)
+        _claim_output(store, spec, progress)
+        progress.recovered = store.recover_intents()
+        prepared = prepare_output(spec.output, retry_failed=spec.retry_failed, line_hashes=lambda: _line_hashes(spec))
         progress.total = count_records(spec.input, spec.inputs)
         progress.already_done = prepared.kept
         progress.redone = prepared.dropped
+        progress.kept_failures = prepared.kept_failures
+        progress.changed = prepared.changed
         progress.repaired_bytes = prepared.repaired_bytes
+        progress.spend_before = store.spend()
+        progress.spent_before = max(progress.spend_before.total, prepared.cost_usd)
         if "started_at" not in store.meta():
             store.set_meta(started_at=time.time())
         store.set_meta(
-            input=str(spec.input.resolve()),
-            output=str(spec.output.resolve()),
+            input=str(spec.input),
+            output=str(spec.output),
             status="running",
             pid=os.getpid(),
             run_started_at=time.time(),
@@ -175,12 +161,16 @@ async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[]
         await _stream(spec, progress, store, prepared.done, on_tick)
     finally:
         progress.finished = time.monotonic()
-        status = "finished"
-        if not progress.complete:
-            status = "interrupted"
+        status = "finished" if progress.complete else "interrupted"
         with contextlib.suppress(SluiceError):
             store.set_meta(status=status, finished_at=time.time(), written=progress.done)
         store.close()
+
+
+def _line_hashes(spec: JobSpec) -> Iterator[tuple[int, str]]:
+    for item in read_inputs(spec.input, spec.inputs):
+        if item.request is not None:
+            yield item.line, request_hash(_request_of(item, spec.cache))
 
 
 async def _stream(
@@ -195,9 +185,9 @@ async def _stream(
         retry_failed=spec.retry_failed,
         budget_usd=config.budget_usd,
         allow_unpriced=config.allow_unpriced,
+        defaults=config.defaults,
     )
     progress.engine = engine
-    progress.spent_before = store.summary()["cost_usd"] or 0.0
     if engine.spending.budget is not None:  # the budget is the job's, over all its runs
         engine.spending.budget.add_spent(progress.spent_before)
     if progress.stopping:
@@ -212,6 +202,8 @@ async def _stream(
             if item.error is not None and spec.strict:
                 progress.strict_error = item.error.message
                 return  # the records before it still finish
+            if item.own_model is not None:
+                progress.note_own_model(item.own_model)
             pending[next(numbering)] = item
             if item.error is not None:
                 yield item.error
@@ -220,7 +212,9 @@ async def _stream(
         progress.source_exhausted = True
 
     writer = OutputWriter(spec.output)
-    ticker = asyncio.get_running_loop().create_task(_tick(writer, on_tick))
+    output = _Output(writer, progress)
+    fail_fast = FailFast(progress.total)
+    ticker = asyncio.get_running_loop().create_task(_tick(output, on_tick))
     try:
         async with engine:
             async for result in engine.map(source(), ordered=spec.ordered):
@@ -229,14 +223,61 @@ async def _stream(
                 if isinstance(result.error, CancelledError):
                     progress.not_done += 1  # not written: the rerun does it
                     continue
-                writer.write(output_record(item, result))
-                progress.count(result)
+                sent = _request_of(item, spec.cache) if item.request is not None else None
+                if not output.write(output_record(item, result, sent)):
+                    continue
+                progress.count(result, sent)
+                verdict = fail_fast.observe(result)
+                if verdict is not None and progress.fatal is None:
+                    progress.fatal = verdict
+                    progress.stop()
     finally:
         ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticker
-        writer.close()
+        output.close()
+        if engine.store_error is not None:
+            progress.store_error = engine.store_error.message
         on_tick()
+
+
+class _Output:
+    """The output writer, with a failure (disk full...) turned into a clean stop."""
+
+    def __init__(self, writer: OutputWriter, progress: JobProgress) -> None:
+        self._writer = writer
+        self._progress = progress
+
+    def write(self, record: dict[str, object]) -> bool:
+        """Write one record; False (and the job stops) when the file cannot take it."""
+        if self._progress.output_error is not None:
+            self._progress.not_written += 1
+            return False
+        try:
+            self._writer.write(record)
+        except OSError as exc:
+            self._failed(exc)
+            self._progress.not_written += 1
+            return False
+        return True
+
+    def flush(self) -> None:
+        if self._progress.output_error is None:
+            try:
+                self._writer.flush()
+            except OSError as exc:
+                self._failed(exc)
+
+    def close(self) -> None:
+        try:
+            self._writer.close()
+        except OSError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        if self._progress.output_error is None:
+            self._progress.output_error = f"cannot write the output {self._writer.path}: {exc.strerror or exc}"
+            self._progress.stop()
 
 
 def _request_of(item: InputItem, cache: bool) -> Request:
@@ -247,8 +288,8 @@ def _request_of(item: InputItem, cache: bool) -> Request:
     return dataclasses.replace(item.request, id=f"line-{item.line}")
 
 
-async def _tick(writer: OutputWriter, on_tick: Callable[[], None]) -> None:
+async def _tick(output: _Output, on_tick: Callable[[], None]) -> None:
     while True:
         await asyncio.sleep(0.25)
-        writer.flush()
+        output.flush()
         on_tick()

@@ -8,9 +8,7 @@ twice), ``sluice estimate`` says what a run would take without sending anything,
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +19,7 @@ import click
 from .._errors import SluiceError
 from .._models import Price
 from ..batch._inputs import InputOptions, Template
-from ._config import JobConfig, describe, load_config, with_overrides
+from ._config import JobConfig, describe, describe_defaults, load_config, with_overrides
 
 __all__ = ["main"]
 
@@ -52,21 +50,45 @@ def _config_options(fn: F) -> F:
             "--config",
             "config_path",
             type=click.Path(path_type=Path),
-            help="TOML config (default: ./sluice.toml if present).",
+            help="TOML config (default: ./sluice.toml, once trusted with `sluice config trust`).",
         ),
-        click.option("--model", help="Model for every record, e.g. openai/gpt-4o-mini or simulate/demo."),
-        click.option("--rpm", type=click.FloatRange(min=0, min_open=True), help="Requests per window for --model."),
-        click.option("--tpm", type=click.FloatRange(min=0, min_open=True), help="Tokens per window for --model."),
+        click.option(
+            "--model",
+            help="Model for records that name none, e.g. openai/gpt-4o-mini or simulate/demo.",
+        ),
+        click.option(
+            "--rpm",
+            type=click.FloatRange(min=0, min_open=True),
+            help="Requests per window: for --model; without it, for each model with no deployment configured.",
+        ),
+        click.option(
+            "--tpm",
+            type=click.FloatRange(min=0, min_open=True),
+            help="Tokens per window (applied like --rpm).",
+        ),
         click.option(
             "--max-in-flight",
             type=click.IntRange(min=1),
-            help="Requests awaiting an answer at once, for --model.",
+            help="Requests awaiting an answer at once (applied like --rpm).",
+        ),
+        click.option(
+            "--burst",
+            "burst_requests",
+            type=click.FloatRange(min=0),
+            metavar="REQUESTS",
+            help="Requests allowed at once above the even pace (applied like --rpm).",
+        ),
+        click.option(
+            "--burst-tokens",
+            type=click.FloatRange(min=0),
+            metavar="TOKENS",
+            help="Tokens allowed at once above the even pace (applied like --rpm).",
         ),
         click.option("--concurrency", type=click.IntRange(min=1), help="Requests admitted at once across deployments."),
         click.option(
             "--price",
             callback=_parse_price,
-            help="USD per million tokens for --model: IN,OUT or IN,OUT,CACHED_IN (unlisted or self-hosted).",
+            help="USD per million tokens, IN,OUT or IN,OUT,CACHED_IN (unlisted or self-hosted; applied like --rpm).",
         ),
         click.option("--budget", type=click.FloatRange(min=0), help="Never spend more than this many US dollars."),
         click.option("--allow-unpriced", is_flag=True, help="Let a budgeted run use models with no known price."),
@@ -96,6 +118,11 @@ def _input_options(fn: F) -> F:
             "--template",
             help="Build each prompt from a row's fields: 'Explain {name}'. @FILE reads it from a file.",
         ),
+        click.option(
+            "--force-model",
+            is_flag=True,
+            help="Send every record to --model, even one that names another model.",
+        ),
         click.option("--system", help="A system prompt added to every request."),
         click.option("--id-field", help="With --template: the field that identifies a row."),
         click.option("--max-tokens", type=click.IntRange(min=1), help="max_tokens for every request."),
@@ -113,17 +140,19 @@ def _input_options(fn: F) -> F:
     return fn
 
 
-_INPUT_FLAGS = ("template", "system", "id_field", "max_tokens", "temperature", "input_format")
+_INPUT_FLAGS = ("template", "force_model", "system", "id_field", "max_tokens", "temperature", "input_format")
 
 
-def _job_config(flags: dict[str, Any]) -> JobConfig:
+def _job_config(flags: dict[str, Any], *, require_trust: bool = True) -> JobConfig:
     """The config file with the flags applied; takes the config flags out of ``flags``."""
     return with_overrides(
-        load_config(flags.pop("config_path")),
-        model=flags["model"],  # left in: it also overrides every record's model
+        load_config(flags.pop("config_path"), require_trust=require_trust),
+        model=flags["model"],  # left in: it is also the model of records that name none
         rpm=flags.pop("rpm"),
         tpm=flags.pop("tpm"),
         max_in_flight=flags.pop("max_in_flight"),
+        burst_requests=flags.pop("burst_requests"),
+        burst_tokens=flags.pop("burst_tokens"),
         concurrency=flags.pop("concurrency"),
         price=flags.pop("price"),
         budget_usd=flags.pop("budget"),
@@ -132,6 +161,9 @@ def _job_config(flags: dict[str, Any]) -> JobConfig:
 
 
 def _input_opts(config: JobConfig, model: str | None, **flags: Any) -> InputOptions:
+    force_model = bool(flags.get("force_model"))
+    if force_model and model is None:
+        _fail("--force-model needs --model: the model to send every record to")
     template = flags.pop("template")
     if template is not None and template.startswith("@"):
         try:
@@ -141,6 +173,7 @@ def _input_opts(config: JobConfig, model: str | None, **flags: Any) -> InputOpti
     return InputOptions(
         model=model,
         default_model=config.model,
+        force_model=force_model,
         template=Template(template) if template is not None else None,
         system=flags["system"],
         id_field=flags["id_field"],
@@ -163,16 +196,29 @@ def main() -> None:
     "--output",
     type=click.Path(path_type=Path),
     required=True,
-    help="Results JSONL (appended; one record per input record).",
+    help="Results JSONL (appended; one record per input record). Only ever this job's own file.",
 )
 @_config_options
 @_input_options
 @click.option("--ordered", is_flag=True, help="Write results in input order (default: as they complete).")
 @click.option("--state", type=click.Path(path_type=Path), help="SQLite state file (default: OUTPUT with .sluice.db).")
-@click.option("--retry-failed", is_flag=True, help="Send again the records that failed at the provider.")
+@click.option("--retry-failed", is_flag=True, help="Send again the records the provider rejected (400/422).")
 @click.option("--no-cache", is_flag=True, help="Do not serve identical requests from stored answers.")
 @click.option("--strict", is_flag=True, help="Stop at the first bad input record instead of recording it.")
-@click.option("--restart", is_flag=True, help="Start the output over (stored answers are still reused).")
+@click.option("--restart", is_flag=True, help="Start this job's output over (stored answers are still reused).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing OUTPUT that this job did not write.")
+@click.option(
+    "--adopt-output",
+    is_flag=True,
+    help="Continue an OUTPUT whose state file is gone, from its records (their cost counts against --budget).",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=20.0,
+    show_default=True,
+    help="Seconds in-flight requests get to finish after Ctrl-C or SIGTERM; then they are cut off.",
+)
 @click.option(
     "--log-every",
     type=click.FloatRange(min=0.1),
@@ -183,9 +229,20 @@ def main() -> None:
 @_friendly
 def run(input_path: Path, output: Path, **flags: Any) -> None:
     """Stream INPUT (JSONL chat bodies, OpenAI Batch API lines, or CSV/JSONL rows with
-    --template) through the engine into OUTPUT. Rerun the same command to resume."""
-    from ..batch._runner import JobProgress, JobSpec, default_state_path, run_job
-    from ._progress import ProgressView, summary_rows
+    --template) through the engine into OUTPUT. Rerun the same command to resume.
+
+    \b
+    Exit status:
+      0  every record succeeded
+      1  the job finished, but some records failed (see the summary)
+      2  nothing was run: a flag, the config or a path is wrong
+      3  the job stopped itself: --strict met a bad line, its first requests all
+         failed the same way, or the state or output file could not be written
+      4  the job finished, but the budget could not pay for some records
+    130  interrupted (Ctrl-C, SIGTERM); rerun the same command to resume
+    """
+    from ..batch._runner import JobSpec, default_state_path
+    from ._run import run_job_command
 
     config = _job_config(flags)
     spec = JobSpec(
@@ -193,59 +250,17 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
         output=output,
         state=flags["state"] or default_state_path(output),
         config=config,
-        inputs=_input_opts(
-            config,
-            flags.pop("model"),
-            **{k: flags[k] for k in ("template", "system", "id_field", "max_tokens", "temperature", "input_format")},
-        ),
+        inputs=_input_opts(config, flags.pop("model"), **{k: flags[k] for k in _INPUT_FLAGS if k in flags}),
         ordered=flags["ordered"],
         retry_failed=flags["retry_failed"],
         cache=not flags["no_cache"],
         strict=flags["strict"],
         restart=flags["restart"],
+        overwrite=flags["overwrite"],
+        adopt_output=flags["adopt_output"],
+        grace=flags["grace"],
     )
-    progress = JobProgress()
-    view = ProgressView(progress, every=flags["log_every"])
-    aborted = False
-
-    async def job() -> None:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        presses = 0
-
-        def on_signal() -> None:
-            nonlocal presses
-            presses += 1
-            if presses == 1:
-                progress.stop()
-                view.tick()
-            elif task is not None:
-                task.cancel()
-
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, on_signal)
-        await run_job(spec, progress, view.tick)
-
-    view.start()
-    try:
-        asyncio.run(job())
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        aborted = True
-    finally:
-        view.stop()
-    _print_table("sluice run", [*summary_rows(progress), ("output", str(output)), ("state", str(spec.state))])
-    if progress.strict_error is not None:
-        _fail(f"{progress.strict_error} (--strict: stopped here; fix it and rerun to resume)", 1)
-    exhausted = progress.errors.get("budget_exhausted", 0)
-    if exhausted:
-        click.echo(
-            f"sluice: the budget is spent: {exhausted:,} records were not run; "
-            "rerun with a larger --budget to resume them",
-            err=True,
-        )
-    if aborted or not progress.complete:
-        click.echo("sluice: interrupted; rerun the same command to resume (nothing done is sent again)", err=True)
-        sys.exit(130)
+    sys.exit(run_job_command(spec, log_every=flags["log_every"]))
 
 
 @main.command()
@@ -259,7 +274,7 @@ def estimate(input_path: Path, **flags: Any) -> None:
     from ..batch._estimate import estimate_job
 
     config = _job_config(flags)
-    expected_output = flags.pop("expected_output")
+    expected_output = flags.pop("expected_output")  # the rest are _INPUT_FLAGS
     inputs = _input_opts(config, flags.pop("model"), **flags)
     result = estimate_job(input_path, config, inputs, expected_output=expected_output)
     _print_table(f"sluice estimate {input_path}", result.rows())
@@ -279,17 +294,32 @@ def report(state: Path) -> None:
 
 @main.group()
 def config() -> None:
-    """Inspect the configuration."""
+    """Inspect the configuration, and trust a ./sluice.toml to be read."""
+
+
+_TRUST_WORDS = {
+    None: "given with --config",
+    "trusted": "found in this directory; trusted",
+    "untrusted": "found in this directory; NOT trusted",
+    "changed": "found in this directory; CHANGED since it was trusted",
+}
 
 
 @config.command("check")
 @_config_options
 @_friendly
 def config_check(**flags: Any) -> None:
-    """Validate the config file and print the effective configuration (keys masked)."""
-    effective = _job_config(flags)
-    source = effective.source or "(no config file; defaults and flags)"
-    click.echo(f"config: {source}")
+    """Validate the config file and print the effective configuration (keys masked).
+
+    Exits 1 when the run would not start as configured: an untrusted ./sluice.toml, or
+    an API key variable that is not set."""
+    from ._config import missing_keys, untrusted_message
+
+    effective = _job_config(flags, require_trust=False)  # shown for review; nothing is sent
+    if effective.source is None:
+        click.echo("config: (no config file; defaults and flags)")
+    else:
+        click.echo(f"config: {effective.source.resolve()} ({_TRUST_WORDS[effective.trust]})")
     budget = "-" if effective.budget_usd is None else f"${effective.budget_usd:,.2f}"
     click.echo(f"default model: {effective.model or '-'}   concurrency: {effective.concurrency}   budget: {budget}")
     retry = effective.retry
@@ -298,26 +328,52 @@ def config_check(**flags: Any) -> None:
         f"deadline {retry.deadline}s, attempt timeout {retry.attempt_timeout}s"
     )
     rows = describe(effective)
-    if not rows:
+    defaults = describe_defaults(effective)
+    if not rows and defaults is None:
         click.echo("deployments: none (models are served without local limits; they learn from headers)")
     for row in rows:
         _print_table(f"deployment {row.pop('deployment')}", list(row.items()))
+    if defaults is not None:
+        click.echo(defaults)
+    problems = missing_keys(effective)
+    if effective.source is not None and effective.trust not in (None, "trusted"):
+        assert effective.trust is not None
+        problems.insert(0, untrusted_message(effective.source.resolve(), effective.trust))
+    for problem in problems:
+        click.echo(f"sluice: {problem}", err=True)
+    if problems:
+        sys.exit(1)
+
+
+@config.command("trust")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path), default="sluice.toml", required=False)
+@click.option("--revoke", is_flag=True, help="Stop trusting PATH.")
+@_friendly
+def config_trust(path: Path, revoke: bool) -> None:
+    """Let sluice read PATH (default ./sluice.toml) without --config, as it is now.
+
+    Read the file first: it says which servers requests (and API keys) go to. The trust
+    covers these exact bytes; any edit needs trusting again. Records are kept in
+    $SLUICE_TRUST_FILE, or $XDG_CONFIG_HOME/sluice/trusted.json."""
+    from . import _trust
+    from ._config import config_from_bytes, key_source, read_config_file
+
+    if revoke:
+        if _trust.revoke(path):
+            click.echo(f"no longer trusted: {path.resolve()}")
+        else:
+            click.echo(f"{path.resolve()} was not trusted; nothing to revoke")
+        return
+    raw = read_config_file(path)
+    trusted = config_from_bytes(raw, path)  # a file that does not parse is not worth trusting
+    store = _trust.trust(path, raw)
+    click.echo(f"trusted: {path.resolve()} (sha256 {_trust.fingerprint(raw)[:16]}…), recorded in {store}")
+    for d in trusted.deployments:
+        where = d.base_url or "the provider's default endpoint"
+        click.echo(f"  {d.label}: requests go to {where}; key from {key_source(d)}")
 
 
 def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
-    """A rich table on a terminal; plain ``name: value`` lines in logs and pipes."""
-    if not sys.stdout.isatty():
-        width = max(len(name) for name, _ in rows)
-        click.echo(title)
-        for name, value in rows:
-            click.echo(f"  {name.ljust(width)}  {value}")
-        return
-    from rich.console import Console
-    from rich.table import Table
+    from ._progress import table
 
-    table = Table(title=title, show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
-    for name, value in rows:
-        table.add_row(name, value)
-    Console().print(table)
+    table(title, rows)

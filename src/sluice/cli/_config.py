@@ -17,9 +17,15 @@
     max_in_flight = 64
     # price = { input_per_mtok = 0.15, output_per_mtok = 0.60 }   # for unlisted models
 
-CLI flags (``--model``, ``--rpm``, ``--tpm``, ``--max-in-flight``, ``--concurrency``)
-override the file. Keys are never printed: ``sluice config check`` says only where a key
-comes from and whether it is set.
+CLI flags (``--model``, ``--rpm``, ``--tpm``, ``--max-in-flight``, ``--burst``,
+``--concurrency``) override the file. Limits given with ``--model`` apply to that model's
+deployment; without it, to the one deployment the file configures, or else (as
+:attr:`JobConfig.defaults`) to every model that has no deployment of its own.
+
+A ``sluice.toml`` found in the working directory is used only once the user trusted it
+(``sluice config trust``, see :mod:`._trust`): it could send API keys anywhere. Keys are
+never printed: ``sluice config check`` says only where a key comes from and whether it is
+set.
 """
 
 from __future__ import annotations
@@ -31,12 +37,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from .._errors import ConfigError, SluiceError
 from .._models import Deployment, Price, Secret
+from .._pricing import effective_base_url
 from .._retry import RetryPolicy
+from ._trust import TrustState, check_trust
 
-__all__ = ["JobConfig", "describe", "load_config"]
+__all__ = [
+    "DEFAULT_FILE",
+    "JobConfig",
+    "config_from_bytes",
+    "describe",
+    "describe_defaults",
+    "key_source",
+    "load_config",
+    "missing_keys",
+    "read_config_file",
+    "untrusted_message",
+    "with_overrides",
+]
 
 DEFAULT_FILE = "sluice.toml"
 _TOP_KEYS = {"model", "concurrency", "budget_usd", "allow_unpriced", "retry", "deployment", "deployments"}
@@ -54,24 +75,66 @@ class JobConfig:
     budget_usd: float | None = None
     allow_unpriced: bool = False
     source: Path | None = None
+    #: Deployment fields for every model that has no deployment here (``--rpm`` and the
+    #: like without ``--model``): the engine serves such a model as ``Deployment(model, **defaults)``.
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    #: For a file found in the working directory: whether the user trusted it (else None).
+    trust: TrustState | None = None
 
 
-def load_config(path: Path | None) -> JobConfig:
-    """Read ``path``, or ``./sluice.toml`` when it exists, or return the defaults."""
+def load_config(path: Path | None, *, require_trust: bool = True) -> JobConfig:
+    """Read ``path``, or ``./sluice.toml`` when it exists and is trusted, or return the defaults.
+
+    A file given as ``path`` is the user's explicit choice. A file merely found in the
+    working directory may have come with a cloned repository, so unless the user trusted
+    these exact bytes it is refused (``require_trust=False`` reads it anyway, for
+    ``sluice config check`` to show what it would do; nothing is sent then).
+    """
+    trust: TrustState | None = None
     if path is None:
         candidate = Path(DEFAULT_FILE)
-        if not candidate.exists():
+        if not candidate.is_file():
             return JobConfig()
         path = candidate
+        raw = read_config_file(path)
+        check = check_trust(path, raw)  # the very bytes parsed below: no swap in between
+        trust = check.state
+        if trust != "trusted" and require_trust:
+            raise ConfigError(untrusted_message(check.path, trust))
+    else:
+        raw = read_config_file(path)
+    return dataclasses.replace(config_from_bytes(raw, path), trust=trust)
+
+
+def config_from_bytes(raw: bytes, path: Path) -> JobConfig:
+    """Parse the bytes read from ``path`` (``sluice config trust`` validates exactly the
+    bytes it records)."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
+        data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     return _parse(data, path)
+
+
+def read_config_file(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror}") from None
+
+
+def untrusted_message(path: Path, state: TrustState) -> str:
+    why = "has changed since you trusted it" if state == "changed" else "was found in this directory but is not trusted"
+    return (
+        f"{path} {why}; a config file could send your API keys to any server. "
+        f"Read it, then run `sluice config trust` to trust it, or give it explicitly with --config ./{DEFAULT_FILE}"
+    )
 
 
 def _unknown(where: str, given: Mapping[str, Any], known: set[str]) -> None:
@@ -133,35 +196,77 @@ def with_overrides(
     rpm: float | None = None,
     tpm: float | None = None,
     max_in_flight: int | None = None,
+    burst_requests: float | None = None,
+    burst_tokens: float | None = None,
     concurrency: int | None = None,
     price: Price | None = None,
     budget_usd: float | None = None,
     allow_unpriced: bool = False,
 ) -> JobConfig:
-    """The configuration with CLI flags applied on top."""
-    target = model or config.model
-    if target is None and len(config.deployments) == 1:
-        target = config.deployments[0].model
-    given: dict[str, Any] = {"rpm": rpm, "tpm": tpm, "max_in_flight": max_in_flight, "price": price}
+    """The configuration with CLI flags applied on top.
+
+    Limits (and ``price``) go to ``model``'s deployment when ``model`` is given (one is
+    made if the file has none); else to the file's only deployment when it has exactly
+    one (and the file's default model, if any, is that one); else into
+    :attr:`JobConfig.defaults`, for every model without a deployment of its own.
+    """
+    given: dict[str, Any] = {
+        "rpm": rpm,
+        "tpm": tpm,
+        "max_in_flight": max_in_flight,
+        "burst_requests": burst_requests,
+        "burst_tokens": burst_tokens,
+        "price": price,
+    }
     limits = {k: v for k, v in given.items() if v is not None}
     deployments = list(config.deployments)
-    if limits and target is None:
-        raise ConfigError("--rpm/--tpm/--max-in-flight/--price need --model to say which deployment they apply to")
-    if target is not None:
-        found = [i for i, d in enumerate(deployments) if target in (d.model, d.label)]
-        if found:
-            for i in found:
-                deployments[i] = dataclasses.replace(deployments[i], **limits)
-        elif model is not None or limits:
-            deployments.append(Deployment(target, **limits))
+    defaults = dict(config.defaults)
+    if model is not None:
+        found = [i for i, d in enumerate(deployments) if model in (d.model, d.label)]
+        for i in found:
+            deployments[i] = _with(deployments[i], limits)
+        if not found:
+            deployments.append(Deployment(model, **limits))
+    elif limits and len(deployments) == 1 and config.model in (None, deployments[0].model, deployments[0].label):
+        deployments[0] = _with(deployments[0], limits)
+    elif limits:
+        defaults.update(limits)
+        _with(Deployment("openai/any-model"), defaults)  # a bad combination fails here, not mid-job
     return dataclasses.replace(
         config,
         deployments=tuple(deployments),
+        defaults=defaults,
         model=model or config.model,
         concurrency=concurrency or config.concurrency,
         budget_usd=config.budget_usd if budget_usd is None else budget_usd,
         allow_unpriced=allow_unpriced or config.allow_unpriced,
     )
+
+
+def _with(deployment: Deployment, fields: Mapping[str, Any]) -> Deployment:
+    try:
+        return dataclasses.replace(deployment, **fields)
+    except SluiceError as exc:
+        raise ConfigError(exc.message) from None
+
+
+def _key_env(deployment: Deployment) -> tuple[str, bool] | None:
+    """The variable a deployment's key is read from and whether the provider needs it;
+    None when no key is read from the environment at all."""
+    provider = deployment.provider_name
+    if provider == "simulate" or not isinstance(deployment.provider, (str, type(None))):
+        return None
+    if isinstance(deployment.api_key, Secret) and deployment.api_key:
+        return None
+    if deployment.api_key_env:
+        return deployment.api_key_env, True  # named explicitly: the provider refuses without it
+    env = _KEY_ENV.get(provider)
+    if env is None:
+        return None
+    if provider == "openai":  # a self-hosted OpenAI-compatible server may need no key
+        url = effective_base_url(deployment)
+        return env, url is None or urlsplit(url).hostname == "api.openai.com"
+    return env, True
 
 
 def key_source(deployment: Deployment) -> str:
@@ -171,11 +276,40 @@ def key_source(deployment: Deployment) -> str:
         return "no key needed"
     if isinstance(deployment.api_key, Secret) and deployment.api_key:
         return "api_key in the config file (****)"
-    env = deployment.api_key_env or _KEY_ENV.get(provider)
-    if env is None:
+    found = _key_env(deployment)
+    if found is None:
         return "none"
-    state = "set" if os.environ.get(env) else "NOT SET"
-    return f"${env} ({state})"
+    env, required = found
+    if os.environ.get(env):
+        return f"${env} (set)"
+    return f"${env} (NOT SET)" if required else f"${env} (not set; optional for this server)"
+
+
+def missing_keys(config: JobConfig) -> list[str]:
+    """One line per deployment whose key the provider needs but the environment lacks."""
+    problems = []
+    for d in config.deployments:
+        found = _key_env(d)
+        if found is not None and found[1] and not os.environ.get(found[0]):
+            problems.append(f"deployment {d.label!r}: its API key variable ${found[0]} is not set")
+    return problems
+
+
+def _limits(d: Deployment) -> list[tuple[str, str]]:
+    return [
+        ("rpm", "-" if d.rpm is None else f"{d.rpm:g}"),
+        ("tpm", "-" if d.tpm is None else f"{d.tpm:g}"),
+        ("max_in_flight", "-" if d.max_in_flight is None else str(d.max_in_flight)),
+        ("burst", f"{d.burst_requests:g} requests, {d.burst_tokens:g} tokens"),
+        ("window", f"{d.window:g}s"),
+    ]
+
+
+def _where(d: Deployment) -> str:
+    url = effective_base_url(d)
+    if url is None:
+        return "(provider default)"
+    return url if d.base_url else f"{url} (from the environment)"
 
 
 def describe(config: JobConfig) -> list[dict[str, str]]:
@@ -190,13 +324,31 @@ def describe(config: JobConfig) -> list[dict[str, str]]:
                 "deployment": d.label,
                 "provider": d.provider_name,
                 "model": d.model_name,
-                "base_url": d.base_url or "(provider default)",
+                "base_url": _where(d),
                 "key": key_source(d),
-                "rpm": "-" if d.rpm is None else f"{d.rpm:g}",
-                "tpm": "-" if d.tpm is None else f"{d.tpm:g}",
-                "max_in_flight": "-" if d.max_in_flight is None else str(d.max_in_flight),
-                "window": f"{d.window:g}s",
+                **dict(_limits(d)),
                 "price": pricing.describe(d),
             }
         )
     return rows
+
+
+def describe_defaults(config: JobConfig) -> str | None:
+    """The one line ``sluice config check`` prints for models without a deployment, or
+    None when the flags set nothing for them."""
+    if not config.defaults:
+        return None
+    from .._pricing import Pricing
+
+    shown = ", ".join(
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in config.defaults.items() if k != "price"
+    )
+    configured = {m for d in config.deployments for m in (d.model, d.label)}
+    if config.model is not None and config.model not in configured:
+        price = Pricing().describe(Deployment(config.model, **config.defaults))
+        price = f"price of the default model {config.model}: {price}"
+    elif config.defaults.get("price") is not None:
+        price = f"price: {Pricing().describe(Deployment('openai/any-model', **config.defaults))}"
+    else:
+        price = "price: looked up per model in genai-prices (unknown when unlisted)"
+    return f"models without a deployment: {shown or 'no limits'}; {price}"

@@ -7,13 +7,16 @@ summary table that says where the output and the state are.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import IO, Any
 
-from ..batch._runner import JobProgress
+import click
 
-__all__ = ["ProgressView", "format_duration", "summary_rows"]
+from ..batch._job import JobProgress
+
+__all__ = ["ProgressView", "format_duration", "summary_rows", "table", "usd"]
 
 
 def format_duration(seconds: float | None) -> str:
@@ -58,8 +61,15 @@ def status_line(progress: JobProgress) -> str:
 
 
 def usd(amount: float) -> str:
-    """Dollars with the precision that matters: cents for large sums, 1/100 cent for small."""
-    return f"${amount:,.2f}" if abs(amount) >= 10 else f"${amount:,.4f}"
+    """Dollars with the precision that matters: cents for large sums, 1/100 cent for small
+    ones, and two significant digits below that, so a real cost never shows as $0.0000."""
+    size = abs(amount)
+    if size >= 10 or size == 0:
+        return f"${amount:,.2f}"
+    if size >= 0.01:
+        return f"${amount:,.4f}"
+    decimals = min(12, 1 - math.floor(math.log10(size)))
+    return f"${amount:,.{decimals}f}"
 
 
 def _spend(progress: JobProgress) -> str:
@@ -70,8 +80,8 @@ def _spend(progress: JobProgress) -> str:
     budget = engine.spending.budget
     if budget is not None:
         return f"{usd(budget.spent())} of {usd(budget.limit)}"
-    if engine.stats.cost_usd or not engine.stats.unpriced:
-        return usd(progress.spent_before + engine.stats.cost_usd)
+    if engine.stats.total_cost_usd or not engine.stats.unpriced:
+        return usd(progress.spent_before + engine.stats.total_cost_usd)
     return ""
 
 
@@ -111,11 +121,18 @@ class ProgressView:
 
 
 def _cost_summary(progress: JobProgress) -> str:
+    """This run's answers and possibly-billed failures, earlier runs, the total and the
+    budget: figures that add up (total = earlier + this run; left = budget - total)."""
     assert progress.engine is not None
     stats, spending = progress.engine.stats, progress.engine.spending
-    text = f"{usd(stats.cost_usd)} this run"
+    text = f"{usd(stats.cost_usd)} answers"
+    if stats.maybe_billed_usd:
+        text += f" + {usd(stats.maybe_billed_usd)} possibly billed (failed attempts, at their worst case)"
+    text += " this run"
     if progress.spent_before:
-        text += f", {usd(progress.spent_before + stats.cost_usd)} in all"
+        text += (
+            f"; {usd(progress.spent_before)} earlier runs; {usd(progress.spent_before + stats.total_cost_usd)} in all"
+        )
     if spending.budget is not None:
         text += f" (budget {usd(spending.budget.limit)}, {usd(max(0.0, spending.budget.remaining()))} left)"
     if stats.unpriced:
@@ -136,6 +153,10 @@ def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
     ]
     for kind, count in sorted(progress.errors.items(), key=lambda kv: -kv[1]):
         rows.append((f"  {kind}", f"{count:,}"))
+    if progress.kept_failures:
+        rows.append(("failures kept", f"{progress.kept_failures:,} from earlier runs (--retry-failed redoes them)"))
+    if progress.not_done or progress.not_written:
+        rows.append(("not done", f"{progress.not_done + progress.not_written:,} (a rerun does them)"))
     rows.append(("served from the state", f"{progress.from_store:,} (not sent again)"))
     if stats is not None:
         rows += [
@@ -155,5 +176,26 @@ def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
     if progress.repaired_bytes:
         rows.append(("repaired", f"cut a half-written last line ({progress.repaired_bytes} bytes)"))
     if progress.redone:
-        rows.append(("redone", f"{progress.redone:,} earlier records (not done or failed) were redone"))
+        rows.append(("redone", f"{progress.redone:,} earlier records (failed, or their line changed) were redone"))
+    if progress.adopted:
+        rows.append(("adopted", "the output's records were kept though its state file was gone"))
     return rows
+
+
+def table(title: str, rows: list[tuple[str, str]]) -> None:
+    """A rich table on a terminal; plain ``name: value`` lines in logs and pipes."""
+    if not sys.stdout.isatty():
+        width = max((len(name) for name, _ in rows), default=0)
+        click.echo(title)
+        for name, value in rows:
+            click.echo(f"  {name.ljust(width)}  {value}")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    view = Table(title=title, show_header=False, title_justify="left")
+    view.add_column(style="bold")
+    view.add_column()
+    for name, value in rows:
+        view.add_row(name, value)
+    Console().print(view)

@@ -109,4 +109,9 @@ class AnthropicProvider(HttpProvider):
             limit_tokens=header_number(headers, prefix + "tokens-limit"),
             remaining_tokens=header_number(headers, prefix + "tokens-remaining"),
             reset_tokens=parse_rfc3339_reset(headers.get(prefix + "tokens-reset")),
+            # Anthropic's limits are per minute (RPM, input and output TPM; the tokens
+            # headers show the most restrictive); the limiter converts them into the
+            # deployment's window.
+            requests_window=60.0,
+            tokens_window=60.0,
         )

@@ -8,7 +8,7 @@ instance serves every deployment of its kind.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, runtime_checkable
 
 from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request, Usage
@@ -56,16 +56,29 @@ class Provider(Protocol):
         ...
 
 
+#: Every output cap a request body may carry; which one a server honours varies (and
+#: ``params`` are merged over the request's own cap), so the worst case takes the largest.
+_OUTPUT_CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def _positive_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def max_output_tokens(request: Request, deployment: Deployment) -> int:
-    """The most output a request may produce: its cap (or the deployment's) times ``n`` choices."""
-    cap = request.max_tokens
-    if cap is None:
-        value = request.params.get("max_completion_tokens") or request.params.get("max_tokens")
-        cap = value if isinstance(value, int) and value > 0 else deployment.default_max_tokens
-    choices = request.params.get("n", 1)
-    return cap * (choices if isinstance(choices, int) and choices > 1 else 1)
+    """The most output a request may produce: the largest of every cap it carries
+    (``Request.max_tokens``; ``max_tokens``, ``max_completion_tokens`` and
+    ``max_output_tokens`` in ``params``), else the deployment's ``default_max_tokens``,
+    times ``params["n"]`` choices."""
+    params = request.params
+    caps = [value for value in (request.max_tokens, *map(params.get, _OUTPUT_CAPS)) if _positive_int(value)]
+    cap = max(caps) if caps else deployment.default_max_tokens
+    choices = params.get("n", 1)
+    return cap * (choices if _positive_int(choices) else 1)
 
 
 def estimate_request_tokens(request: Request, deployment: Deployment) -> int:
-    """Prompt estimate + the output the request may produce, as providers reserve it."""
+    """Prompt estimate + the output the request may produce, as providers reserve it
+    against a TPM limit (the ~4-characters estimate: providers count TPM from
+    characters; a budget's worst case uses ``_tokens.max_prompt_tokens`` instead)."""
     return estimate_message_tokens(request.messages, request.params) + max_output_tokens(request, deployment)

@@ -51,6 +51,20 @@ def token_count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+_AUTH_HEADERS = ("authorization", "x-api-key", "api-key")
+
+
+def _secrets_in(headers: Mapping[str, str]) -> tuple[str, ...]:
+    """The key values in a deployment's auth headers (long enough to be worth masking)."""
+    found = []
+    for name, value in headers.items():
+        if name.lower() in _AUTH_HEADERS:
+            secret = value.removeprefix("Bearer ").strip()
+            if len(secret) >= 8:
+                found.append(secret)
+    return tuple(found)
+
+
 class HttpTransport:
     """One lazily created aiohttp session shared by every HTTP provider of an engine."""
 
@@ -100,6 +114,7 @@ class HttpProvider(ABC):
     def __init__(self, transport: HttpTransport) -> None:
         self._transport = transport
         self._prepared: dict[int, tuple[Deployment, str, dict[str, str]]] = {}
+        self._secrets: dict[int, tuple[str, ...]] = {}
 
     # -- what a subclass provides ------------------------------------------------------
 
@@ -130,6 +145,10 @@ class HttpProvider(ABC):
     def estimate_tokens(self, request: Request, deployment: Deployment) -> int:
         return estimate_request_tokens(request, deployment)
 
+    def check(self, deployment: Deployment) -> None:
+        """Raise :class:`ConfigError` now if the deployment cannot be called (no key, no URL)."""
+        self._endpoint_for(deployment)
+
     def _endpoint_for(self, deployment: Deployment) -> tuple[str, dict[str, str]]:
         cached = self._prepared.get(id(deployment))
         if cached is None or cached[0] is not deployment:
@@ -137,7 +156,15 @@ class HttpProvider(ABC):
             headers = {"content-type": "application/json", **headers, **deployment.headers}
             cached = (deployment, url, headers)
             self._prepared[id(deployment)] = cached
+            self._secrets[id(deployment)] = _secrets_in(headers)
         return cached[1], cached[2]
+
+    def _redact(self, text: str, deployment: Deployment) -> str:
+        """Some servers quote the key they were sent in an error message: mask it before the
+        message reaches a result, a log, the output or the state."""
+        for secret in self._secrets.get(id(deployment), ()):
+            text = text.replace(secret, "****")
+        return text
 
     async def send(self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None) -> Reply:
         import aiohttp
@@ -168,7 +195,7 @@ class HttpProvider(ABC):
         request_id = response_headers.get(self.request_id_header)
         ratelimit = self.parse_ratelimit(response_headers)
         if status != 200:
-            raise self._error(status, payload, response_headers, request_id, ratelimit)
+            raise self._error(status, payload, response_headers, request_id, ratelimit, deployment)
         try:
             body = _json.loads(payload)
         except ValueError:
@@ -201,11 +228,13 @@ class HttpProvider(ABC):
         headers: Mapping[str, str],
         request_id: str | None,
         ratelimit: RateLimitSnapshot | None,
+        deployment: Deployment,
     ) -> ProviderError:
         try:
             message, provider_type = self.parse_error(_json.loads(payload))
         except ValueError:
             message, provider_type = payload[:200].decode("utf-8", "replace") or "(empty body)", None
+        message = self._redact(message, deployment)
         error = error_for_status(status)(
             message,
             status=status,

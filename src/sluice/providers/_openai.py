@@ -135,6 +135,10 @@ class OpenAIProvider(HttpProvider):
             limit_tokens=header_number(headers, "x-ratelimit-limit-tokens"),
             remaining_tokens=header_number(headers, "x-ratelimit-remaining-tokens"),
             reset_tokens=parse_openai_duration(headers.get("x-ratelimit-reset-tokens")),
+            # OpenAI's limits and remaining counts are per minute (RPM, TPM), whatever
+            # window the deployment is configured in; the limiter converts them.
+            requests_window=60.0,
+            tokens_window=60.0,
         )
 
 

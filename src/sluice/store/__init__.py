@@ -1,18 +1,21 @@
-"""Where finished results live: resume after a crash, and a cache across runs.
+"""Where finished results live: resume after a crash, a cache across runs, and the money.
 
 A store maps a request's idempotency key (:func:`sluice.store_key`) to its finished
-result. The engine consults it before sending and writes every finished result to it
-as it lands, so a request with a stored success is never sent again.
+result. The engine consults it before sending, records an *intent* (durably) before each
+attempt goes out and settles it with what the attempt cost, and writes every finished
+result as it lands, before anyone is told of it. So a request with a stored answer is
+never sent again, and the requests in flight when a process died are known by the rerun.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from .._errors import StoreError
 from .._models import Result
-from ._sqlite import SqliteStore, StoredResult
+from ._sqlite import Recovered, Spend, SqliteStore, StoredResult
 
-__all__ = ["SqliteStore", "Store", "StoredResult"]
+__all__ = ["Recovered", "Spend", "SqliteStore", "Store", "StoreError", "StoredResult"]
 
 
 class Store(Protocol):
@@ -20,8 +23,23 @@ class Store(Protocol):
         """The stored outcome of ``key``, or None."""
         ...
 
-    def put(self, key: str, result: Result) -> None:
+    async def begin(self, key: str, worst_usd: float) -> int:
+        """Durably record an attempt about to be sent (at its worst-case cost); an id for
+        :meth:`settle`. Raises :class:`StoreError` when that cannot be recorded."""
+        ...
+
+    def settle(self, intent: int, charged_usd: float, *, answered: bool) -> None:
+        """The attempt is over: it cost ``charged_usd`` (an answer's cost, or the worst case
+        of a failure that may have been billed, or 0)."""
+        ...
+
+    async def put(self, key: str, result: Result) -> None:
         """Record a finished result durably before returning."""
+        ...
+
+    @property
+    def error(self) -> StoreError | None:
+        """Why writes fail, once they have."""
         ...
 
     def close(self) -> None: ...

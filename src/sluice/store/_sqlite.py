@@ -1,9 +1,21 @@
 """The embedded default store: one SQLite file in WAL mode.
 
-Every result is committed as it lands (one small transaction: a kill -9 loses
-nothing that was answered). ``synchronous=NORMAL`` in WAL mode survives a crash of
-the process, which is what a rerun needs; only a power cut may lose the last commits.
-Readers (``sluice report``) can open the file while a job is writing it.
+What it holds, and why:
+
+* ``results``: the finished outcome of each request key, so a rerun serves answers
+  instead of paying for them again;
+* ``intents``: one row per attempt *on its way to the provider*, written (and committed)
+  before the request is sent and removed when the attempt is settled. Rows left over
+  after a crash are exactly the requests that were in flight: the rerun counts their
+  worst case as possibly billed and says how many may be paid twice;
+* ``charges``: money per key, answers and possibly-billed failures apart, only ever
+  added to, so no rerun (``--retry-failed`` included) can erase what was spent;
+* ``meta``: the job's bookkeeping (input, output, status...).
+
+Writes go through a :class:`~sluice.store._writer.Writer` thread with group commit;
+``synchronous=NORMAL`` in WAL mode survives a crash of the process (only a power cut may
+lose the last commits). Reads happen on the caller's thread through a second connection,
+and ``sluice report`` can open the file while a job is writing it.
 """
 
 from __future__ import annotations
@@ -17,11 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import _json
-from .._errors import ConfigError
+from .._errors import ConfigError, StoreError
 from .._models import Result
 from .._records import result_record
+from ._writer import Writer, describe_sqlite_error
 
-__all__ = ["SqliteStore", "StoredResult"]
+__all__ = ["Recovered", "Spend", "SqliteStore", "StoredResult"]
+
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -36,14 +51,62 @@ CREATE TABLE IF NOT EXISTS results (
     record TEXT NOT NULL,
     finished_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS intents (
+    id INTEGER PRIMARY KEY,
+    key TEXT NOT NULL,
+    worst_usd REAL NOT NULL,
+    started_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS charges (
+    key TEXT PRIMARY KEY,
+    answered_usd REAL NOT NULL DEFAULT 0,
+    maybe_billed_usd REAL NOT NULL DEFAULT 0
+);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+
+_PUT = (
+    "INSERT OR REPLACE INTO results (key, ok, error_type, input_tokens, output_tokens,"
+    " cost_usd, attempts, latency_s, record, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?)"
+)
+_CHARGE = (
+    "INSERT INTO charges (key, answered_usd, maybe_billed_usd) VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET"
+    " answered_usd = answered_usd + excluded.answered_usd,"
+    " maybe_billed_usd = maybe_billed_usd + excluded.maybe_billed_usd"
+)
 
 
 @dataclass(frozen=True, slots=True)
 class StoredResult:
     ok: bool
     record: Mapping[str, Any]
+    #: A failure a rerun keeps (the provider rejected the request itself).
+    kept: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """Dollars a job has cost so far, by what is known about them."""
+
+    #: Answers, at their reported usage.
+    answered: float = 0.0
+    #: Failed attempts the provider may have billed (timeouts, resets, garbled 200s,
+    #: requests in flight when a run stopped), at their worst case.
+    maybe_billed: float = 0.0
+    #: Attempts in flight right now (a running job), at their worst case.
+    in_flight: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.answered + self.maybe_billed + self.in_flight
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """Attempts that were in flight when an earlier run stopped without settling them."""
+
+    requests: int = 0
+    worst_usd: float = 0.0
 
 
 class SqliteStore:
@@ -51,20 +114,29 @@ class SqliteStore:
 
     def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = Path(path)
+        self._writer: Writer | None = None
+        self._next_intent = 1
         try:
             if readonly:
                 uri = f"file:{self.path.resolve()}?mode=ro"
-                self._db = sqlite3.connect(uri, uri=True, isolation_level=None)
+                self._db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._db = sqlite3.connect(self.path, isolation_level=None)
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA synchronous=NORMAL")
-                self._db.executescript(_SCHEMA)
+                self._writer = Writer(self.path, _setup)
+                self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA busy_timeout=5000")
-            self._db.execute("SELECT count(*) FROM results").fetchone()
+            _check_integrity(self._db, self.path)
+            row = self._db.execute("SELECT max(id) FROM intents").fetchone() if not readonly else None
+            self._next_intent = (row[0] or 0) + 1 if row else 1
         except sqlite3.DatabaseError as exc:
-            raise ConfigError(f"{self.path}: not a usable sluice state file ({exc})") from None
+            self._close_quietly()
+            raise ConfigError(
+                f"{self.path} is not a usable sluice state file ({describe_sqlite_error(exc)}); "
+                "move it aside and rerun (the output's records are kept with --adopt-output)"
+            ) from None
+        except OSError as exc:
+            self._close_quietly()
+            raise StoreError(f"cannot open the state file {self.path}: {exc.strerror or exc}") from None
 
     # -- the Store protocol -----------------------------------------------------------
 
@@ -72,48 +144,84 @@ class SqliteStore:
         row = self._db.execute("SELECT ok, record FROM results WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
-        return StoredResult(bool(row[0]), _json.loads(row[1]))
+        record = _json.loads(row[1])
+        return StoredResult(bool(row[0]), record, kept=not row[0] and _kept(record))
 
-    def put(self, key: str, result: Result) -> None:
-        record = result_record(result)
-        self._db.execute(
-            "INSERT OR REPLACE INTO results (key, ok, error_type, input_tokens, output_tokens,"
-            " cost_usd, attempts, latency_s, record, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (
-                key,
-                int(result.ok),
-                result.error.kind if result.error is not None else None,
-                result.usage.input_tokens,
-                result.usage.output_tokens,
-                result.cost_usd,
-                result.attempts,
-                result.timings.latency,
-                _json.dumps_text(record),
-                time.time(),
-            ),
-        )  # autocommit: committed when execute returns
+    async def begin(self, key: str, worst_usd: float) -> int:
+        """Record that an attempt is about to be sent; returns when that is durable."""
+        intent = self._next_intent
+        self._next_intent += 1
+        row = (intent, key, worst_usd, time.time())
+        await self._write().run(lambda db: db.execute("INSERT INTO intents VALUES (?,?,?,?)", row))
+        return intent
+
+    def settle(self, intent: int, charged_usd: float, *, answered: bool) -> None:
+        """The attempt is over and cost ``charged_usd`` (its answer, or the worst case of a
+        failure it may have been billed for). Queued: durable with the next awaited write;
+        until then a crash counts the attempt at its worst case, which is safe."""
+        charge = (charged_usd, 0.0) if answered else (0.0, charged_usd)
+        self._write().submit(_settle_op(intent, charge))
+
+    async def put(self, key: str, result: Result) -> None:
+        """Record a finished result; returns when it is durable."""
+        row = _result_row(key, result)
+        await self._write().run(lambda db: db.execute(_PUT, row))
 
     def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         self._db.close()
+
+    @property
+    def error(self) -> StoreError | None:
+        """Why writing failed, once it has (the store then refuses every write)."""
+        return self._writer.error if self._writer is not None else None
 
     # -- job bookkeeping and reports -----------------------------------------------------
 
     def set_meta(self, **values: Any) -> None:
-        with self._db:
-            self._db.execute("BEGIN")
-            self._db.executemany(
-                "INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)",
-                [(k, json.dumps(v)) for k, v in values.items()],
-            )
+        rows = [(k, json.dumps(v)) for k, v in values.items()]
+        self._write().run_sync(
+            lambda db: db.executemany("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", rows)
+        )
 
     def meta(self) -> dict[str, Any]:
         return {name: json.loads(value) for name, value in self._db.execute("SELECT name, value FROM meta")}
+
+    def recover_intents(self) -> Recovered:
+        """Count attempts an earlier run left in flight as possibly billed (their worst
+        case), once: they leave the intents table in the same transaction."""
+
+        def op(db: sqlite3.Connection) -> Recovered:
+            count, worst = db.execute("SELECT count(*), coalesce(sum(worst_usd), 0) FROM intents").fetchone()
+            if count:
+                db.execute(
+                    "INSERT INTO charges (key, maybe_billed_usd) SELECT key, sum(worst_usd) FROM intents WHERE true"
+                    " GROUP BY key ON CONFLICT(key) DO UPDATE SET"
+                    " maybe_billed_usd = maybe_billed_usd + excluded.maybe_billed_usd"
+                )
+                db.execute("DELETE FROM intents")
+                before = db.execute("SELECT value FROM meta WHERE name = 'in_flight_at_stop'").fetchone()
+                total = (json.loads(before[0]) if before else 0) + count
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('in_flight_at_stop', ?)", (json.dumps(total),))
+            return Recovered(int(count), float(worst))
+
+        result: Recovered = self._write().run_sync(op)
+        return result
+
+    def spend(self) -> Spend:
+        answered, maybe = self._db.execute(
+            "SELECT coalesce(sum(answered_usd), 0), coalesce(sum(maybe_billed_usd), 0) FROM charges"
+        ).fetchone()
+        (in_flight,) = self._db.execute("SELECT coalesce(sum(worst_usd), 0) FROM intents").fetchone()
+        return Spend(float(answered), float(maybe), float(in_flight))
 
     def summary(self) -> dict[str, Any]:
         """Counts, tokens, cost and attempts over every stored result."""
         row = self._db.execute(
             "SELECT count(*), coalesce(sum(ok),0), coalesce(sum(input_tokens),0),"
-            " coalesce(sum(output_tokens),0), sum(cost_usd), coalesce(sum(attempts),0),"
+            " coalesce(sum(output_tokens),0), coalesce(sum(attempts),0),"
             " min(finished_at), max(finished_at) FROM results"
         ).fetchone()
         errors = dict(
@@ -121,16 +229,19 @@ class SqliteStore:
                 "SELECT error_type, count(*) FROM results WHERE ok = 0 GROUP BY error_type ORDER BY 2 DESC"
             ).fetchall()
         )
+        (priced,) = self._db.execute("SELECT count(*) FROM charges").fetchone()
+        spend = self.spend()
         return {
             "results": row[0],
             "succeeded": row[1],
             "failed": row[0] - row[1],
             "input_tokens": row[2],
             "output_tokens": row[3],
-            "cost_usd": row[4],
-            "attempts": row[5],
-            "first_finished_at": row[6],
-            "last_finished_at": row[7],
+            "cost_usd": spend.total if priced or spend.in_flight else None,
+            "spend": spend,
+            "attempts": row[4],
+            "first_finished_at": row[5],
+            "last_finished_at": row[6],
             "errors": errors,
         }
 
@@ -138,5 +249,79 @@ class SqliteStore:
         for (latency,) in self._db.execute("SELECT latency_s FROM results WHERE ok = 1"):
             yield latency
 
+    # -- internals -------------------------------------------------------------------------
+
+    def _write(self) -> Writer:
+        if self._writer is None:
+            raise StoreError(f"{self.path} is open read-only (or closed)")
+        return self._writer
+
+    def _close_quietly(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        db = getattr(self, "_db", None)
+        if db is not None:
+            db.close()
+
     def __repr__(self) -> str:
         return f"<SqliteStore {self.path}>"
+
+
+def _setup(db: sqlite3.Connection) -> None:
+    """Open (and, from an older sluice, upgrade) the file on the writer's connection."""
+    db.execute("PRAGMA busy_timeout=5000")
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.executescript(_SCHEMA)
+    row = db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+    if row is None or json.loads(row[0]) < SCHEMA_VERSION:
+        with db:
+            db.execute("BEGIN IMMEDIATE")
+            # A state written before charges were kept apart: its answers' costs are the charges.
+            db.execute(
+                "INSERT OR IGNORE INTO charges (key, answered_usd) SELECT key, cost_usd FROM results WHERE cost_usd > 0"
+            )
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (json.dumps(SCHEMA_VERSION),))
+
+
+def _check_integrity(db: sqlite3.Connection, path: Path) -> None:
+    """A damaged file is a clear error at open, not a traceback mid-job."""
+    verdict = db.execute("PRAGMA quick_check").fetchone()
+    if verdict is None or verdict[0] != "ok":
+        raise sqlite3.DatabaseError(f"integrity check failed: {verdict[0] if verdict else 'no answer'}")
+    db.execute("SELECT count(*) FROM results").fetchone()
+
+
+def _settle_op(intent: int, charge: tuple[float, float]) -> Any:
+    def op(db: sqlite3.Connection) -> None:
+        row = db.execute("SELECT key FROM intents WHERE id = ?", (intent,)).fetchone()
+        if row is None:
+            return
+        db.execute("DELETE FROM intents WHERE id = ?", (intent,))
+        if charge[0] or charge[1]:
+            db.execute(_CHARGE, (row[0], *charge))
+
+    return op
+
+
+def _kept(record: Mapping[str, Any]) -> bool:
+    from .._records import error_from_record
+
+    error = record.get("error")
+    return isinstance(error, Mapping) and error_from_record(error).kept_on_rerun
+
+
+def _result_row(key: str, result: Result) -> tuple[Any, ...]:
+    return (
+        key,
+        int(result.ok),
+        result.error.kind if result.error is not None else None,
+        result.usage.input_tokens,
+        result.usage.output_tokens,
+        result.cost_usd,
+        result.attempts,
+        result.timings.latency,
+        _json.dumps_text(result_record(result)),
+        time.time(),
+    )

@@ -19,11 +19,19 @@ the ``listening on http://127.0.0.1:PORT`` line it prints (``GET /_fake/stats`` 
 its counters as JSON).
 
 Replies are deterministic: the text is ``"echo: "`` and the start of the last user
-message; prompt tokens are sluice's own estimate; completion tokens are
-``min(max_tokens, output_tokens)``. A request reserves ``prompt + max_tokens`` tokens
-when admitted and is settled to its real usage when answered; rejected requests do not
-count. ``stats`` records what the client did, including ``duplicate_successes``: requests
-whose key (``Idempotency-Key`` header, else the body's hash) had already succeeded.
+message; completion tokens are ``min(max_tokens, output_tokens)``. Prompt tokens are
+counted by the fake's own tokenizer, never sluice's estimator, so a test can catch an
+estimate that is too low: ``FakeServer(tokenizer="chars")`` (the default, ~4 characters
+a token), ``"bytes"`` (one token per UTF-8 byte, the most a byte-level BPE tokenizer
+bills) or any ``str -> int`` callable; images are charged by the providers' published
+pixel formulas. A request reserves ``prompt + max_tokens`` tokens when admitted and is
+settled to its real usage when answered; rejected requests do not count.
+
+``ledger`` bills what a provider would: every generated answer, including one whose
+client stopped waiting and the garbled or cut 200s of the ``malformed`` and
+``truncated`` faults (``LedgerEntry.kind`` tells them from delivered answers). ``stats``
+records what the client did, including ``duplicate_successes``: completions generated
+for a key (``Idempotency-Key`` header, else the body's hash) that had already succeeded.
 
 ``run_in_virtual_time(coro)`` runs a coroutine on an event loop whose clock jumps to the
 next timer instead of waiting: a minute of rate limiting, retries and backoff in

@@ -1,7 +1,9 @@
 """Request checks and response bodies for the two wire formats the fake speaks.
 
 ``OpenAIFormat`` is ``POST /v1/chat/completions``; ``AnthropicFormat`` is
-``POST /v1/messages``. Both produce the same deterministic reply from the same prompt.
+``POST /v1/messages``. Both produce the same deterministic reply from the same prompt,
+and count its prompt tokens with the fake's own :class:`PromptCounter`, never with
+sluice's estimator.
 """
 
 from __future__ import annotations
@@ -13,10 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
-from sluice._tokens import estimate_message_tokens
-
 from ._faults import Fault
 from ._limits import LimitSnapshot, Rejection, openai_duration
+from ._tokenizer import PromptCounter
 
 __all__ = [
     "AnthropicFormat",
@@ -163,9 +164,14 @@ class Format(ABC):
 
     request_id_header = "x-request-id"
 
+    def __init__(self, counter: PromptCounter | None = None) -> None:
+        #: How the fake counts a prompt's tokens (its own tokenizer, not sluice's).
+        self.counter = counter or PromptCounter()
+
     @abstractmethod
-    def check_auth(self, headers: Mapping[str, str], api_key: str | None) -> None:
-        """Raise a 401 unless the request carries ``api_key`` (when one is required)."""
+    def check_auth(self, headers: Mapping[str, str], api_key: str | None, *, echo: bool = False) -> None:
+        """Raise a 401 unless the request carries ``api_key`` (when one is required); with
+        ``echo``, the message quotes the key it was given, as some servers do."""
 
     @abstractmethod
     def parse(self, body: Any, headers: Mapping[str, str]) -> Call:
@@ -211,9 +217,11 @@ class OpenAIFormat(Format):
 
     request_id_header = "x-request-id"
 
-    def check_auth(self, headers: Mapping[str, str], api_key: str | None) -> None:
-        if api_key is not None and headers.get("Authorization") != f"Bearer {api_key}":
-            raise ApiError(401, "authentication", "Incorrect API key provided.")
+    def check_auth(self, headers: Mapping[str, str], api_key: str | None, *, echo: bool = False) -> None:
+        given = headers.get("Authorization")
+        if api_key is not None and given != f"Bearer {api_key}":
+            said = f": {given.removeprefix('Bearer ')}" if echo and given else ""
+            raise ApiError(401, "authentication", f"Incorrect API key provided{said}.")
 
     def parse(self, body: Any, headers: Mapping[str, str]) -> Call:
         body = _check_common(body)
@@ -221,7 +229,7 @@ class OpenAIFormat(Format):
         limit = _check_positive_int(body, "max_completion_tokens")
         if limit is None:
             limit = _check_positive_int(body, "max_tokens") or 1024
-        prompt = estimate_message_tokens(messages, body)
+        prompt = self.counter.openai(body)
         return Call(body["model"], limit, prompt, reply_text(messages))
 
     def success(self, n: int, call: Call, completion: int, cut: bool, created: int) -> bytes:
@@ -281,9 +289,10 @@ class AnthropicFormat(Format):
 
     request_id_header = "request-id"
 
-    def check_auth(self, headers: Mapping[str, str], api_key: str | None) -> None:
-        if api_key is not None and headers.get("x-api-key") != api_key:
-            raise ApiError(401, "authentication", "invalid x-api-key")
+    def check_auth(self, headers: Mapping[str, str], api_key: str | None, *, echo: bool = False) -> None:
+        given = headers.get("x-api-key")
+        if api_key is not None and given != api_key:
+            raise ApiError(401, "authentication", f"invalid x-api-key{f': {given}' if echo and given else ''}")
 
     def parse(self, body: Any, headers: Mapping[str, str]) -> Call:
         if not headers.get("anthropic-version"):
@@ -296,7 +305,7 @@ class AnthropicFormat(Format):
         system = body.get("system")
         if system is not None and not isinstance(system, str | list):
             raise ApiError(400, "invalid_request", "system: must be a string or a list", "system")
-        prompt = estimate_message_tokens(messages, body)
+        prompt = self.counter.anthropic(body)
         return Call(body["model"], limit, prompt, reply_text(messages))
 
     def success(self, n: int, call: Call, completion: int, cut: bool, created: int) -> bytes:

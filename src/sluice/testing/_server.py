@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from hashlib import sha256
 from typing import Any
 
@@ -18,8 +19,9 @@ from aiohttp import web
 from ._faults import STATUS_OF, Fault, FaultPlan, FaultSpec
 from ._formats import AnthropicFormat, ApiError, Call, Format, OpenAIFormat, dumps, loads
 from ._lifecycle import LoopbackServer
-from ._limits import Limiter, Rejection, retry_after_headers
-from ._stats import LedgerEntry, ServerStats, cost_usd
+from ._limits import Entry, Limiter, Rejection, retry_after_headers
+from ._stats import LedgerEntry, LedgerKind, ServerStats, cost_usd
+from ._tokenizer import PromptCounter, TokenizerSpec
 
 __all__ = ["FakeServer"]
 
@@ -46,6 +48,15 @@ class FakeServer(LoopbackServer):
     maps a model (or ``"*"``) to USD per million input and output tokens for
     :attr:`ledger`. ``latency``, ``latency_jitter``, ``output_tokens``, ``api_key``,
     ``send_retry_after`` and ``prices`` may be changed while it runs.
+
+    ``tokenizer`` is how the fake counts prompt tokens (see :mod:`._tokenizer`):
+    ``"chars"`` (~4 characters a token), ``"bytes"`` (one token per UTF-8 byte, the
+    most a byte-level BPE tokenizer can bill) or a ``str -> int`` callable.
+
+    Billing follows a real provider: every generated answer is billed, including one
+    whose client stopped waiting (latency past its timeout) and the garbled or cut
+    200s of the ``malformed`` and ``truncated`` faults. :attr:`ledger` entries say
+    which (:attr:`LedgerEntry.kind`).
     """
 
     def __init__(
@@ -64,6 +75,8 @@ class FakeServer(LoopbackServer):
         seed: int | None = None,
         send_retry_after: bool = True,
         prices: Mapping[str, tuple[float, float]] | None = None,
+        tokenizer: TokenizerSpec = "chars",
+        echo_key_in_errors: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -73,7 +86,10 @@ class FakeServer(LoopbackServer):
         self.latency_jitter = latency_jitter
         self.output_tokens = output_tokens
         self.api_key = api_key
+        #: Quote a wrong key back in the 401 message, as some compatible servers do (hostile).
+        self.echo_key_in_errors = echo_key_in_errors
         self.send_retry_after = send_retry_after
+        self._watchers: list[asyncio.Future[None]] = []
         self.prices: dict[str, tuple[float, float]] = dict(prices or {})
         super().__init__(host, port)
         self._limiter: Limiter | None = None
@@ -81,9 +97,11 @@ class FakeServer(LoopbackServer):
             self._limiter = Limiter(rpm, tpm, window, slice, jitter)
         self._faults = FaultPlan(fault_rates, seed)
         self._rng = random.Random(seed)
+        counter = PromptCounter(tokenizer)
+        self.tokenizer = tokenizer
         self._routes: dict[str, Format] = {
-            "/v1/chat/completions": OpenAIFormat(),
-            "/v1/messages": AnthropicFormat(),
+            "/v1/chat/completions": OpenAIFormat(counter),
+            "/v1/messages": AnthropicFormat(counter),
         }
         self.stats = ServerStats()
         self.ledger: list[LedgerEntry] = []
@@ -98,7 +116,7 @@ class FakeServer(LoopbackServer):
 
     @property
     def total_billed_usd(self) -> float:
-        """The sum of :attr:`ledger` costs."""
+        """The sum of :attr:`ledger` costs: everything billed, delivered or not."""
         return self._billed
 
     @property
@@ -148,6 +166,23 @@ class FakeServer(LoopbackServer):
         if self._limiter is not None:
             self._limiter.reset()
 
+    async def until(self, condition: Callable[[], bool], timeout: float = 30.0) -> None:  # noqa: ASYNC109
+        """Wait until ``condition()`` holds, checked each time a request arrives, is answered
+        or ends: a test waits for the server's state, not for a guessed length of time.
+        For a server in the same event loop (``async with FakeServer()``)."""
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(timeout):
+            while not condition():
+                watcher: asyncio.Future[None] = loop.create_future()
+                self._watchers.append(watcher)
+                await watcher
+
+    def _changed(self) -> None:
+        watchers, self._watchers = self._watchers, []
+        for watcher in watchers:
+            if not watcher.done():
+                watcher.set_result(None)
+
     # -- request flow ------------------------------------------------------------------
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -170,21 +205,25 @@ class FakeServer(LoopbackServer):
         self._in_flight += 1
         if self._in_flight > stats.max_in_flight:
             stats.max_in_flight = self._in_flight
+        if self._watchers:
+            self._changed()
         try:
             raw = await request.read()
             key = request.headers.get("Idempotency-Key") or sha256(raw).hexdigest()
             by_key = stats.by_key
             by_key[key] = by_key.get(key, 0) + 1  # .get: Counter's __missing__ is slow
             if fault is not None:
-                return await self._fault(request, fmt, fault, n, raw)
+                return await self._fault(request, fmt, fault, n, raw, key)
             return await self._answer(request, fmt, n, raw, key)
         finally:
             self._in_flight -= 1
+            if self._watchers:
+                self._changed()
 
     async def _answer(self, request: web.BaseRequest, fmt: Format, n: int, raw: bytes, key: str) -> web.Response:
         headers = request.headers
         try:
-            fmt.check_auth(headers, self.api_key)
+            fmt.check_auth(headers, self.api_key, echo=self.echo_key_in_errors)
             call = fmt.parse(_decode(raw), headers)
         except ApiError as exc:
             return self._respond(fmt, n, exc.status, fmt.error(exc.kind, exc.message, exc.param))
@@ -202,14 +241,27 @@ class FakeServer(LoopbackServer):
         delay = self.latency
         if self.latency_jitter > 0:
             delay += self._rng.uniform(0.0, self.latency_jitter)
-        if delay > 0:
-            await asyncio.sleep(delay)
         completion = min(call.max_tokens, self.output_tokens)
-        if limiter is not None and entry is not None:
-            limiter.settle(entry, call.prompt_tokens + completion)
-        self._record_success(key, call, completion)
+        try:
+            if delay > 0:
+                await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            # aiohttp cancels a handler whose client left only with handler_cancellation
+            # on (it is off here) and at shutdown; a provider finishes and bills anyway.
+            self._finish(entry, key, call, completion, "abandoned")
+            raise
+        # A client that timed out has gone by now: the answer is billed, not delivered.
+        transport = request.transport
+        gone = transport is None or transport.is_closing()
+        self._finish(entry, key, call, completion, "abandoned" if gone else "delivered")
         cut = completion < self.output_tokens
         return self._respond(fmt, n, 200, fmt.success(n, call, completion, cut, int(time.time())))
+
+    def _finish(self, entry: Entry | None, key: str, call: Call, completion: int, kind: LedgerKind) -> None:
+        """Generation is over: settle the rate-limit reservation and bill the answer."""
+        if self._limiter is not None and entry is not None:
+            self._limiter.settle(entry, call.prompt_tokens + completion)
+        self._record_success(key, call, completion, kind)
 
     def _respond(
         self,
@@ -223,13 +275,29 @@ class FakeServer(LoopbackServer):
         headers = {"Content-Type": _JSON, fmt.request_id_header: f"req_{n}"}
         limiter = self._limiter
         if limiter is not None and self._loop is not None:
-            headers.update(fmt.limit_headers(limiter.snapshot(self._loop.time()), time.time()))
+            snapshot = limiter.snapshot(self._loop.time())
+            if limiter.window != 60.0:
+                # Real providers' headers count per minute whatever slice they enforce, so
+                # the fake's do too: its per-window figures times 60 / window, rounded
+                # down (a client that reads them is never told it has more than it has).
+                scale = 60.0 / limiter.window
+                requests, tokens = snapshot.request_limit, snapshot.tokens_limit
+                snapshot = dataclasses.replace(
+                    snapshot,
+                    request_limit=None if requests is None else int(requests * scale + 1e-9),
+                    requests_remaining=int(snapshot.requests_remaining * scale + 1e-9),
+                    tokens_limit=None if tokens is None else int(tokens * scale + 1e-9),
+                    tokens_remaining=int(snapshot.tokens_remaining * scale + 1e-9),
+                )
+            headers.update(fmt.limit_headers(snapshot, time.time()))
         if extra:
             headers.update(extra)
         stats = self.stats
         stats.by_status[status] += 1
         if status == 429:
             stats.rate_limited += 1
+        if self._watchers:
+            self._changed()
         return web.Response(status=status, body=body, headers=headers)
 
     def _reject(self, fmt: Format, n: int, rejection: Rejection) -> web.Response:
@@ -238,7 +306,8 @@ class FakeServer(LoopbackServer):
             extra = retry_after_headers(rejection.wait)
         return self._respond(fmt, n, 429, fmt.rate_limited(rejection), extra)
 
-    def _record_success(self, key: str, call: Call, completion: int) -> None:
+    def _record_success(self, key: str, call: Call, completion: int, kind: LedgerKind = "delivered") -> None:
+        """Count a real completion (delivered or abandoned) and bill it."""
         stats = self.stats
         stats.accepted += 1
         succeeded = stats.succeeded_keys
@@ -248,10 +317,15 @@ class FakeServer(LoopbackServer):
         succeeded[key] = before + 1
         stats.prompt_tokens += call.prompt_tokens
         stats.completion_tokens += completion
+        self._bill(key, call, completion, kind)
+
+    def _bill(self, key: str, call: Call, completion: int, kind: LedgerKind) -> None:
         prompt = call.prompt_tokens
         cost = cost_usd(self.prices, call.model, prompt, completion) if self.prices else 0.0
-        self.ledger.append(LedgerEntry(key, call.model, prompt, completion, cost))
+        self.ledger.append(LedgerEntry(key, call.model, prompt, completion, cost, kind))
         self._billed += cost
+        if kind != "delivered":
+            self.stats.undelivered += 1
 
     def _summary(self) -> dict[str, Any]:
         summary = self.stats.summary()
@@ -263,7 +337,7 @@ class FakeServer(LoopbackServer):
     # -- faults ------------------------------------------------------------------------
 
     async def _fault(
-        self, request: web.BaseRequest, fmt: Format, spec: FaultSpec, n: int, raw: bytes
+        self, request: web.BaseRequest, fmt: Format, spec: FaultSpec, n: int, raw: bytes, key: str
     ) -> web.StreamResponse:
         if spec.delay > 0:
             await asyncio.sleep(spec.delay)
@@ -276,12 +350,30 @@ class FakeServer(LoopbackServer):
         if kind is Fault.RESET or kind is Fault.HANG:
             return self._drop(request)
         extra = dict(spec.headers)
-        if kind is Fault.MALFORMED:
-            return self._respond(fmt, n, 200, _MALFORMED_BODY, extra)
-        body = fmt.empty(n, _model_of(raw), int(time.time()))
         if kind is Fault.EMPTY_CHOICES:
-            return self._respond(fmt, n, 200, body, extra)
+            return self._respond(fmt, n, 200, fmt.empty(n, _model_of(raw), int(time.time())), extra)
+        # malformed, truncated: the answer was generated, and is billed, but its body
+        # breaks on the way to the client.
+        call = self._generated(request, fmt, raw)
+        if kind is Fault.MALFORMED:
+            if call is not None:
+                self._bill(key, call, min(call.max_tokens, self.output_tokens), "malformed")
+            return self._respond(fmt, n, 200, _MALFORMED_BODY, extra)
+        if call is None:
+            return await self._truncate(request, fmt, n, fmt.empty(n, _model_of(raw), int(time.time())), extra)
+        completion = min(call.max_tokens, self.output_tokens)
+        self._bill(key, call, completion, "truncated")
+        body = fmt.success(n, call, completion, completion < self.output_tokens, int(time.time()))
         return await self._truncate(request, fmt, n, body, extra)
+
+    def _generated(self, request: web.BaseRequest, fmt: Format, raw: bytes) -> Call | None:
+        """The call a faulted request would have been answered for; None if it was invalid
+        (a provider bills no answer for a 400 or a 401)."""
+        try:
+            fmt.check_auth(request.headers, self.api_key, echo=self.echo_key_in_errors)
+            return fmt.parse(_decode(raw), request.headers)
+        except ApiError:
+            return None
 
     def _fault_status(self, fmt: Format, spec: FaultSpec, n: int, status: int) -> web.Response:
         wait = spec.retry_after

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
-__all__ = ["LedgerEntry", "ServerStats", "cost_usd"]
+__all__ = ["LedgerEntry", "LedgerKind", "ServerStats", "cost_usd"]
 
 
 @dataclass(slots=True)
@@ -20,7 +20,10 @@ class ServerStats:
 
     #: Requests that reached a handler, faulted or not.
     received: int = 0
-    #: Requests answered with a real completion (200s from faults are not counted).
+    #: Real completions generated: answered with a 200, or finished after the client
+    #: had gone (ledger kind ``"abandoned"``). Garbled or cut 200s from the ``malformed``
+    #: and ``truncated`` faults are billed but not counted here: the client never got a
+    #: usable answer, so sending the request again is right, not a duplicate.
     accepted: int = 0
     #: 429s sent, injected or because of a limit.
     rate_limited: int = 0
@@ -28,14 +31,19 @@ class ServerStats:
     by_status: Counter[int] = field(default_factory=Counter)
     #: Requests per key.
     by_key: Counter[str] = field(default_factory=Counter)
-    #: Real completions per key.
+    #: Real completions per key (as :attr:`accepted` counts them).
     succeeded_keys: Counter[str] = field(default_factory=Counter)
-    #: Completions for a key that had already succeeded: a client re-sent finished work.
+    #: Completions for a key that had already succeeded: a client re-sent finished work
+    #: (or work it gave up waiting for, which the provider finished and billed anyway).
     duplicate_successes: int = 0
+    #: Billed answers the client did not get whole: ledger kinds ``"malformed"``,
+    #: ``"truncated"`` and ``"abandoned"``.
+    undelivered: int = 0
     #: The most requests being handled at the same time.
     max_in_flight: int = 0
     #: ``(loop.time(), reserved tokens)`` of each admitted request, in admission order.
     arrivals: list[tuple[float, int]] = field(default_factory=list)
+    #: Tokens of the real completions (:attr:`accepted`); the ledger has every bill.
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
@@ -48,20 +56,36 @@ class ServerStats:
             "by_status": {str(code): n for code, n in sorted(self.by_status.items())},
             "distinct_keys": len(self.by_key),
             "duplicate_successes": self.duplicate_successes,
+            "undelivered": self.undelivered,
             "max_in_flight": self.max_in_flight,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
         }
 
 
+#: How a billed answer ended: sent whole; finished after the client went away (a
+#: timeout); sent as a garbled 200 (``malformed``); cut off mid-body (``truncated``).
+LedgerKind = Literal["delivered", "abandoned", "malformed", "truncated"]
+
+
 class LedgerEntry(NamedTuple):
-    """What one successful request would have been billed."""
+    """What one generated answer was billed, and how it reached (or missed) the client.
+
+    A real provider bills the work, not the delivery: an answer the client stopped
+    waiting for, or whose body broke on the way, costs as much as one delivered.
+    """
 
     key: str
     model: str
     input_tokens: int
     output_tokens: int
     cost_usd: float
+    kind: LedgerKind = "delivered"
+
+    @property
+    def delivered(self) -> bool:
+        """Whether the client received this answer whole."""
+        return self.kind == "delivered"
 
 
 def cost_usd(prices: Mapping[str, tuple[float, float]], model: str, input_tokens: int, output_tokens: int) -> float:

@@ -1,0 +1,75 @@
+"""What the engine accepts as a request, made into a :class:`Request` (or a clear error)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any
+
+from ._errors import InvalidRequestError, SluiceError
+from ._models import Request
+
+__all__ = ["RequestLike", "aiterate", "coerce", "make_request"]
+
+#: What ``map`` accepts per item: a Request, a dict of Request fields, a prompt string,
+#: or a SluiceError standing for a bad input record (it becomes that item's result).
+RequestLike = Request | Mapping[str, Any] | str | SluiceError
+
+_REQUEST_FIELDS = frozenset(Request.__dataclass_fields__)
+
+
+def make_request(
+    model: str | Request, messages: Sequence[Mapping[str, Any]] | str | None, fields: Mapping[str, Any]
+) -> Request:
+    """``complete()``'s arguments as a Request."""
+    if isinstance(model, Request):
+        if messages is not None or fields:
+            raise InvalidRequestError("complete(request) takes no further messages or fields")
+        return model
+    if messages is None:
+        raise InvalidRequestError("complete(model, messages): messages are missing")
+    if isinstance(messages, str):
+        return Request.from_prompt(model, messages, **fields)
+    try:
+        return Request(model=model, messages=messages, **fields)
+    except TypeError as exc:
+        raise InvalidRequestError(f"complete(): {exc}") from None
+
+
+def coerce(item: object, model: str | None) -> Request:
+    """An input item as a Request: a Request, a dict of its fields, or a prompt string.
+
+    An exception as an item stands for a bad input record: it becomes that item's error.
+    """
+    if isinstance(item, Request):
+        return item
+    if isinstance(item, SluiceError):
+        raise item
+    if isinstance(item, str):
+        if model is None:
+            raise InvalidRequestError("a prompt string needs map(..., model=...) to say which model")
+        return Request.from_prompt(model, item)
+    if isinstance(item, Mapping):
+        unknown = set(item) - _REQUEST_FIELDS
+        if unknown:
+            raise InvalidRequestError(
+                f"unknown field(s) {sorted(unknown)}; a request has {sorted(_REQUEST_FIELDS)} "
+                "(put provider parameters under 'params')"
+            )
+        fields = dict(item)
+        if "model" not in fields:
+            if model is None:
+                raise InvalidRequestError("no 'model' in the item and no map(..., model=...) default")
+            fields["model"] = model
+        if "messages" not in fields:
+            raise InvalidRequestError("no 'messages' in the item")
+        return Request(**fields)
+    raise InvalidRequestError(f"cannot make a request from a {type(item).__name__}")
+
+
+async def aiterate(source: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[Any]:
+    if isinstance(source, AsyncIterable):
+        async for item in source:
+            yield item
+    else:
+        for item in source:
+            yield item

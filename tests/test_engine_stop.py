@@ -1,0 +1,175 @@
+"""Issue 7's engine promises: a stop sends nothing new, map() never hangs, a hook or a
+store that fails never loses a paid answer, and every attempt is noted before it is sent."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice import CancelledError, Deployment, Engine, EngineClosedError, Price, Request, Result, RetryPolicy
+from sluice.store import SqliteStore
+from sluice.testing import FakeServer
+
+MODEL = "openai/gpt-test"
+
+
+def deployment(server: FakeServer, **kwargs: Any) -> Deployment:
+    return Deployment(MODEL, base_url=server.url, api_key="sk-test", **kwargs)
+
+
+def prompts(n: int) -> list[Request]:
+    return [Request.from_prompt(MODEL, f"question {i}", max_tokens=20) for i in range(n)]
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeServer]:
+    async with FakeServer(api_key="sk-test") as fake:
+        yield fake
+
+
+async def test_a_stop_sends_nothing_new_behind_a_long_429_pause(server: FakeServer) -> None:
+    """Point 7: retries waiting for a paused deployment are not sent after stop()."""
+    server.inject("429", times=5, retry_after=30)  # the deployment pauses 30 s (within the cap)
+    policy = RetryPolicy(max_attempts=5, base_delay=0.01, attempt_timeout=5)
+    got: list[Result] = []
+    async with Engine(deployment(server), retry=policy, concurrency=5) as engine:
+
+        async def consume() -> None:
+            async for result in engine.map(prompts(5)):
+                got.append(result)
+
+        consumer = asyncio.create_task(consume())
+        await server.until(lambda: server.stats.rate_limited >= 5 and server.in_flight == 0)
+        await asyncio.sleep(0)  # the client reads the 429s: every request waits out the pause
+        received = server.stats.received
+        engine.stop()
+        await asyncio.wait_for(consumer, 5)  # at once, not after the 30 s pause
+    assert server.stats.received == received  # nothing new was sent
+    assert len(got) == 5
+    assert all(isinstance(r.error, CancelledError) for r in got)
+    assert all("stopped before retrying" in r.error.message for r in got if r.error is not None)
+
+
+async def test_stop_with_grace_cuts_off_what_is_still_at_the_provider(server: FakeServer) -> None:
+    """Point 21: a hang at the provider does not hold a stop for the attempt timeout."""
+    server.inject("hang", times=3)
+    policy = RetryPolicy(max_attempts=1, attempt_timeout=600)
+    async with Engine(deployment(server), retry=policy) as engine:
+        iterator = engine.map(prompts(3))
+        consumer = asyncio.create_task(_collect(iterator))
+        await server.until(lambda: server.in_flight >= 3)
+        engine.stop(grace=0.2)
+        results = await asyncio.wait_for(consumer, 5)
+    assert len(results) == 3
+    for result in results:
+        assert isinstance(result.error, CancelledError)
+        assert "may have been billed" in result.error.message
+
+
+async def _collect(iterator: AsyncIterator[Result]) -> list[Result]:
+    return [r async for r in iterator]
+
+
+async def test_close_without_draining_while_map_is_iterated_never_hangs(server: FakeServer) -> None:
+    """Point 8: every taken item yields a Result, or the iteration ends with a clear error."""
+    server.latency = 5.0
+    engine = Engine(deployment(server), retry=RetryPolicy(max_attempts=1))
+    await engine.start()
+
+    def endless() -> Any:
+        i = 0
+        while True:
+            yield Request.from_prompt(MODEL, f"q{i}", max_tokens=5)
+            i += 1
+
+    got: list[Result] = []
+
+    async def consume() -> None:
+        async for result in engine.map(endless()):
+            got.append(result)
+
+    consumer = asyncio.create_task(consume())
+    await server.until(lambda: server.in_flight >= 10)
+    await engine.close(drain=False)
+    with pytest.raises(EngineClosedError):
+        await asyncio.wait_for(consumer, 5)
+    assert got, "the taken items came back"
+    assert all(isinstance(r.error, CancelledError) for r in got)
+
+
+async def test_close_without_draining_gives_every_taken_item_a_result(server: FakeServer) -> None:
+    server.latency = 5.0
+    engine = Engine(deployment(server), retry=RetryPolicy(max_attempts=1))
+    await engine.start()
+    consumer = asyncio.create_task(_collect(engine.map(prompts(20))))
+    await server.until(lambda: server.in_flight >= 20)
+    await engine.close(drain=False)
+    results = await asyncio.wait_for(consumer, 5)
+    assert len(results) == 20
+    assert all(isinstance(r.error, CancelledError) for r in results)
+
+
+async def test_a_raising_hook_neither_aborts_map_nor_loses_an_answer(server: FakeServer, tmp_path: Path) -> None:
+    """Point 2: on_result raising is logged and counted; every answer is delivered and stored."""
+    calls = 0
+
+    def hook(result: Result) -> None:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("a bug in the user's hook")
+
+    store = SqliteStore(tmp_path / "state.db")
+    async with Engine(deployment(server), on_result=hook, store=store) as engine:
+        results = await engine.run(prompts(10))
+    assert calls == 10
+    assert engine.stats.hook_errors == 10
+    assert all(r.ok for r in results)
+    assert store.summary()["succeeded"] == 10
+    store.close()
+
+
+async def test_every_attempt_is_noted_before_it_is_sent(server: FakeServer, tmp_path: Path) -> None:
+    """Point 4: while a request is at the provider its intent row is in the state."""
+    server.latency = 0.5
+    path = tmp_path / "state.db"
+    store = SqliteStore(path)
+    async with Engine(deployment(server, price=Price(1.0, 2.0)), store=store) as engine:
+        task = asyncio.create_task(engine.run(prompts(4)))
+        await server.until(lambda: server.in_flight >= 4)
+        other = sqlite3.connect(path)  # what a rerun would find if we died now
+        (count, worst) = other.execute("SELECT count(*), sum(worst_usd) FROM intents").fetchone()
+        other.close()
+        assert count == 4
+        assert worst > 0
+        await task
+    assert store.spend().in_flight == 0  # settled
+    store.close()
+
+
+async def test_a_store_that_fails_stops_admission_and_keeps_the_answers(server: FakeServer, tmp_path: Path) -> None:
+    """Points 2 and 18: a locked state file stops the engine; answers still come out."""
+    server.latency = 0.05
+    path = tmp_path / "state.db"
+    store = SqliteStore(path)
+    blocker = sqlite3.connect(path, timeout=0.1)
+    got: list[Result] = []
+    async with Engine(deployment(server), store=store, concurrency=4) as engine:
+        async for result in engine.map(prompts(200)):
+            got.append(result)
+            if len(got) == 20:
+                blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    blocker.rollback()
+    blocker.close()
+    assert engine.store_error is not None
+    assert str(path) in engine.store_error.message
+    assert "locked" in engine.store_error.message
+    answered = [r for r in got if r.ok]
+    assert 20 <= len(answered) < 200  # it stopped admitting
+    assert all(isinstance(r.error, CancelledError) for r in got if not r.ok)
+    assert server.stats.accepted == len(answered)  # nothing answered was dropped
+    store.close()

@@ -1,0 +1,279 @@
+"""Issue 7: the files of a batch job. sluice never destroys what it did not write, refuses
+paths that cannot work with a clear message, keeps or redoes each earlier record for a
+reason it can state, and tells a script what happened through its exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from clitools import MODEL, env_for, questions, read_output, run_cli, start_cli, wait_until, write_jsonl
+
+from sluice.testing import FakeServer
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    with FakeServer(api_key="sk-test").running_in_thread() as fake:
+        yield fake
+
+
+# -- point 1: -o never destroys what sluice did not write ------------------------------------
+
+
+def test_an_unrelated_output_file_is_refused_and_left_intact(server: FakeServer, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", questions(3))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\nnot sluice's\n")
+    for extra in ([], ["--restart"]):
+        done = run_cli(server, "run", source, "-o", notes, "--model", MODEL, *extra)
+        assert done.returncode == 2, done.stderr
+        assert str(notes) in done.stderr
+        assert "--overwrite" in done.stderr
+        assert notes.read_text() == "my notes\nnot sluice's\n"
+    assert server.stats.received == 0
+
+
+def test_a_symlinked_output_is_refused_without_touching_link_or_target(server: FakeServer, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", questions(3))
+    target = tmp_path / "precious.jsonl"
+    target.write_text('{"mine": true}\n')
+    link = tmp_path / "out.jsonl"
+    link.symlink_to(target)
+    done = run_cli(server, "run", source, "-o", link, "--model", MODEL)
+    assert done.returncode == 2, done.stderr
+    assert link.is_symlink()
+    assert target.read_text() == '{"mine": true}\n'
+
+
+def test_overwrite_replaces_an_unrelated_output(server: FakeServer, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", questions(3))
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text("old\n")
+    done = run_cli(server, "run", source, "-o", notes, "--model", MODEL, "--overwrite")
+    assert done.returncode == 0, done.stderr
+    assert sorted(r["line"] for r in read_output(notes)) == [1, 2, 3]
+
+
+def test_the_state_must_be_a_file_of_its_own(server: FakeServer, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", questions(3))
+    output = tmp_path / "out.jsonl"
+    for state in (source, output):
+        done = run_cli(server, "run", source, "-o", output, "--model", MODEL, "--state", state)
+        assert done.returncode == 2, done.stderr
+        assert "--state" in done.stderr
+    assert source.read_text() == "".join(json.dumps(q) + "\n" for q in questions(3))
+    assert server.stats.received == 0
+
+
+def test_an_output_whose_state_is_gone_is_refused_and_can_be_adopted(server: FakeServer, tmp_path: Path) -> None:
+    """Point 17: deleting (or emptying) the state does not hand out a fresh budget."""
+    server.prices = {"gpt-test": (2.0, 8.0)}
+    source = write_jsonl(tmp_path / "in.jsonl", questions(40))
+    output = tmp_path / "out.jsonl"
+    common = ["run", source, "-o", output, "--model", MODEL, "--price", "2,8", "--concurrency", "4", "--budget"]
+    first = run_cli(server, *common, "0.002")
+    assert first.returncode == 4, first.stderr  # the budget stopped it part-way
+    billed = server.total_billed_usd
+    state = tmp_path / "out.sluice.db"
+    for emptied in (False, True):
+        for leftover in tmp_path.glob("out.sluice.db*"):
+            leftover.unlink()
+        if emptied:
+            state.write_bytes(b"")  # zeroed, not deleted
+        done = run_cli(server, *common, "0.002")
+        assert done.returncode == 2, done.stderr
+        assert "does not know it" in done.stderr
+        assert "--adopt-output" in done.stderr
+    adopted = run_cli(server, *common, "0.002", "--adopt-output")
+    assert adopted.returncode == 4, adopted.stderr
+    assert server.total_billed_usd == pytest.approx(billed)  # the records' cost still counts
+    assert server.total_billed_usd <= 0.002
+
+
+# -- point 16: clear errors, not tracebacks --------------------------------------------------
+
+
+def test_paths_that_cannot_work_are_clear_errors(server: FakeServer, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", questions(2))
+    done = run_cli(server, "run", source, "-o", tmp_path, "--model", MODEL)
+    assert done.returncode == 2
+    assert "is a directory" in done.stderr
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    done = run_cli(server, "run", source, "-o", blocker / "out.jsonl", "--model", MODEL)
+    assert done.returncode == 2
+    assert "cannot create its directory" in done.stderr
+    for result in (done,):
+        assert "Traceback" not in result.stderr
+
+
+def test_two_jobs_on_one_output_with_different_states_are_refused(server: FakeServer, tmp_path: Path) -> None:
+    server.latency = 0.05
+    source = write_jsonl(tmp_path / "in.jsonl", questions(60))
+    output = tmp_path / "out.jsonl"
+    first = start_cli(server, "run", source, "-o", output, "--model", MODEL, "--concurrency", "2")
+    try:
+        wait_until(lambda: server.stats.received >= 2)
+        second = run_cli(server, "run", source, "-o", output, "--model", MODEL, "--state", tmp_path / "other.db")
+        assert second.returncode == 2, second.stderr
+        assert str(output) in second.stderr
+        _, stderr = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, stderr
+    assert sorted(r["line"] for r in read_output(output)) == list(range(1, 61))
+
+
+def test_a_damaged_state_is_a_clear_error(server: FakeServer, tmp_path: Path) -> None:
+    """Point 22: scribbled pages are found when the state is opened."""
+    source = write_jsonl(tmp_path / "in.jsonl", questions(200))
+    output = tmp_path / "out.jsonl"
+    assert run_cli(server, "run", source, "-o", output, "--model", MODEL).returncode == 0
+    state = tmp_path / "out.sluice.db"
+    data = bytearray(state.read_bytes())
+    assert len(data) > 8192
+    data[4096:6144] = os.urandom(2048)  # the second page and more
+    state.write_bytes(bytes(data))
+    done = run_cli(server, "run", source, "-o", output, "--model", MODEL)
+    assert done.returncode == 2, done.stderr
+    assert "not a usable sluice state file" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_ctrl_c_while_starting_is_quiet(server: FakeServer, tmp_path: Path) -> None:
+    """Point 22: a Ctrl-C in the first tenth of a second is no traceback."""
+    source = write_jsonl(tmp_path / "in.jsonl", questions(5))
+    for delay in (0.03, 0.06, 0.1, 0.15):
+        process = start_cli(server, "run", source, "-o", tmp_path / f"out-{delay}.jsonl", "--model", MODEL)
+        time.sleep(delay)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+        assert "Traceback" not in stderr
+        assert "KeyboardInterrupt" not in stderr
+        assert process.returncode in (0, 130), stderr
+
+
+# -- points 12, 13, 14: what a rerun keeps, what it redoes, and the exit status ----------------
+
+
+def test_a_plain_rerun_redoes_what_was_not_the_requests_fault(server: FakeServer, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", questions(6))
+    output = tmp_path / "out.jsonl"
+    config = tmp_path / "sluice.toml"
+    config.write_text("[retry]\nmax_attempts = 1\n")
+    args = ["run", source, "-o", output, "--model", MODEL, "--config", config, "--ordered"]
+    server.inject("400", times=1)
+    server.inject("503", times=1)
+    first = run_cli(server, *args)
+    assert first.returncode == 1, first.stderr  # finished, with failures
+    assert "bad_request" in first.stderr
+    assert "a plain rerun redoes them" in first.stderr
+    kinds = sorted(r["error"]["type"] for r in read_output(output) if not r["ok"])
+    assert kinds == ["bad_request", "server_error"]
+    second = run_cli(server, *args)
+    assert second.returncode == 1, second.stderr  # the rejection is kept: not every record succeeded
+    assert "1 failures from earlier runs were kept" in second.stderr
+    assert server.stats.received == 7  # only the server's failure was sent again
+    records = read_output(output)
+    assert sum(not r["ok"] for r in records) == 1
+    third = run_cli(server, *args, "--retry-failed")
+    assert third.returncode == 0, third.stderr
+    assert all(r["ok"] for r in read_output(output))
+
+
+def test_an_input_edited_in_place_is_noticed(server: FakeServer, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", questions(5))
+    output = tmp_path / "out.jsonl"
+    assert run_cli(server, "run", source, "-o", output, "--model", MODEL).returncode == 0
+    edited = questions(5)
+    edited[2]["messages"][0]["content"] = "a different question"
+    write_jsonl(source, edited)
+    done = run_cli(server, "run", source, "-o", output, "--model", MODEL)
+    assert done.returncode == 0, done.stderr
+    assert "1 lines changed in the input" in done.stderr
+    assert server.stats.received == 6
+    by_line = {r["line"]: r for r in read_output(output)}
+    assert len(by_line) == 5
+    assert by_line[3]["text"] == "echo: a different question"
+
+
+def test_a_job_that_cannot_work_says_so_at_once(server: FakeServer, tmp_path: Path) -> None:
+    """Point 11: a missing key is an error before anything starts."""
+    source = write_jsonl(tmp_path / "in.jsonl", questions(100))
+    config = tmp_path / "sluice.toml"
+    config.write_text(
+        f'[[deployment]]\nmodel = "{MODEL}"\nbase_url = "{server.url}"\napi_key_env = "SLUICE_TEST_MISSING_KEY"\n'
+    )
+    env = env_for(server)
+    env.pop("SLUICE_TEST_MISSING_KEY", None)
+    done = run_cli(server, "run", source, "-o", tmp_path / "out.jsonl", "--config", config, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "SLUICE_TEST_MISSING_KEY" in done.stderr
+    assert server.stats.received == 0
+
+
+@pytest.mark.parametrize("how", ["wrong key", "connection refused"])
+def test_a_job_whose_first_requests_all_fail_the_same_way_stops_early(
+    server: FakeServer, tmp_path: Path, how: str
+) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", questions(300))
+    config = tmp_path / "sluice.toml"
+    config.write_text("[retry]\nmax_attempts = 1\n")
+    env = env_for(server, OPENAI_API_KEY="sk-wrong")
+    if how == "connection refused":
+        env = env_for(server, OPENAI_BASE_URL="http://127.0.0.1:9/v1")
+    args = ["run", source, "-o", tmp_path / "out.jsonl", "--model", MODEL, "--concurrency", "4", "--config", config]
+    done = run_cli(server, *args, env=env)
+    assert done.returncode == 3, done.stderr
+    assert "the first 10 requests all failed the same way" in done.stderr
+    kind = "authentication_error" if how == "wrong key" else "connection_error"
+    assert kind in done.stderr
+    assert server.stats.received <= 14  # ten, and at most the concurrency more in flight
+    assert "sk-wrong" not in done.stderr + done.stdout
+
+
+def test_exit_status_and_summary_tell_a_script_what_happened(server: FakeServer, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", questions(4))
+    ok = run_cli(server, "run", source, "-o", tmp_path / "a.jsonl", "--model", MODEL)
+    assert ok.returncode == 0, ok.stderr
+    write_jsonl(source, [*questions(4), {"messages": "not a list"}])
+    failed = run_cli(server, "run", source, "-o", tmp_path / "b.jsonl", "--model", MODEL)
+    assert failed.returncode == 1
+    assert "invalid_input" in failed.stderr
+    assert "needs the line fixed" in failed.stderr
+    help_text = run_cli(server, "run", "--help").stdout
+    for code in ("0 ", "1 ", "2 ", "3 ", "4 ", "130"):
+        assert code in help_text
+
+
+def test_a_rerun_with_a_larger_budget_does_what_the_smaller_could_not(server: FakeServer, tmp_path: Path) -> None:
+    """Point 5: budget_exhausted (and every other not-the-request's-fault failure) is redone."""
+    server.prices = {"gpt-test": (2.0, 8.0)}
+    source = write_jsonl(tmp_path / "in.jsonl", questions(30))
+    output = tmp_path / "out.jsonl"
+    common = ["run", source, "-o", output, "--model", MODEL, "--price", "2,8", "--concurrency", "3"]
+    assert run_cli(server, *common, "--budget", "0.001").returncode == 4
+    exhausted = [r for r in read_output(output) if not r["ok"]]
+    assert exhausted
+    assert all(r["error"]["type"] == "budget_exhausted" for r in exhausted)
+    done = run_cli(server, *common, "--budget", "1")
+    assert done.returncode == 0, done.stderr
+    assert all(r["ok"] for r in read_output(output))
+    assert server.stats.duplicate_successes == 0
+
+
+def test_money_is_shown_with_enough_digits() -> None:
+    from sluice.cli._progress import usd
+
+    assert usd(0.000042) == "$0.000042"
+    assert usd(0.0000042) == "$0.0000042"
+    assert usd(0.0123) == "$0.0123"
+    assert usd(12.5) == "$12.50"
+    assert usd(0) == "$0.00"
