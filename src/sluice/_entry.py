@@ -3,9 +3,12 @@ handling (while modules load) ends it quietly with status 130, not a traceback."
 
 from __future__ import annotations
 
-import signal
+import _signal  # type: ignore[import-not-found]  # the C module: `signal` takes ms to import (enum)
 import sys
-from types import FrameType
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs milliseconds here
+if TYPE_CHECKING:
+    from types import FrameType
 
 
 def _interrupted(signum: int, frame: FrameType | None) -> None:
@@ -15,7 +18,7 @@ def _interrupted(signum: int, frame: FrameType | None) -> None:
 
 def quiet_interrupts() -> None:
     """Until the command sets up its own handling, Ctrl-C ends it quietly (status 130)."""
-    signal.signal(signal.SIGINT, _interrupted)
+    _signal.signal(_signal.SIGINT, _interrupted)
 
 
 def main() -> None:

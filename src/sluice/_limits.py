@@ -90,7 +90,7 @@ class Limiter(Protocol):
         """Pause the whole deployment for ``seconds`` (the server said 429)."""
 
     def observe(self, snapshot: RateLimitSnapshot) -> None:
-        """Learn from the server's rate-limit headers."""
+        """Learn from the server's rate-limit headers (counted per the snapshot's windows)."""
 
 
 #: A grant leaves the ledger this long after its window, not at the exact instant: the
@@ -116,8 +116,8 @@ def _sane(snapshot: RateLimitSnapshot) -> RateLimitSnapshot:
     def keep(value: float | None, minimum: float) -> float | None:
         return value if value is not None and math.isfinite(value) and value >= minimum else None
 
-    requests_ok = keep(snapshot.requests_window, math.ulp(0.0)) is not None
-    tokens_ok = keep(snapshot.tokens_window, math.ulp(0.0)) is not None
+    requests_ok = math.isfinite(snapshot.requests_window) and snapshot.requests_window > 0
+    tokens_ok = math.isfinite(snapshot.tokens_window) and snapshot.tokens_window > 0
     return RateLimitSnapshot(
         limit_requests=keep(snapshot.limit_requests, 1.0) if requests_ok else None,
         remaining_requests=keep(snapshot.remaining_requests, 0.0) if requests_ok else None,

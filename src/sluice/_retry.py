@@ -100,6 +100,12 @@ class RetryPolicy:
     deadline: float | None = 900.0
     #: Seconds one attempt may take before it counts as a timeout.
     attempt_timeout: float | None = 600.0
+    #: Seconds an attempt may go without receiving a byte (before its answer starts, or
+    #: between the chunks of a stream) before it counts as a timeout, however long
+    #: ``attempt_timeout`` is: a connection gone silent is not waited on for ten minutes.
+    #: A non-streamed answer sends nothing until it is complete, so this also bounds how
+    #: long one may take to generate; raise it for very long generations.
+    idle_timeout: float | None = 300.0
     #: The longest server hint (``Retry-After``) obeyed, in seconds. A longer one is
     #: treated as no hint at all: capped exponential backoff with jitter instead, as the
     #: official OpenAI and Anthropic SDKs do beyond 60 s. ``math.inf`` obeys any hint.
@@ -112,7 +118,7 @@ class RetryPolicy:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
                 raise ConfigError(f"RetryPolicy.{name} must be a number >= 0, got {value!r}")
-        for name in ("deadline", "attempt_timeout"):
+        for name in ("deadline", "attempt_timeout", "idle_timeout"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, (int, float)) or value <= 0):
                 raise ConfigError(f"RetryPolicy.{name} must be a positive number or None, got {value!r}")

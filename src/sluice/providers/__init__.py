@@ -46,8 +46,8 @@ KNOWN = tuple(sorted(_FACTORIES))
 class ProviderSet:
     """The providers of one engine, created on first use and sharing one HTTP transport."""
 
-    def __init__(self) -> None:
-        self.transport = HttpTransport()
+    def __init__(self, *, idle_timeout: float | None = None) -> None:
+        self.transport = HttpTransport(idle_timeout=idle_timeout)
         self._by_name: dict[str, Provider] = {}
 
     def for_deployment(self, deployment: Deployment) -> Provider:

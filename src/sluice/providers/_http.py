@@ -68,8 +68,9 @@ def _secrets_in(headers: Mapping[str, str]) -> tuple[str, ...]:
 class HttpTransport:
     """One lazily created aiohttp session shared by every HTTP provider of an engine."""
 
-    def __init__(self, *, limit: int = 0) -> None:
+    def __init__(self, *, limit: int = 0, idle_timeout: float | None = None) -> None:
         self._limit = limit
+        self.idle_timeout = idle_timeout
         self._session: aiohttp.ClientSession | None = None
 
     def session(self) -> aiohttp.ClientSession:
@@ -81,7 +82,8 @@ class HttpTransport:
                 connector=connector,
                 json_serialize=json.dumps,
                 raise_for_status=False,
-                timeout=aiohttp.ClientTimeout(total=None),  # the engine times each attempt
+                # the engine times each attempt; a socket silent this long is a timeout
+                timeout=aiohttp.ClientTimeout(total=None, sock_read=self.idle_timeout),
                 auto_decompress=True,
             )
         return self._session
@@ -184,8 +186,13 @@ class HttpProvider(ABC):
                 payload = await response.read()
                 status = response.status
                 response_headers: Mapping[str, str] = response.headers
-        except TimeoutError:  # aiohttp's own socket timeouts; the engine times whole attempts
-            raise AttemptTimeoutError(f"socket timeout talking to {deployment.label}") from None
+        except TimeoutError:  # the idle timeout (aiohttp's sock_read); the engine times whole attempts
+            idle = self._transport.idle_timeout
+            raise AttemptTimeoutError(
+                f"{deployment.label} sent nothing for {idle:g} s (idle timeout)"
+                if idle is not None
+                else f"socket timeout talking to {deployment.label}"
+            ) from None
         except aiohttp.ClientPayloadError as exc:
             raise MalformedResponseError(f"truncated response body from {deployment.label}: {exc}") from None
         except aiohttp.ClientConnectorError as exc:  # never connected: nothing was sent
