@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--fault-rate", type=_fault_rate, action="append", default=[], metavar="KIND=P")
     add("--price", type=_price, action="append", default=[], metavar="MODEL=IN,OUT")
     add("--no-retry-after", action="store_true", help="omit retry-after on 429s")
+    add(
+        "--tokenizer",
+        choices=["chars", "bytes"],
+        default="chars",
+        help="how prompts are counted: ~4 characters a token, or one token per UTF-8 byte (hostile)",
+    )
     return parser
 
 
@@ -76,6 +82,7 @@ def _server(args: argparse.Namespace) -> FakeServer:
         seed=args.seed,
         send_retry_after=not args.no_retry_after,
         prices=dict(args.price),
+        tokenizer=args.tokenizer,
         host=args.host,
         port=args.port,
     )
