@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._budget import Budget, BudgetHold
-from ._coerce import RequestLike, aiterate, coerce, make_request
+from ._coerce import RequestLike, coerce, make_request
 from ._errors import (
     AttemptTimeoutError,
     CancelledError,
@@ -40,12 +40,14 @@ from ._errors import (
     SluiceError,
     StoreError,
 )
+from ._fanout import fan_out
 from ._gate import PriorityGate
-from ._limits import Limiter, LocalLimiter, Reservation
+from ._limits import Limiter, LocalLimiter
 from ._models import BUILTIN_PROVIDERS, Deployment, Priority, Request, Result, Timings, Usage, store_key
 from ._records import result_from_record
 from ._retry import RetryPolicy
 from ._session import Session
+from ._slot import Slot, Tally, WaitingScope, stopped_note
 from ._spending import CheaperModel, Spending
 from ._stats import Stats
 from .providers import HttpProvider, Provider, ProviderSet, Reply
@@ -323,7 +325,7 @@ class Engine:
         """Every result, in input order."""
         return [r async for r in self.map(requests, model=model, ordered=True, priority=priority, budget=budget)]
 
-    async def map(
+    def map(
         self,
         requests: Iterable[RequestLike] | AsyncIterable[RequestLike],
         *,
@@ -342,94 +344,7 @@ class Engine:
         no task outlives the iteration. If the engine is closed without draining while
         the source is still being read, the iteration ends with :class:`EngineClosedError`.
         """
-        if self._closed:
-            raise EngineClosedError("the engine is closed")
-        loop = asyncio.get_running_loop()
-        finished: asyncio.Queue[tuple[int, Result] | BaseException | None] = asyncio.Queue()
-        room = asyncio.Semaphore(self.buffer)
-        tasks: set[asyncio.Task[Result]] = set()
-        taken = 0
-        producer_done = False
-
-        def on_done(task: asyncio.Task[Result], *, index: int, job: _Job) -> None:
-            tasks.discard(task)
-            self._tasks.discard(task)
-            self._stop_cancelled.discard(task)
-            if task.cancelled():  # its result was reported as it was cancelled; hand it out
-                result = job.cancelled
-                if result is None:  # cancelled before it ever ran
-                    result = Result(job.request, error=CancelledError(_NEVER_SENT_CANCELLED), index=index)
-                    self._emit(result)
-                finished.put_nowait((index, result))
-            else:
-                error = task.exception()
-                finished.put_nowait(error if error is not None else (index, task.result()))
-            self._maybe_idle()
-
-        async def produce() -> None:
-            nonlocal taken
-            try:
-                async for item in aiterate(requests):
-                    await room.acquire()
-                    index = taken
-                    taken += 1
-                    prepared = self._prepare_item(item, index, model, priority, budget)
-                    if isinstance(prepared, Result):
-                        finished.put_nowait((index, prepared))
-                        continue
-                    try:
-                        await self._gate.acquire(prepared.priority, prepared.seq)
-                    except asyncio.CancelledError:  # closed while it waited: it still gets its result
-                        finished.put_nowait((index, self._not_started(prepared)))
-                        raise
-                    if self._stopping:
-                        self._gate.release()
-                        finished.put_nowait((index, self._not_started(prepared)))
-                        break
-                    task = loop.create_task(self._admitted(prepared))
-                    tasks.add(task)
-                    self._tasks.add(task)
-                    task.add_done_callback(functools.partial(on_done, index=index, job=prepared))
-                    if self._stopping:
-                        break
-            finally:
-                finished.put_nowait(None)
-
-        producer = loop.create_task(produce())
-        self._producers.add(producer)
-        received = 0
-        waiting: dict[int, Result] = {}
-        next_index = 0
-        try:
-            while not producer_done or received < taken:
-                item = await finished.get()
-                if item is None:
-                    producer_done = True
-                    continue
-                if isinstance(item, BaseException):
-                    raise item
-                received += 1
-                index, result = item
-                if not ordered:
-                    room.release()
-                    yield result
-                    continue
-                waiting[index] = result
-                while next_index in waiting:
-                    ready = waiting.pop(next_index)
-                    next_index += 1
-                    room.release()
-                    yield ready
-            if producer.cancelled():
-                raise EngineClosedError("the engine was closed while map() was still reading its source")
-            await producer  # surfaces an error raised by the source itself
-        finally:
-            self._producers.discard(producer)
-            if not producer.done():
-                producer.cancel()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(producer, *tasks, return_exceptions=True)
+        return fan_out(self, requests, model=model, ordered=ordered, priority=priority, budget=budget)
 
     def stop(self, *, grace: float | None = None) -> None:
         """Stop admitting new work and send nothing new.
@@ -555,7 +470,7 @@ class Engine:
                     return result
         except asyncio.CancelledError:
             job.cancelled = self._finish(
-                job, _Tally(asyncio.get_running_loop().time()), error=CancelledError(_NEVER_SENT)
+                job, Tally(asyncio.get_running_loop().time()), error=CancelledError(_NEVER_SENT)
             )
             raise
         stored = self._from_store(job)  # checked here, after the gate: an identical one may have landed
@@ -576,7 +491,7 @@ class Engine:
     async def _attempts(self, job: _Job) -> Result:
         """Attempt until an outcome, then record it (durably, with a store) and report it."""
         loop = asyncio.get_running_loop()
-        tally = _Tally(loop.time())
+        tally = Tally(loop.time())
         try:
             outcome = await self._until_outcome(job, tally)
         except asyncio.CancelledError:
@@ -587,7 +502,7 @@ class Engine:
                 raise
             self._stop_cancelled.discard(task)  # stop() wants a result, not a cancelled task
             task.uncancel()
-            outcome = CancelledError(_stopped_note(tally))
+            outcome = CancelledError(stopped_note(tally))
         result = self._result(job, tally, outcome)
         if (
             job.key is not None
@@ -602,13 +517,13 @@ class Engine:
         self._emit(result)
         return result
 
-    async def _until_outcome(self, job: _Job, tally: _Tally) -> Reply | SluiceError:
+    async def _until_outcome(self, job: _Job, tally: Tally) -> Reply | SluiceError:
         """Attempt until success, a final error, the attempt budget, the deadline or a stop."""
         deadline = tally.started + self.retry.deadline if self.retry.deadline is not None else None
         batch = job.index is not None
         while True:
             if self._stopping and batch:  # not sent (again): the rerun does it
-                return CancelledError(_stopped_note(tally))
+                return CancelledError(stopped_note(tally))
             outcome = await self._attempt(job, tally, deadline)
             if not isinstance(outcome, SluiceError):
                 return outcome
@@ -621,9 +536,49 @@ class Engine:
                 with self._waiting_while(batch):
                     await asyncio.sleep(delay)
 
-    async def _attempt(self, job: _Job, tally: _Tally, deadline: float | None) -> Reply | SluiceError:
-        """One attempt: money, capacity, the intent, then the provider. Everything it
-        reserves is settled before it returns, whatever happens."""
+    async def _attempt(self, job: _Job, tally: Tally, deadline: float | None) -> Reply | SluiceError:
+        """One attempt: admission (money, capacity, the intent), then the provider. What
+        the slot holds is settled before it returns, whatever happens."""
+        slot = await self._admit(job, tally, deadline)
+        if isinstance(slot, SluiceError):
+            return slot
+        route = job.route
+        timeout = self.retry.attempt_timeout
+        slot.sending()
+        if deadline is not None:
+            timeout = min(timeout or deadline - slot.sent_at, deadline - slot.sent_at)
+        charge: float | None = None  # None: it may have been billed, at its worst case
+        answered = cut_off = False
+        try:
+            async with asyncio.timeout(timeout):
+                reply = await route.provider.send(job.request, route.deployment, idempotency_key=job.idempotency_key)
+        except TimeoutError:
+            return AttemptTimeoutError(f"no answer from {route.deployment.label} within {timeout:g} s")
+        except ProviderError as exc:
+            if not exc.maybe_billed:
+                charge = 0.0
+            return exc
+        except SluiceError as exc:  # raised before anything went out (a missing key, say)
+            charge = 0.0
+            return exc
+        except asyncio.CancelledError:
+            cut_off = True
+            raise
+        except Exception as exc:  # a provider's own bug must not take the whole job down
+            return FatalProviderError(f"{type(exc).__name__} in provider {route.provider.name!r}: {exc}")
+        else:
+            if reply.ratelimit is not None:  # learn before the slot frees and wakes the next
+                route.limiter.observe(reply.ratelimit)
+            slot.reservation.reconcile(reply.usage.total_tokens or job.tokens)
+            charge = self.spending.cost(route.deployment, reply.usage) or 0.0
+            answered = True
+            return reply
+        finally:
+            slot.settle(charge, answered=answered, cut_off=cut_off)
+
+    async def _admit(self, job: _Job, tally: Tally, deadline: float | None) -> Slot | SluiceError:
+        """Money, then capacity, then (with a store) the durable intent: a Slot ready to
+        send, or why the attempt cannot be made (final: it was not sent)."""
         loop = asyncio.get_running_loop()
         route = job.route
         batch = job.index is not None
@@ -649,85 +604,19 @@ class Engine:
             raise
         finally:
             tally.waited += loop.time() - waited_from
-        intent = await self._intent(job, reservation, hold)
-        if isinstance(intent, SluiceError):
-            return intent
+        store = self.store if job.key is not None else None
+        worst = functools.partial(self._worst, job)
+        slot = Slot(reservation, hold, tally, self.stats, worst, store, self._store_failed)
+        if store is not None:
+            assert job.key is not None
+            failed = await slot.note(job.key)
+            if failed is not None:
+                self._store_failed(failed)
+                return CancelledError(f"not sent: {failed.message}")
         if self._stopping and batch:
-            self._release_unsent(reservation, hold, intent)
-            return CancelledError(_stopped_note(tally))
-        sent_at = loop.time()
-        timeout = self.retry.attempt_timeout
-        if deadline is not None:
-            timeout = min(timeout or deadline - sent_at, deadline - sent_at)
-        tally.attempts += 1
-        tally.sent = tally.sent_this_time = tally.at_provider = True
-        self.stats.attempts += 1
-        charge: float | None = None  # None: it may have been billed, at its worst case
-        answered = cancelled = False
-        try:
-            async with asyncio.timeout(timeout):
-                reply = await route.provider.send(job.request, route.deployment, idempotency_key=job.idempotency_key)
-        except TimeoutError:
-            return AttemptTimeoutError(f"no answer from {route.deployment.label} within {timeout:g} s")
-        except ProviderError as exc:
-            if not exc.maybe_billed:
-                charge = 0.0
-            return exc
-        except SluiceError as exc:  # raised before anything went out (a missing key, say)
-            charge = 0.0
-            return exc
-        except asyncio.CancelledError:
-            cancelled = True
-            raise
-        except Exception as exc:  # a provider's own bug must not take the whole job down
-            return FatalProviderError(f"{type(exc).__name__} in provider {route.provider.name!r}: {exc}")
-        else:
-            if reply.ratelimit is not None:  # learn before the slot frees and wakes the next
-                route.limiter.observe(reply.ratelimit)
-            reservation.reconcile(reply.usage.total_tokens or job.tokens)
-            cost = self.spending.cost(route.deployment, reply.usage)
-            charge = cost or 0.0
-            answered = True
-            return reply
-        finally:
-            tally.at_provider = cancelled  # a cut-off attempt was still at the provider
-            tally.latency = loop.time() - sent_at
-            reservation.done()
-            if charge is None:
-                charge = self._worst(job)
-            _settle(hold, charge)
-            tally.charged += charge
-            self.stats.charge(charge, answered=answered)
-            if intent is not None and not cancelled:  # a cancelled send stays an open intent
-                self._settle_intent(intent, charge, answered)
-
-    async def _intent(self, job: _Job, reservation: Reservation, hold: BudgetHold | None) -> int | SluiceError | None:
-        """With a store: durably note the attempt (and its worst case) before it is sent."""
-        store = self.store
-        if store is None or job.key is None:
-            return None
-        try:
-            return await store.begin(job.key, self._worst(job))
-        except StoreError as exc:
-            self._release_unsent(reservation, hold, None)
-            self._store_failed(exc)
-            return CancelledError(f"not sent: {exc.message}")
-        except BaseException:
-            self._release_unsent(reservation, hold, None)
-            raise
-
-    def _release_unsent(self, reservation: Reservation, hold: BudgetHold | None, intent: int | None) -> None:
-        reservation.refund()
-        _settle(hold, 0.0)
-        if intent is not None:
-            self._settle_intent(intent, 0.0, False)
-
-    def _settle_intent(self, intent: int, charge: float, answered: bool) -> None:
-        assert self.store is not None
-        try:
-            self.store.settle(intent, charge, answered=answered)
-        except StoreError as exc:
-            self._store_failed(exc)
+            slot.unsent()
+            return CancelledError(stopped_note(tally))
+        return slot
 
     def _worst(self, job: _Job) -> float:
         """What an attempt counts for when it may have been billed unseen: its worst case."""
@@ -742,8 +631,8 @@ class Engine:
             _log.error("sluice: %s; stopping", error.message)
             self.stop()
 
-    def _waiting_while(self, batch: bool) -> _WaitingScope:
-        return _WaitingScope(self._waiting if batch else None)
+    def _waiting_while(self, batch: bool) -> WaitingScope:
+        return WaitingScope(self._waiting if batch else None)
 
     def _after_failure(self, job: _Job, error: SluiceError, attempt: int, deadline: float | None) -> float | None:
         """Learn from a failed attempt; the delay before the next, or None to give up."""
@@ -770,7 +659,7 @@ class Engine:
                 _log.exception("sluice: the on_retry hook raised; carrying on")
         return delay
 
-    def _result(self, job: _Job, tally: _Tally, outcome: Reply | SluiceError) -> Result:
+    def _result(self, job: _Job, tally: Tally, outcome: Reply | SluiceError) -> Result:
         if isinstance(outcome, SluiceError):
             return self._finish(job, tally, error=outcome, emit=False)
         return self._finish(job, tally, reply=outcome, emit=False)
@@ -778,7 +667,7 @@ class Engine:
     def _finish(
         self,
         job: _Job,
-        tally: _Tally,
+        tally: Tally,
         *,
         error: SluiceError | None = None,
         reply: Reply | None = None,
@@ -825,48 +714,6 @@ class Engine:
 
 
 _NEVER_SENT = "cancelled while an identical request was in flight; it was never sent"
-_NEVER_SENT_CANCELLED = "cancelled before it started; it was never sent"
-
-
-def _stopped_note(tally: _Tally) -> str:
-    if tally.at_provider:
-        return "stopped: still at the provider when the grace period ended; it was sent and may have been billed"
-    return "stopped before retrying" if tally.sent else "stopped before it was sent"
-
-
-@dataclass(slots=True)
-class _Tally:
-    """What a job's attempts have added up to so far."""
-
-    started: float
-    attempts: int = 0
-    waited: float = 0.0
-    latency: float = 0.0
-    charged: float = 0.0
-    sent: bool = False
-    sent_this_time: bool = False
-    at_provider: bool = False
-
-
-class _WaitingScope:
-    """Marks the current task as waiting (stop() may cancel it) for the ``with`` body."""
-
-    __slots__ = ("_task", "_tasks")
-
-    def __init__(self, tasks: set[asyncio.Task[Any]] | None) -> None:
-        self._tasks = tasks
-        self._task: asyncio.Task[Any] | None = None
-
-    def __enter__(self) -> None:
-        if self._tasks is not None:
-            task = asyncio.current_task()
-            if task is not None:
-                self._task = task
-                self._tasks.add(task)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._task is not None and self._tasks is not None:
-            self._tasks.discard(self._task)
 
 
 def _settle(hold: BudgetHold | None, charge: float) -> None:
