@@ -542,7 +542,7 @@ class Engine:
         slot = await self._admit(job, tally, deadline)
         if isinstance(slot, SluiceError):
             return slot
-        route = job.route
+        route: _Route = slot.route
         timeout = self.retry.attempt_timeout
         slot.sending()
         if deadline is not None:
@@ -606,7 +606,7 @@ class Engine:
             tally.waited += loop.time() - waited_from
         store = self.store if job.key is not None else None
         worst = functools.partial(self._worst, job)
-        slot = Slot(reservation, hold, tally, self.stats, worst, store, self._store_failed)
+        slot = Slot(route, reservation, hold, tally, self.stats, worst, store, self._store_failed)
         if store is not None:
             assert job.key is not None
             failed = await slot.note(job.key)

@@ -53,6 +53,7 @@ class Slot:
 
     __slots__ = (
         "_hold",
+        "route",
         "_intent",
         "_on_store_error",
         "_sent_at",
@@ -65,6 +66,7 @@ class Slot:
 
     def __init__(
         self,
+        route: Any,
         reservation: Reservation,
         hold: BudgetHold | None,
         tally: Tally,
@@ -73,6 +75,8 @@ class Slot:
         store: Store | None = None,
         on_store_error: Callable[[StoreError], None] | None = None,
     ) -> None:
+        #: Where this attempt goes (the engine's route: deployment, limiter, provider).
+        self.route = route
         self.reservation = reservation
         self.tally = tally
         self._hold = hold
