@@ -231,7 +231,9 @@ async def test_cancellation_leaves_no_stray_tasks_and_reports_in_flight(server: 
 def engine_tasks() -> list[asyncio.Task[Any]]:
     """Tasks running the engine's code (the fake server's handler tasks are not counted)."""
     return [
-        t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__qualname__", "").startswith(("Engine.", "aiterate", "fan_out"))
+        t
+        for t in asyncio.all_tasks()
+        if getattr(t.get_coro(), "__qualname__", "").startswith(("Engine.", "aiterate", "fan_out"))
     ]
 
 

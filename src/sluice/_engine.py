@@ -22,19 +22,23 @@ import hashlib
 import itertools
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._budget import Budget, BudgetHold
 from ._coerce import RequestLike, coerce, make_request
 from ._errors import (
     AttemptTimeoutError,
+    AuthenticationError,
+    BadRequestError,
     CancelledError,
     ConfigError,
     DeadlineExceededError,
     EngineClosedError,
     FatalProviderError,
     InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
     ProviderError,
     RateLimitError,
     SluiceError,
@@ -43,14 +47,15 @@ from ._errors import (
 from ._fanout import fan_out
 from ._gate import PriorityGate
 from ._limits import Limiter, LocalLimiter
-from ._models import BUILTIN_PROVIDERS, Deployment, Priority, Request, Result, Timings, Usage, store_key
+from ._models import Deployment, Priority, Request, Result, Timings, Usage, store_key
 from ._records import result_from_record
 from ._retry import RetryPolicy
+from ._router import Group, GroupExhausted, Route, Router, RouteStatus
 from ._session import Session
 from ._slot import Slot, Tally, WaitingScope, stopped_note
 from ._spending import CheaperModel, Spending
 from ._stats import Stats
-from .providers import HttpProvider, Provider, ProviderSet, Reply
+from .providers import HttpProvider, ProviderSet, Reply
 
 if TYPE_CHECKING:
     from .store import Store
@@ -72,16 +77,10 @@ class RetryEvent:
 
 
 @dataclass(slots=True)
-class _Route:
-    deployment: Deployment
-    limiter: Limiter
-    provider: Provider
-
-
-@dataclass(slots=True)
 class _Job:
     request: Request
-    route: _Route
+    #: Where the latest attempt went (before the first: the first deployment it may use).
+    route: Route
     tokens: int
     priority: int
     seq: int
@@ -92,6 +91,14 @@ class _Job:
     worst_cost: float = 0.0
     #: What was reported when the job's task was cancelled (``map`` hands it out).
     cancelled: Result | None = None
+    #: The groups of deployments it may use: its model's, then its fallbacks'.
+    groups: tuple[Group, ...] = ()
+    #: Which of ``groups`` it is on now.
+    step: int = 0
+    #: Deployments that failed this request (a retry goes elsewhere when it can).
+    tried: set[Route] = field(default_factory=set)
+    #: Cooldowns apply: the request has somewhere else to go.
+    guarded: bool = False
 
     @property
     def idempotency_key(self) -> str | None:
@@ -158,6 +165,7 @@ class Engine:
         allow_unpriced: bool = False,
         cheaper: CheaperModel | None = None,
         defaults: Mapping[str, Any] | None = None,
+        fallbacks: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         if isinstance(deployments, Deployment):
             deployments = [deployments]
@@ -176,12 +184,15 @@ class Engine:
         self.stats = Stats()
         #: Why the store stopped taking writes, once it has; the engine stopped admitting then.
         self.store_error: StoreError | None = None
-        self._defaults = dict(defaults or {})
         self._inflight: dict[str, asyncio.Future[Result]] = {}
         self._limiter_factory = limiter_factory
         self._providers = ProviderSet(idle_timeout=self.retry.idle_timeout)
-        self._routes: dict[str, _Route] = {}
-        self._deployments: list[Deployment] = []
+        self.router = Router(
+            make_route=self._make_route,
+            defaults=defaults,
+            fallbacks=fallbacks,
+            on_new_deployment=self.spending.pricing.known,  # now, not between an answer and its commit
+        )
         for deployment in deployments:
             self.add_deployment(deployment)
         self._gate = PriorityGate(concurrency)
@@ -201,22 +212,14 @@ class Engine:
     # -- configuration -------------------------------------------------------------------
 
     def add_deployment(self, deployment: Deployment) -> None:
-        """Serve ``deployment.model`` (and its ``name``) from this deployment."""
+        """Serve ``deployment.model`` (and its ``name``) from this deployment too: deployments
+        that share a model form a group, each with its own ``name``."""
         if not isinstance(deployment, Deployment):
             raise ConfigError(f"expected a Deployment, got {type(deployment).__name__}")
-        keys = {deployment.model, deployment.label}
-        if deployment.provider_name == "openai" and "/" not in deployment.model:
-            keys.add(f"openai/{deployment.model}")  # "gpt-4o-mini" and "openai/gpt-4o-mini" are one model
-        for key in keys:
-            if key in self._routes:
-                raise ConfigError(
-                    f"two deployments answer to {key!r}; give each a distinct name= "
-                    "(routing between several deployments of one model comes with the router)"
-                )
-        route = _Route(deployment, self._limiter_factory(deployment), self._providers.for_deployment(deployment))
-        self._deployments.append(deployment)
-        for key in keys:
-            self._routes[key] = route
+        self.router.add(deployment)
+
+    def _make_route(self, deployment: Deployment) -> Route:
+        return Route(deployment, self._limiter_factory(deployment), self._providers.for_deployment(deployment))
 
     def session(self, budget_usd: float, *, name: str | None = None) -> Session:
         """A spending scope for one task, counted against this engine's budget too."""
@@ -233,30 +236,15 @@ class Engine:
 
     @property
     def deployments(self) -> Sequence[Deployment]:
-        return tuple(self._deployments)
+        return tuple(route.deployment for route in self.router.routes)
 
     def limiter(self, model: str) -> Limiter:
-        """The limiter of the deployment serving ``model`` (for introspection)."""
-        return self._route(model).limiter
+        """The limiter of the (first) deployment serving ``model`` (for introspection)."""
+        return self.router.group(model).routes[0].limiter
 
-    def _route(self, model: str) -> _Route:
-        route = self._routes.get(model)
-        if route is None and "/" not in model:  # a bare name is the OpenAI-compatible one
-            route = self._routes.get(f"openai/{model}")
-        if route is not None:
-            return route
-        prefix, sep, _ = model.partition("/")
-        if sep and prefix not in BUILTIN_PROVIDERS:
-            raise InvalidRequestError(
-                f"model {model!r}: unknown provider {prefix!r}; use one of "
-                f"{', '.join(sorted(BUILTIN_PROVIDERS))}, or add a Deployment for it"
-            )
-        # A model nobody configured: served with the defaults' limits (none by default);
-        # the limiter still learns the provider's limits from its headers and 429s.
-        deployment = Deployment(model, **self._defaults)
-        self.add_deployment(deployment)
-        self.spending.pricing.known(deployment)  # now, not between an answer and its commit
-        return self._routes[model]
+    def deployment_status(self) -> list[RouteStatus]:
+        """Each deployment's state: ok, cooling down (and for how long), probing."""
+        return self.router.status()
 
     # -- running -----------------------------------------------------------------------
 
@@ -274,11 +262,10 @@ class Engine:
         genai-prices); otherwise the event loop stalls ~0.5 s mid-run and rate-limit
         slots go unused.
         """
-        for deployment in self._deployments:
-            self.spending.check_priced(deployment)
-            provider = self._routes[deployment.label].provider
-            if isinstance(provider, HttpProvider):
-                provider.check(deployment)
+        for route in self.router.routes:
+            self.spending.check_priced(route.deployment)
+            if isinstance(route.provider, HttpProvider):
+                route.provider.check(route.deployment)
                 self._providers.transport.session()
 
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -403,13 +390,40 @@ class Engine:
         budget = budget or self.spending.budget
         key = store_key(request) if self.store is not None else None  # as asked: before a switch or a cap
         request = self.spending.choose_model(request, budget)
-        route = self._route(request.model)
+        groups = self.router.chain(request.model)
+        route = groups[0].routes[0]
         request, worst = self.spending.prepare(request, route.deployment, budget)
         tokens = route.provider.estimate_tokens(request, route.deployment)
         route.limiter.check(tokens)
         self.stats.submitted += 1
         loop = asyncio.get_running_loop()
-        return _Job(request, route, tokens, priority, next(self._seq), loop.time(), index, key, budget, worst)
+        job = _Job(request, route, tokens, priority, next(self._seq), loop.time(), index, key, budget, worst)
+        job.groups = groups
+        job.guarded = self.router.has_alternative(groups)
+        if budget is not None and job.guarded:
+            job.worst_cost = self._worst_of_candidates(job)
+        return job
+
+    def _worst_of_candidates(self, job: _Job) -> float:
+        """Under a budget: the worst case of the dearest deployment that may still run it."""
+        worst = 0.0
+        for group in job.groups[job.step :]:
+            for route in group.routes:
+                worst = max(worst, self.spending.prepare(job.request, route.deployment, job.budget)[1])
+        return worst
+
+    def _fall_back(self, job: _Job) -> bool:
+        """Move the job to the next model of its fallback list; False when there is none."""
+        if job.step + 1 >= len(job.groups):
+            return False
+        job.step += 1
+        job.tried.clear()
+        route = job.groups[job.step].routes[0]
+        job.tokens = route.provider.estimate_tokens(job.request, route.deployment)
+        if job.budget is not None:
+            job.worst_cost = self._worst_of_candidates(job)
+        self.stats.fallbacks += 1
+        return True
 
     def _prepare_item(
         self, item: object, index: int, model: str | None, priority: int, budget: Budget | None
@@ -542,7 +556,7 @@ class Engine:
         slot = await self._admit(job, tally, deadline)
         if isinstance(slot, SluiceError):
             return slot
-        route: _Route = slot.route
+        route: Route = slot.route
         timeout = self.retry.attempt_timeout
         slot.sending()
         if deadline is not None:
@@ -572,6 +586,7 @@ class Engine:
             slot.reservation.reconcile(reply.usage.total_tokens or job.tokens)
             charge = self.spending.cost(route.deployment, reply.usage) or 0.0
             answered = True
+            self.router.succeeded(route)
             return reply
         finally:
             slot.settle(charge, answered=answered, cut_off=cut_off)
@@ -580,19 +595,39 @@ class Engine:
         """Money, then capacity, then (with a store) the durable intent: a Slot ready to
         send, or why the attempt cannot be made (final: it was not sent)."""
         loop = asyncio.get_running_loop()
-        route = job.route
+        router = self.router
         batch = job.index is not None
         tally.sent_this_time = False
         waited_from = loop.time()
         hold: BudgetHold | None = None
         try:
             # The common case, no budget and room at once, takes no timer and no await.
-            reservation = route.limiter.try_acquire(job.tokens) if job.budget is None else None
-            if reservation is None:
+            group = job.groups[job.step]
+            granted = None
+            if job.budget is None:
+                granted = router.try_acquire(
+                    group, job.tokens, job.tried, guarded=job.guarded, can_fall_back=job.step + 1 < len(job.groups)
+                )
+            while granted is None:
                 with self._waiting_while(batch):
                     async with asyncio.timeout_at(deadline):
                         hold = await self.spending.reserve(job.budget, job.worst_cost)
-                        reservation = await route.limiter.acquire(job.tokens, job.priority, job.seq)
+                        try:
+                            granted = await router.acquire(
+                                job.groups[job.step],
+                                job.tokens,
+                                job.priority,
+                                job.seq,
+                                job.tried,
+                                guarded=job.guarded,
+                                can_fall_back=job.step + 1 < len(job.groups),
+                            )
+                        except GroupExhausted:
+                            _settle(hold, 0.0)
+                            hold = None
+                            self._fall_back(job)
+            route, reservation = granted
+            job.route = route
         except TimeoutError:
             _settle(hold, 0.0)
             return DeadlineExceededError(f"its deadline ({self.retry.deadline:g} s) passed while it waited")
@@ -611,10 +646,12 @@ class Engine:
             assert job.key is not None
             failed = await slot.note(job.key)
             if failed is not None:
+                router.released(route)
                 self._store_failed(failed)
                 return CancelledError(f"not sent: {failed.message}")
         if self._stopping and batch:
             slot.unsent()
+            router.released(route)
             return CancelledError(stopped_note(tally))
         return slot
 
@@ -635,7 +672,13 @@ class Engine:
         return WaitingScope(self._waiting if batch else None)
 
     def _after_failure(self, job: _Job, error: SluiceError, attempt: int, deadline: float | None) -> float | None:
-        """Learn from a failed attempt; the delay before the next, or None to give up."""
+        """Learn from a failed attempt; the delay before the next, or None to give up.
+
+        The next attempt may go elsewhere: to another deployment of the group (at once,
+        when one has not failed this request yet), or to the next model of the request's
+        fallbacks when the error says this model cannot take it (its context window, its
+        content policy) or every deployment of the model has failed it.
+        """
         route = job.route
         if isinstance(error, ProviderError) and error.ratelimit is not None:
             route.limiter.observe(error.ratelimit)
@@ -644,9 +687,21 @@ class Engine:
             # the server's hint within RetryPolicy.max_retry_after, else the un-jittered backoff:
             # one 429 saying "retry-after: 86400" must not pause a deployment for a day
             route.limiter.penalize(self.retry.pause(error, attempt))
-        if not self.retry.should_retry(error, attempt):
+        self.router.failed(route, error, guarded=job.guarded)
+        if job.guarded:
+            job.tried.add(route)
+        elsewhere = job.guarded and any(r not in job.tried for r in job.groups[job.step].routes)
+        if _model_cannot_take(error) and job.step + 1 < len(job.groups):
+            self._fall_back(job)
+            delay = 0.0
+        elif elsewhere and _deployment_fault(error):  # this deployment's key, model or setup
+            delay = 0.0
+        elif not self.retry.should_retry(error, attempt):
             return None
-        delay = self.retry.delay(error, attempt)
+        else:
+            delay = 0.0 if elsewhere else self.retry.delay(error, attempt)
+        if attempt >= self.retry.max_attempts:
+            return None
         now = asyncio.get_running_loop().time()
         if deadline is not None and now + delay >= deadline:
             return None
@@ -689,6 +744,7 @@ class Engine:
                 total=now - job.submitted,
             ),
             deployment=job.route.deployment.label,
+            model=job.route.deployment.model if tally.attempts else None,
             finish_reason=reply.finish_reason if reply is not None else None,
             request_id=reply.request_id if reply is not None else None,
             index=job.index,
@@ -708,12 +764,32 @@ class Engine:
                 _log.exception("sluice: the on_result hook raised; the result is kept")
 
     def __repr__(self) -> str:
-        names = ", ".join(d.label for d in self._deployments)
+        names = ", ".join(d.label for d in self.deployments)
         state = "closed" if self._closed else "stopping" if self._stopping else "open"
         return f"<Engine [{names}] {state} in_flight={self._gate.held}>"
 
 
 _NEVER_SENT = "cancelled while an identical request was in flight; it was never sent"
+
+#: Provider error codes (and words) that say the model cannot take this request at all.
+_CANNOT_TAKE = ("context_length_exceeded", "content_filter", "content_policy", "context window", "context length")
+_CANNOT_TAKE_WORDS = ("maximum context length", "prompt is too long", "context window", "content management policy")
+
+
+def _model_cannot_take(error: SluiceError) -> bool:
+    """A rejection of the request by this model (too long, against its content policy):
+    another model may take it."""
+    if not isinstance(error, BadRequestError):
+        return False
+    code = (error.provider_type or "").lower()
+    message = error.message.lower()
+    return any(c in code for c in _CANNOT_TAKE) or any(w in message for w in _CANNOT_TAKE_WORDS)
+
+
+def _deployment_fault(error: SluiceError) -> bool:
+    """A failure of this deployment's setup (key, permission, model name, config), which
+    another deployment of the same model may not share."""
+    return isinstance(error, (AuthenticationError, PermissionDeniedError, NotFoundError, ConfigError))
 
 
 def _settle(hold: BudgetHold | None, charge: float) -> None:

@@ -182,13 +182,16 @@ class Timings:
 
     ``queued``: from submission until it passed the engine's concurrency gate;
     ``limiter_wait``: total time waiting for rate-limit capacity, over all attempts;
-    ``latency``: the last attempt's time at the provider; ``total``: end to end.
+    ``latency``: the last attempt's time at the provider; ``total``: end to end;
+    ``first_token``: for a stream, from submission until its first delta arrived (None
+    when none did, and for a request that was not streamed).
     """
 
     queued: float = 0.0
     limiter_wait: float = 0.0
     latency: float = 0.0
     total: float = 0.0
+    first_token: float | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -215,6 +218,8 @@ class Result:
     cached: bool = False
     #: What this result cost, when the price of its model is known.
     cost_usd: float | None = None
+    #: The model that answered: the one asked for, or a fallback (see ``Engine(fallbacks=)``).
+    model: str | None = None
 
     @property
     def id(self) -> str:
@@ -324,6 +329,8 @@ class Deployment:
     options: Mapping[str, Any] = field(default_factory=dict)
     provider: str | Provider | None = None
     price: Price | None = None
+    #: Share of its group's traffic when several deployments serve one model (relative).
+    weight: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.price, Mapping):
@@ -393,6 +400,8 @@ def _deployment_problem(d: Deployment) -> str | None:
         value = getattr(d, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             return f"{name} must be a number >= 0, got {value!r}"
+    if not _positive(d.weight):
+        return f"weight must be a positive number, got {d.weight!r}"
     if not isinstance(d.default_max_tokens, int) or d.default_max_tokens < 1:
         return f"default_max_tokens must be a positive integer, got {d.default_max_tokens!r}"
     if d.base_url is not None and not (isinstance(d.base_url, str) and d.base_url.startswith(("http://", "https://"))):

@@ -53,7 +53,6 @@ class Slot:
 
     __slots__ = (
         "_hold",
-        "route",
         "_intent",
         "_on_store_error",
         "_sent_at",
@@ -61,6 +60,7 @@ class Slot:
         "_store",
         "_worst",
         "reservation",
+        "route",
         "tally",
     )
 

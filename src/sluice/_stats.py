@@ -67,6 +67,8 @@ class Stats:
     unpriced: int = 0
     #: Times an ``on_result`` / ``on_retry`` hook raised (logged; the result was kept).
     hook_errors: int = 0
+    #: Requests moved to the next model of their fallback list.
+    fallbacks: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
@@ -119,6 +121,7 @@ class Stats:
             "maybe_billed_usd": self.maybe_billed_usd,
             "unpriced": self.unpriced,
             "hook_errors": self.hook_errors,
+            "fallbacks": self.fallbacks,
             "errors": dict(self.errors),
             "latency_p50": self.latency.percentile(50),
             "latency_p90": self.latency.percentile(90),

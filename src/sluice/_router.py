@@ -1,0 +1,443 @@
+"""The router: several deployments per model, placement by headroom, cooldowns, fallbacks.
+
+Deployments that share a ``model`` (each with its own ``name``) form a *group*; a request
+for that model may go to any of them. Each deployment keeps its own limiter, so the
+router places an attempt on the deployment that can take it soonest: it first takes a
+slot at once from the one with the most headroom (fewest in flight for its ``weight``),
+and when none has room it waits on all of them at once and goes with the first that
+grants, so no request waits on a full deployment while another in its group has room.
+
+A deployment that keeps failing (consecutive 5xx, 529s, connection errors, timeouts, a
+storm of 429s) is taken out for a cooldown that grows while it keeps failing; when the
+cooldown ends one probe is let through (half-open) and only a success brings it back.
+Cooldowns apply only where there is somewhere else to go (another deployment of the
+group, or a fallback model): a lone deployment is paced by its limiter and the retries.
+
+A group is *exhausted* for one request when every deployment is cooling down or has
+already failed that request; the engine then moves the request to the next model of its
+``fallbacks`` list (see :class:`GroupExhausted`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ._errors import (
+    AttemptTimeoutError,
+    ConfigError,
+    ConnectError,
+    InvalidRequestError,
+    MalformedResponseError,
+    OverloadedError,
+    RateLimitError,
+    ServerError,
+    SluiceError,
+)
+from ._limits import Limiter, Reservation
+from ._models import BUILTIN_PROVIDERS, Deployment
+
+if TYPE_CHECKING:
+    from .providers import Provider
+
+__all__ = ["Group", "GroupExhausted", "Health", "Route", "RouteStatus", "Router"]
+
+#: Failures that say the deployment (not the request) is in trouble.
+_TROUBLE = (ServerError, OverloadedError, ConnectError, AttemptTimeoutError, MalformedResponseError, RateLimitError)
+
+
+class GroupExhausted(SluiceError):
+    """Every deployment of the model is cooling down or has failed this request."""
+
+    kind = "no_deployment"
+
+
+class Health:
+    """A deployment's circuit breaker: closed (in use), open (cooling down until
+    ``until``), half-open (one probe in flight decides)."""
+
+    __slots__ = ("cooldown", "failures", "last_error", "max_cooldown", "opens", "probing", "threshold", "until")
+
+    def __init__(self, *, threshold: int = 3, cooldown: float = 5.0, max_cooldown: float = 300.0) -> None:
+        self.threshold = threshold
+        self.cooldown = cooldown
+        self.max_cooldown = max_cooldown
+        self.failures = 0  # consecutive
+        self.opens = 0  # consecutive cooldowns without a success between them
+        self.until = -math.inf
+        self.probing = False
+        self.last_error: str | None = None
+
+    def usable(self, now: float) -> bool:
+        """May an attempt go there now? (Closed, or cooled down with no probe in flight.)"""
+        if self.opens == 0:
+            return True
+        return now >= self.until and not self.probing
+
+    def cooling(self, now: float) -> float:
+        """Seconds left of the cooldown (0 when not cooling)."""
+        return max(0.0, self.until - now) if self.opens else 0.0
+
+    def taken(self) -> None:
+        """An attempt was placed here; after a cooldown it is the probe."""
+        if self.opens:
+            self.probing = True
+
+    def released(self) -> None:
+        """The placed attempt was never sent: the probe slot is free again."""
+        self.probing = False
+
+    def succeeded(self) -> None:
+        self.failures = 0
+        self.opens = 0
+        self.probing = False
+        self.until = -math.inf
+
+    def failed(self, error: SluiceError, now: float, retry_after: float | None) -> bool:
+        """Count a failure; True when the deployment goes (back) into a cooldown."""
+        self.last_error = error.kind
+        if not isinstance(error, _TROUBLE):
+            self.probing = False
+            return False
+        self.failures += 1
+        if not self.probing and self.failures < self.threshold:
+            return False
+        self.probing = False
+        self.opens += 1
+        length = min(self.max_cooldown, self.cooldown * 2.0 ** (self.opens - 1))
+        if retry_after is not None and 0 <= retry_after <= self.max_cooldown:
+            length = max(length, retry_after)  # the server said when it will have room
+        self.until = now + length
+        return True
+
+
+@dataclass(eq=False, slots=True)
+class Route:
+    """One deployment as the engine uses it: where to send, with which limiter."""
+
+    deployment: Deployment
+    limiter: Limiter
+    provider: Provider
+    health: Health = field(default_factory=Health)
+    answered: int = 0
+    failed: int = 0
+
+    @property
+    def label(self) -> str:
+        return self.deployment.label
+
+    def load(self) -> float:
+        """In flight for its weight: the lower, the more headroom."""
+        in_flight = getattr(self.limiter, "in_flight", 0)
+        return float(in_flight) / self.deployment.weight
+
+
+@dataclass(frozen=True, slots=True)
+class RouteStatus:
+    """One deployment's state, for stats, progress and ``sluice report``."""
+
+    deployment: str
+    model: str
+    state: str  # "ok", "cooling down", "probing"
+    seconds_left: float
+    in_flight: int
+    answered: int
+    failed: int
+    last_error: str | None
+
+    def describe(self) -> str:
+        if self.state == "cooling down":
+            return f"{self.deployment} cooling down, {self.seconds_left:.0f} s left"
+        return f"{self.deployment} {self.state}"
+
+
+@dataclass(eq=False, slots=True)
+class Group:
+    """The deployments that serve one model."""
+
+    model: str
+    routes: list[Route] = field(default_factory=list)
+    #: Futures waiting for a deployment of the group to come back from a cooldown.
+    watchers: list[asyncio.Future[None]] = field(default_factory=list)
+
+    def changed(self) -> None:
+        watchers, self.watchers = self.watchers, []
+        for watcher in watchers:
+            if not watcher.done():
+                watcher.set_result(None)
+
+
+class Router:
+    """Groups of deployments per model, placement, health and fallbacks."""
+
+    def __init__(
+        self,
+        *,
+        make_route: Callable[[Deployment], Route],
+        defaults: Mapping[str, Any] | None = None,
+        fallbacks: Mapping[str, Sequence[str]] | None = None,
+        on_new_deployment: Callable[[Deployment], object] = lambda d: None,
+    ) -> None:
+        self._make_route = make_route
+        self._defaults = dict(defaults or {})
+        self._on_new = on_new_deployment
+        self._groups: dict[str, Group] = {}
+        self._labels: dict[str, Route] = {}
+        self.routes: list[Route] = []
+        self.fallbacks: dict[str, tuple[str, ...]] = {}
+        for model, chain in (fallbacks or {}).items():
+            self._check_fallbacks(model, chain)
+            self.fallbacks[model] = tuple(chain)
+
+    # -- configuration -------------------------------------------------------------------
+
+    def add(self, deployment: Deployment) -> Route:
+        """Serve ``deployment.model`` from this deployment too (its ``name`` must be unique)."""
+        if deployment.label in self._labels:
+            raise ConfigError(f"two deployments are named {deployment.label!r}; give each a distinct name=")
+        route = self._make_route(deployment)
+        self.routes.append(route)
+        self._labels[deployment.label] = route
+        for key in _model_keys(deployment):
+            group = self._groups.get(key)
+            if group is None:
+                group = self._groups[key] = Group(key)
+            if route not in group.routes:
+                group.routes.append(route)
+        if deployment.name is not None and deployment.label not in self._groups:
+            self._groups[deployment.label] = Group(deployment.label, [route])  # a request may name one deployment
+        return route
+
+    def group(self, model: str) -> Group:
+        """The group serving ``model`` (a model nobody configured gets a deployment of its own)."""
+        group = self._groups.get(model)
+        if group is None and "/" not in model:  # a bare name is the OpenAI-compatible one
+            group = self._groups.get(f"openai/{model}")
+        if group is not None:
+            return group
+        prefix, sep, _ = model.partition("/")
+        if sep and prefix not in BUILTIN_PROVIDERS:
+            raise InvalidRequestError(
+                f"model {model!r}: unknown provider {prefix!r}; use one of "
+                f"{', '.join(sorted(BUILTIN_PROVIDERS))}, or add a Deployment for it"
+            )
+        # A model nobody configured: served with the defaults' limits (none by default);
+        # its limiter still learns the provider's limits from its headers and 429s.
+        deployment = Deployment(model, **self._defaults)
+        self.add(deployment)
+        self._on_new(deployment)
+        return self._groups[model]
+
+    def chain(self, model: str) -> tuple[Group, ...]:
+        """The groups a request for ``model`` may use, in order: its own, then its fallbacks."""
+        groups = [self.group(model)]
+        for fallback in self.fallbacks.get(model, ()):
+            group = self.group(fallback)
+            if group not in groups:
+                groups.append(group)
+        return tuple(groups)
+
+    def _check_fallbacks(self, model: str, chain: Sequence[str]) -> None:
+        if not isinstance(model, str) or not model:
+            raise ConfigError(f"fallbacks: a model name must be a non-empty string, got {model!r}")
+        if isinstance(chain, str) or not all(isinstance(m, str) and m for m in chain):
+            raise ConfigError(f"fallbacks[{model!r}] must be a list of model names, got {chain!r}")
+        if model in chain:
+            raise ConfigError(f"fallbacks[{model!r}] names the model itself")
+
+    # -- placement ---------------------------------------------------------------------
+
+    def try_acquire(
+        self, group: Group, tokens: int, avoid: Iterable[Route], *, guarded: bool, can_fall_back: bool = False
+    ) -> tuple[Route, Reservation] | None:
+        """A slot at once on the deployment with the most headroom, or None (no waiting).
+
+        ``guarded``: cooldowns apply (the request has somewhere else to go)."""
+        routes = group.routes
+        if len(routes) == 1 and not guarded:  # the common case costs nothing extra
+            route = routes[0]
+            granted = route.limiter.try_acquire(tokens)
+            return None if granted is None else (route, granted)
+        try:
+            candidates = self._candidates(group, avoid, guarded, can_fall_back)
+        except GroupExhausted:
+            return None  # the waiting path says so
+        for route in sorted(candidates, key=Route.load) if len(candidates) > 1 else candidates:
+            granted = route.limiter.try_acquire(tokens)
+            if granted is not None:
+                route.health.taken()
+                return route, granted
+        return None
+
+    async def acquire(
+        self,
+        group: Group,
+        tokens: int,
+        priority: int,
+        seq: int,
+        avoid: Iterable[Route],
+        *,
+        guarded: bool,
+        can_fall_back: bool,
+    ) -> tuple[Route, Reservation]:
+        """Wait for the first deployment of the group that can take the attempt.
+
+        Raises :class:`GroupExhausted` when ``can_fall_back`` and every deployment is
+        cooling down or has failed this request."""
+        routes = group.routes
+        if len(routes) == 1 and not guarded:
+            route = routes[0]
+            return route, await route.limiter.acquire(tokens, priority, seq)
+        loop = asyncio.get_running_loop()
+        while True:
+            candidates = self._candidates(group, avoid, guarded, can_fall_back)
+            watcher: asyncio.Future[None] = loop.create_future()
+            group.watchers.append(watcher)
+            timer = None
+            next_back = self._next_back(group, loop.time()) if guarded else math.inf
+            if next_back < math.inf:
+                timer = loop.call_at(next_back, group.changed)
+            won = None
+            try:
+                if candidates:
+                    won = await self._race(candidates, tokens, priority, seq, watcher)
+                else:  # every deployment is cooling down: wait for the first probe
+                    await watcher
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            if won is not None:
+                won[0].health.taken()
+                return won
+
+    def _candidates(self, group: Group, avoid: Iterable[Route], guarded: bool, can_fall_back: bool) -> list[Route]:
+        """Where the attempt may go: deployments not cooling down that have not failed this
+        request; failing that, those that have (a retry), or none (wait for a probe).
+        Raises :class:`GroupExhausted` when none is left and the request can fall back."""
+        if not guarded:
+            return list(group.routes)
+        now = asyncio.get_running_loop().time()
+        usable = [r for r in group.routes if r.health.usable(now)]
+        tried = set(avoid)
+        fresh = [r for r in usable if r not in tried]
+        if fresh:
+            return fresh
+        if can_fall_back:
+            raise GroupExhausted(f"every deployment of {group.model!r} is cooling down or failed this request")
+        return usable
+
+    @staticmethod
+    def _next_back(group: Group, now: float) -> float:
+        """When the next cooling deployment of the group may be probed."""
+        times = [r.health.until for r in group.routes if r.health.opens and r.health.until > now]
+        return min(times, default=math.inf)
+
+    @staticmethod
+    async def _race(
+        candidates: Sequence[Route], tokens: int, priority: int, seq: int, watcher: asyncio.Future[None]
+    ) -> tuple[Route, Reservation] | None:
+        """Wait on every candidate's limiter at once; the first grant wins, the rest are
+        withdrawn (a grant that came in the same tick is refunded). None: the group changed."""
+        if len(candidates) == 1:
+            waits: dict[asyncio.Future[Any], Route] = {
+                asyncio.ensure_future(candidates[0].limiter.acquire(tokens, priority, seq)): candidates[0]
+            }
+        else:
+            waits = {asyncio.ensure_future(route.limiter.acquire(tokens, priority, seq)): route for route in candidates}
+        try:
+            done, _ = await asyncio.wait([*waits, watcher], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            await _withdraw(waits, keep=None)
+            raise
+        winner = next((f for f in waits if f in done and not f.cancelled() and f.exception() is None), None)
+        if winner is None:
+            failed = next((f for f in waits if f in done and not f.cancelled()), None)
+            await _withdraw(waits, keep=None)
+            if failed is not None:
+                raise failed.exception()  # type: ignore[misc]  # e.g. CapacityError
+            return None
+        await _withdraw(waits, keep=winner)
+        return waits[winner], winner.result()
+
+    # -- learning ----------------------------------------------------------------------
+
+    def succeeded(self, route: Route) -> None:
+        route.answered += 1
+        was_cooling = route.health.opens > 0
+        route.health.succeeded()
+        if was_cooling:
+            self._group_changed(route)
+
+    def failed(self, route: Route, error: SluiceError, *, guarded: bool) -> bool:
+        """Count a failed attempt; True when the deployment went into a cooldown."""
+        route.failed += 1
+        if not guarded:
+            route.health.last_error = error.kind
+            return False
+        retry_after = getattr(error, "retry_after", None)
+        cooling = route.health.failed(error, asyncio.get_running_loop().time(), retry_after)
+        self._group_changed(route)
+        return cooling
+
+    def released(self, route: Route) -> None:
+        """A placed attempt was never sent."""
+        if route.health.probing:
+            route.health.released()
+            self._group_changed(route)
+
+    def _group_changed(self, route: Route) -> None:
+        for group in self._groups.values():
+            if route in group.routes:
+                group.changed()
+
+    def has_alternative(self, groups: Sequence[Group]) -> bool:
+        """Whether a request over ``groups`` has somewhere else to go (cooldowns apply)."""
+        return len(groups) > 1 or len(groups[0].routes) > 1
+
+    def status(self) -> list[RouteStatus]:
+        now = asyncio.get_running_loop().time()
+        rows = []
+        for route in self.routes:
+            health = route.health
+            left = health.cooling(now)
+            state = "cooling down" if left > 0 else "probing" if health.probing else "ok"
+            rows.append(
+                RouteStatus(
+                    deployment=route.label,
+                    model=route.deployment.model,
+                    state=state,
+                    seconds_left=left,
+                    in_flight=int(getattr(route.limiter, "in_flight", 0)),
+                    answered=route.answered,
+                    failed=route.failed,
+                    last_error=health.last_error,
+                )
+            )
+        return rows
+
+    def route_named(self, label: str) -> Route | None:
+        return self._labels.get(label)
+
+
+async def _withdraw(waits: Mapping[asyncio.Future[Any], Route], keep: asyncio.Future[Any] | None) -> None:
+    """Cancel the losing waits; refund any that were granted in the same tick."""
+    for future in waits:
+        if future is not keep and not future.done():
+            future.cancel()
+    for future in waits:
+        if future is keep:
+            continue
+        with contextlib.suppress(asyncio.CancelledError, SluiceError):
+            granted = await future
+            granted.refund()
+
+
+def _model_keys(deployment: Deployment) -> set[str]:
+    keys = {deployment.model}
+    if deployment.provider_name == "openai" and "/" not in deployment.model:
+        keys.add(f"openai/{deployment.model}")  # "gpt-4o-mini" and "openai/gpt-4o-mini" are one model
+    return keys
