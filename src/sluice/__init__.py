@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from ._budget import Budget
     from ._engine import Engine, RetryEvent
     from ._limits import Limiter, LocalLimiter, RateLimitSnapshot, Reservation
+    from ._router import Cooldown, RouteStatus
     from ._session import Session
     from ._spending import CheaperModel
     from ._stats import Stats
@@ -74,6 +75,8 @@ _LAZY = {
     "RateLimitSnapshot": "._limits",
     "Reservation": "._limits",
     "Stats": "._stats",
+    "Cooldown": "._router",
+    "RouteStatus": "._router",
     "complete": "._sync",
     "run": "._sync",
     "run_sync": "._sync",
@@ -111,6 +114,7 @@ __all__ = [
     "CheaperModel",
     "ConfigError",
     "ConnectError",
+    "Cooldown",
     "Deployment",
     "Engine",
     "EngineClosedError",
@@ -136,6 +140,7 @@ __all__ = [
     "RetryEvent",
     "RetryPolicy",
     "RetryableError",
+    "RouteStatus",
     "Secret",
     "ServerError",
     "Session",

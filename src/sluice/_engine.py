@@ -50,7 +50,7 @@ from ._limits import Limiter, LocalLimiter
 from ._models import Deployment, Priority, Request, Result, Timings, Usage, store_key
 from ._records import result_from_record
 from ._retry import RetryPolicy
-from ._router import Group, GroupExhausted, Route, Router, RouteStatus
+from ._router import Cooldown, Group, GroupExhausted, Health, Route, Router, RouteStatus
 from ._session import Session
 from ._slot import Slot, Tally, WaitingScope, stopped_note
 from ._spending import CheaperModel, Spending
@@ -166,6 +166,7 @@ class Engine:
         cheaper: CheaperModel | None = None,
         defaults: Mapping[str, Any] | None = None,
         fallbacks: Mapping[str, Sequence[str]] | None = None,
+        cooldown: Cooldown | None = None,
     ) -> None:
         if isinstance(deployments, Deployment):
             deployments = [deployments]
@@ -186,6 +187,7 @@ class Engine:
         self.store_error: StoreError | None = None
         self._inflight: dict[str, asyncio.Future[Result]] = {}
         self._limiter_factory = limiter_factory
+        self._cooldown = cooldown or Cooldown()
         self._providers = ProviderSet(idle_timeout=self.retry.idle_timeout)
         self.router = Router(
             make_route=self._make_route,
@@ -219,7 +221,8 @@ class Engine:
         self.router.add(deployment)
 
     def _make_route(self, deployment: Deployment) -> Route:
-        return Route(deployment, self._limiter_factory(deployment), self._providers.for_deployment(deployment))
+        limiter = self._limiter_factory(deployment)
+        return Route(deployment, limiter, self._providers.for_deployment(deployment), Health(self._cooldown))
 
     def session(self, budget_usd: float, *, name: str | None = None) -> Session:
         """A spending scope for one task, counted against this engine's budget too."""

@@ -44,7 +44,7 @@ from ._models import BUILTIN_PROVIDERS, Deployment
 if TYPE_CHECKING:
     from .providers import Provider
 
-__all__ = ["Group", "GroupExhausted", "Health", "Route", "RouteStatus", "Router"]
+__all__ = ["Cooldown", "Group", "GroupExhausted", "Health", "Route", "RouteStatus", "Router"]
 
 #: Failures that say the deployment (not the request) is in trouble.
 _TROUBLE = (ServerError, OverloadedError, ConnectError, AttemptTimeoutError, MalformedResponseError, RateLimitError)
@@ -56,16 +56,40 @@ class GroupExhausted(SluiceError):
     kind = "no_deployment"
 
 
+@dataclass(frozen=True, slots=True)
+class Cooldown:
+    """When a failing deployment is taken out, and for how long.
+
+    After ``after_failures`` consecutive failures (5xx, 529, connection errors, timeouts,
+    429s) the deployment cools down for ``seconds``, doubling each time it fails again
+    (its probe included) up to ``max_seconds``; a ``Retry-After`` within ``max_seconds``
+    sets a longer one.
+    """
+
+    after_failures: int = 3
+    seconds: float = 5.0
+    max_seconds: float = 300.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.after_failures, bool) or not isinstance(self.after_failures, int) or self.after_failures < 1:
+            raise ConfigError(f"Cooldown.after_failures must be an integer >= 1, got {self.after_failures!r}")
+        for name in ("seconds", "max_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"Cooldown.{name} must be a positive number of seconds, got {value!r}")
+
+
 class Health:
     """A deployment's circuit breaker: closed (in use), open (cooling down until
     ``until``), half-open (one probe in flight decides)."""
 
     __slots__ = ("cooldown", "failures", "last_error", "max_cooldown", "opens", "probing", "threshold", "until")
 
-    def __init__(self, *, threshold: int = 3, cooldown: float = 5.0, max_cooldown: float = 300.0) -> None:
-        self.threshold = threshold
-        self.cooldown = cooldown
-        self.max_cooldown = max_cooldown
+    def __init__(self, policy: Cooldown | None = None) -> None:
+        policy = policy or Cooldown()
+        self.threshold = policy.after_failures
+        self.cooldown = policy.seconds
+        self.max_cooldown = policy.max_seconds
         self.failures = 0  # consecutive
         self.opens = 0  # consecutive cooldowns without a success between them
         self.until = -math.inf

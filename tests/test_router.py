@@ -1,0 +1,171 @@
+"""The router over real loopback servers: several deployments of one model share the load
+by headroom, a dead one cools down and is probed, and requests fall back to other models
+and other providers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from sluice import (
+    ConfigError,
+    Cooldown,
+    Deployment,
+    Engine,
+    Price,
+    Request,
+    RetryPolicy,
+)
+from sluice.testing import FakeServer
+
+MODEL = "openai/gpt-test"
+FAST = RetryPolicy(max_attempts=4, base_delay=0.01, max_delay=0.05, attempt_timeout=5)
+QUICK_COOLDOWN = Cooldown(after_failures=2, seconds=0.2, max_seconds=1.0)
+
+
+def at(server: FakeServer, name: str, model: str = MODEL, **kwargs: Any) -> Deployment:
+    return Deployment(model, name=name, base_url=server.url, api_key="sk-test", **kwargs)
+
+
+def prompts(n: int, model: str = MODEL) -> list[Request]:
+    return [Request.from_prompt(model, f"question {i}", max_tokens=10) for i in range(n)]
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[tuple[FakeServer, FakeServer]]:
+    async with FakeServer(api_key="sk-test") as east, FakeServer(api_key="sk-test") as west:
+        yield east, west
+
+
+async def test_two_deployments_share_the_load_by_headroom_without_a_429() -> None:
+    async with (
+        FakeServer(api_key="sk-test", rpm=20, window=2.0) as east,
+        FakeServer(api_key="sk-test", rpm=20, window=2.0) as west,
+    ):
+        deployments = [at(east, "east", rpm=20, window=2.0), at(west, "west", rpm=20, window=2.0)]
+        async with Engine(deployments, retry=FAST) as engine:
+            results = await engine.run(prompts(80))
+    assert all(r.ok for r in results)
+    assert east.stats.rate_limited == west.stats.rate_limited == 0
+    served = {"east": east.stats.accepted, "west": west.stats.accepted}
+    assert sum(served.values()) == 80
+    assert min(served.values()) >= 30, served  # neither waited while the other had room
+    assert {r.deployment for r in results} == {"east", "west"}
+    assert {r.model for r in results} == {MODEL}
+
+
+async def test_a_retry_goes_to_another_deployment(pair: tuple[FakeServer, FakeServer]) -> None:
+    east, west = pair
+    east.inject("503", times=1)
+    async with Engine([at(east, "east", weight=1000.0), at(west, "west")], retry=FAST) as engine:
+        result = await engine.complete(MODEL, "hello")
+    assert result.ok, result.error
+    assert result.attempts == 2
+    assert result.deployment == "west"  # at once, not after a backoff on the same one
+    assert east.stats.received == 1
+
+
+async def test_a_dead_deployment_cools_down_and_is_probed_before_it_is_trusted(
+    pair: tuple[FakeServer, FakeServer],
+) -> None:
+    east, west = pair
+    west.fault_rates = {"503": 1.0}
+    east.latency = 0.01
+    deployments = [at(east, "east"), at(west, "west")]
+    async with Engine(deployments, retry=FAST, cooldown=QUICK_COOLDOWN, concurrency=4) as engine:
+        results = await engine.run(prompts(40))
+        assert all(r.ok for r in results)
+        (status,) = [s for s in engine.deployment_status() if s.deployment == "west"]
+        assert status.state in ("cooling down", "probing")
+        assert "west cooling down" in status.describe() or status.state == "probing"
+        # taken out after 2 failures (with at most the concurrency already placed there),
+        # then one probe per cooldown
+        assert west.stats.received <= 4 + 2 + 4
+        west.fault_rates = {}
+        await asyncio.sleep(1.1)  # the longest cooldown (max_seconds)
+        later = await engine.run(prompts(40))
+        assert all(r.ok for r in later)
+        assert west.stats.accepted > 0  # probed, then trusted again
+        (status,) = [s for s in engine.deployment_status() if s.deployment == "west"]
+        assert status.state == "ok"
+
+
+async def test_a_bad_key_on_one_deployment_does_not_fail_requests(pair: tuple[FakeServer, FakeServer]) -> None:
+    east, west = pair
+    broken = Deployment(MODEL, name="west", base_url=west.url, api_key="sk-wrong")
+    async with Engine([at(east, "east"), broken], retry=FAST, cooldown=QUICK_COOLDOWN) as engine:
+        results = await engine.run(prompts(10))
+    assert all(r.ok for r in results)
+    assert all(r.deployment == "east" for r in results)
+
+
+async def test_a_request_the_model_cannot_take_falls_back_to_another_provider() -> None:
+    async with (
+        FakeServer(api_key="sk-test", context_window=60) as small,
+        FakeServer(api_key="sk-ant") as big,
+    ):
+        primary = Deployment(MODEL, base_url=small.url, api_key="sk-test", price=Price(1.0, 2.0))
+        fallback = Deployment(
+            "anthropic/claude-test", base_url=big.anthropic_url, api_key="sk-ant", price=Price(3.0, 15.0)
+        )
+        engine = Engine([primary, fallback], retry=FAST, fallbacks={MODEL: ["anthropic/claude-test"]})
+        async with engine:
+            short = await engine.complete(MODEL, "hi", max_tokens=10)
+            long = await engine.complete(MODEL, "a long question " * 40, max_tokens=10)
+    assert short.ok
+    assert short.model == MODEL
+    assert long.ok, long.error
+    assert long.model == "anthropic/claude-test"
+    assert long.text is not None
+    assert long.text.startswith("echo: a long question")
+    assert long.attempts == 2
+    # cost: the 400 was free; the answer is priced at the fallback's rates
+    assert long.cost_usd == pytest.approx((long.usage.input_tokens * 3.0 + long.usage.output_tokens * 15.0) / 1e6)
+    assert engine.stats.fallbacks == 1
+    assert small.stats.by_status[400] == 1
+
+
+async def test_when_every_deployment_of_a_model_fails_the_request_moves_on(
+    pair: tuple[FakeServer, FakeServer],
+) -> None:
+    east, west = pair
+    east.fault_rates = {"503": 1.0}
+    engine = Engine(
+        [at(east, "east"), at(west, "west", model="openai/gpt-backup")],
+        retry=FAST,
+        fallbacks={MODEL: ["openai/gpt-backup"]},
+        cooldown=QUICK_COOLDOWN,
+    )
+    async with engine:
+        results = await engine.run(prompts(10))
+    assert all(r.ok for r in results)
+    assert {r.model for r in results} == {"openai/gpt-backup"}
+
+
+async def test_under_a_budget_the_worst_case_is_the_dearest_candidate(pair: tuple[FakeServer, FakeServer]) -> None:
+    east, west = pair
+    cheap = at(east, "cheap", price=Price(0.1, 0.1))
+    dear = at(west, "dear", model="openai/gpt-dear", price=Price(100.0, 100.0))
+    async with Engine([cheap, dear], budget_usd=10.0, fallbacks={MODEL: ["openai/gpt-dear"]}) as engine:
+        job = engine._job(Request.from_prompt(MODEL, "hi", max_tokens=100), 0)
+        dear_alone = engine.spending.prepare(job.request, dear, job.budget)[1]
+        assert job.worst_cost == pytest.approx(dear_alone)
+        assert job.worst_cost > engine.spending.prepare(job.request, cheap, job.budget)[1] * 100
+
+
+async def test_a_request_may_name_one_deployment(pair: tuple[FakeServer, FakeServer]) -> None:
+    east, west = pair
+    async with Engine([at(east, "east"), at(west, "west")], retry=FAST) as engine:
+        results = [await engine.complete("west", f"q{i}") for i in range(5)]
+    assert all(r.deployment == "west" for r in results)
+    assert east.stats.received == 0
+
+
+def test_two_deployments_need_distinct_names(pair: Any = None) -> None:
+    with pytest.raises(ConfigError, match="distinct name"):
+        Engine([Deployment(MODEL, base_url="http://a.example/v1"), Deployment(MODEL, base_url="http://b.example/v1")])
+    with pytest.raises(ConfigError, match="names the model itself"):
+        Engine(fallbacks={MODEL: [MODEL]})
