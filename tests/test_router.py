@@ -164,8 +164,69 @@ async def test_a_request_may_name_one_deployment(pair: tuple[FakeServer, FakeSer
     assert east.stats.received == 0
 
 
-def test_two_deployments_need_distinct_names(pair: Any = None) -> None:
+def test_two_deployments_need_distinct_names() -> None:
     with pytest.raises(ConfigError, match="distinct name"):
         Engine([Deployment(MODEL, base_url="http://a.example/v1"), Deployment(MODEL, base_url="http://b.example/v1")])
     with pytest.raises(ConfigError, match="names the model itself"):
         Engine(fallbacks={MODEL: [MODEL]})
+
+
+def test_the_batch_command_routes_by_its_config(tmp_path: Any) -> None:
+    """sluice.toml groups, weights and [fallbacks]; the records and `sluice report` name who answered."""
+    from clitools import questions, read_output, run_cli, write_jsonl
+
+    with (
+        FakeServer(api_key="sk-east").running_in_thread() as east,
+        FakeServer(api_key="sk-west", fault_rates={"503": 1.0}).running_in_thread() as west,
+        FakeServer(api_key="sk-back").running_in_thread() as back,
+    ):
+        config = tmp_path / "sluice.toml"
+        config.write_text(
+            f"""
+model = "{MODEL}"
+[retry]
+max_attempts = 6
+base_delay = 0.01
+[cooldown]
+after_failures = 2
+seconds = 30
+[[deployment]]
+model = "{MODEL}"
+name = "east"
+base_url = "{east.url}"
+api_key_env = "EAST_KEY"
+[[deployment]]
+model = "{MODEL}"
+name = "west"
+base_url = "{west.url}"
+api_key_env = "WEST_KEY"
+[[deployment]]
+model = "openai/gpt-backup"
+base_url = "{back.url}"
+api_key_env = "BACK_KEY"
+[fallbacks]
+"{MODEL}" = ["openai/gpt-backup"]
+"""
+        )
+        env = {"EAST_KEY": "sk-east", "WEST_KEY": "sk-west", "BACK_KEY": "sk-back"}
+        import os
+
+        full_env = {**os.environ, "NO_COLOR": "1", **env}
+        source = write_jsonl(tmp_path / "in.jsonl", questions(30))
+        output = tmp_path / "out.jsonl"
+        done = run_cli(east, "run", source, "-o", output, "--config", config, "--concurrency", "2", env=full_env)
+        assert done.returncode == 0, done.stderr
+        records = read_output(output)
+        assert len(records) == 30
+        assert {r["deployment"] for r in records} == {"east"}  # west failed and cooled down
+        assert {r["model"] for r in records} == {MODEL}
+        report = run_cli(east, "report", tmp_path / "out.sluice.db", env=full_env)
+        assert "west" in report.stdout
+        assert "cooling down" in report.stdout
+        check = run_cli(east, "config", "check", "--config", config, env=full_env)
+        assert f"fallbacks: {MODEL} -> openai/gpt-backup" in check.stdout
+        east.fault_rates = {"503": 1.0}  # now the whole group fails: the fallback answers
+        more = write_jsonl(tmp_path / "more.jsonl", questions(5, start=100))
+        done = run_cli(east, "run", more, "-o", tmp_path / "more.out", "--config", config, env=full_env)
+        assert done.returncode == 0, done.stderr
+        assert {r["model"] for r in read_output(tmp_path / "more.out")} == {"openai/gpt-backup"}

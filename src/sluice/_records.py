@@ -73,6 +73,7 @@ def result_record(result: Result) -> dict[str, Any]:
         "finish_reason": result.finish_reason,
         "request_id": result.request_id,
         "cost_usd": result.cost_usd,
+        "model": result.model,
     }
 
 
@@ -93,4 +94,5 @@ def result_from_record(request: Request | None, record: Mapping[str, Any], *, in
         index=index,
         cached=True,
         cost_usd=record.get("cost_usd"),
+        model=record.get("model"),
     )

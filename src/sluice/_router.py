@@ -423,7 +423,10 @@ class Router:
         return len(groups) > 1 or len(groups[0].routes) > 1
 
     def status(self) -> list[RouteStatus]:
-        now = asyncio.get_running_loop().time()
+        try:
+            now = asyncio.get_running_loop().time()
+        except RuntimeError:  # asked after the loop ended: nothing is cooling any more
+            now = math.inf
         rows = []
         for route in self.routes:
             health = route.health

@@ -257,6 +257,7 @@ def output_record(item: InputItem, result: Result, sent: Request | None = None) 
     record["attempts"] = result.attempts
     record["latency_s"] = round(result.timings.latency, 4)
     record["deployment"] = result.deployment
+    record["model"] = result.model
     record["cached"] = result.cached
     if sent is not None:
         record["request_hash"] = request_hash(sent)

@@ -63,7 +63,28 @@ def report_rows(path: Path) -> list[tuple[str, str]]:
     ]
     if summary["cost_usd"] is not None:
         rows.append(("cost", f"${summary['cost_usd']:,.4f}"))
+    rows += _deployment_rows(meta)
     p50, p90, p99 = (histogram.percentile(q) for q in (50, 90, 99))
     if p50 is not None and p90 is not None and p99 is not None:
         rows.append(("latency", f"p50 {p50:.3f}s, p90 {p90:.3f}s, p99 {p99:.3f}s"))
+    return rows
+
+
+def _deployment_rows(meta: dict[str, object]) -> list[tuple[str, str]]:
+    """Each deployment's last noted state: answered, failed, cooling down (as of when)."""
+    noted = meta.get("deployments")
+    if not isinstance(noted, list) or not noted:
+        return []
+    at = meta.get("deployments_at")
+    rows = [("deployments", f"as of {_when(at)}")]
+    for entry in noted:
+        if not isinstance(entry, dict):
+            continue
+        state = str(entry.get("state", "?"))
+        if state == "cooling down":
+            state = f"cooling down, {float(entry.get('seconds_left') or 0):.0f} s left"
+        text = f"{state}; {entry.get('answered', 0):,} answered, {entry.get('failed', 0):,} failed attempts"
+        if entry.get("last_error") and entry.get("failed"):
+            text += f" (last: {entry['last_error']})"
+        rows.append((f"  {entry.get('deployment')}", text))
     return rows

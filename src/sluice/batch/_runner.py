@@ -186,6 +186,8 @@ async def _stream(
         budget_usd=config.budget_usd,
         allow_unpriced=config.allow_unpriced,
         defaults=config.defaults,
+        fallbacks=config.fallbacks,
+        cooldown=config.cooldown,
     )
     progress.engine = engine
     if engine.spending.budget is not None:  # the budget is the job's, over all its runs
@@ -214,7 +216,7 @@ async def _stream(
     writer = OutputWriter(spec.output)
     output = _Output(writer, progress)
     fail_fast = FailFast(progress.total)
-    ticker = asyncio.get_running_loop().create_task(_tick(output, on_tick))
+    ticker = asyncio.get_running_loop().create_task(_tick(output, on_tick, lambda: _note_deployments(store, engine)))
     try:
         async with engine:
             async for result in engine.map(source(), ordered=spec.ordered):
@@ -238,7 +240,16 @@ async def _stream(
         output.close()
         if engine.store_error is not None:
             progress.store_error = engine.store_error.message
+        else:
+            _note_deployments(store, engine)
         on_tick()
+
+
+def _note_deployments(store: SqliteStore, engine: Engine) -> None:
+    """Each deployment's state (cooling down, answered, failed) for `sluice report`."""
+    rows = [dataclasses.asdict(status) for status in engine.deployment_status()]
+    with contextlib.suppress(SluiceError):
+        store.set_meta_soon(deployments=rows, deployments_at=time.time())
 
 
 class _Output:
@@ -288,8 +299,12 @@ def _request_of(item: InputItem, cache: bool) -> Request:
     return dataclasses.replace(item.request, id=f"line-{item.line}")
 
 
-async def _tick(output: _Output, on_tick: Callable[[], None]) -> None:
+async def _tick(output: _Output, on_tick: Callable[[], None], note: Callable[[], None]) -> None:
+    ticks = 0
     while True:
         await asyncio.sleep(0.25)
         output.flush()
         on_tick()
+        ticks += 1
+        if ticks % 8 == 0:  # every 2 s: what `sluice report` shows of a running job
+            note()

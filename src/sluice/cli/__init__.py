@@ -325,7 +325,8 @@ def config_check(**flags: Any) -> None:
     retry = effective.retry
     click.echo(
         f"retry: {retry.max_attempts} attempts, backoff {retry.base_delay:g}s..{retry.max_delay:g}s, "
-        f"deadline {retry.deadline}s, attempt timeout {retry.attempt_timeout}s"
+        f"deadline {retry.deadline}s, attempt timeout {retry.attempt_timeout}s, idle timeout {retry.idle_timeout}s, "
+        f"Retry-After obeyed up to {retry.max_retry_after:g}s"
     )
     rows = describe(effective)
     defaults = describe_defaults(effective)
@@ -335,6 +336,13 @@ def config_check(**flags: Any) -> None:
         _print_table(f"deployment {row.pop('deployment')}", list(row.items()))
     if defaults is not None:
         click.echo(defaults)
+    for model, chain in effective.fallbacks.items():
+        click.echo(f"fallbacks: {model} -> {' -> '.join(chain)}")
+    cooldown = effective.cooldown
+    click.echo(
+        f"cooldown: after {cooldown.after_failures} failures in a row, {cooldown.seconds:g}s doubling to "
+        f"{cooldown.max_seconds:g}s (deployments of a model with an alternative)"
+    )
     problems = missing_keys(effective)
     if effective.source is not None and effective.trust not in (None, "trusted"):
         assert effective.trust is not None

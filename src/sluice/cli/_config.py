@@ -43,6 +43,7 @@ from .._errors import ConfigError, SluiceError
 from .._models import Deployment, Price, Secret
 from .._pricing import effective_base_url
 from .._retry import RetryPolicy
+from .._router import Cooldown
 from ._trust import TrustState, check_trust
 
 __all__ = [
@@ -60,7 +61,18 @@ __all__ = [
 ]
 
 DEFAULT_FILE = "sluice.toml"
-_TOP_KEYS = {"model", "concurrency", "budget_usd", "allow_unpriced", "retry", "deployment", "deployments"}
+_TOP_KEYS = {
+    "model",
+    "concurrency",
+    "budget_usd",
+    "allow_unpriced",
+    "retry",
+    "deployment",
+    "deployments",
+    "fallbacks",
+    "cooldown",
+}
+_COOLDOWN_KEYS = {f.name for f in dataclasses.fields(Cooldown)}
 _DEPLOYMENT_KEYS = {f.name for f in dataclasses.fields(Deployment)}
 _RETRY_KEYS = {f.name for f in dataclasses.fields(RetryPolicy)}
 _KEY_ENV = {"openai": "OPENAI_API_KEY", "azure": "AZURE_OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
@@ -80,6 +92,10 @@ class JobConfig:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     #: For a file found in the working directory: whether the user trusted it (else None).
     trust: TrustState | None = None
+    #: ``[fallbacks]``: for a model, the models to try next when it cannot take a request.
+    fallbacks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: ``[cooldown]``: when a failing deployment of a group is taken out, and for how long.
+    cooldown: Cooldown = field(default_factory=Cooldown)
 
 
 def load_config(path: Path | None, *, require_trust: bool = True) -> JobConfig:
@@ -169,7 +185,47 @@ def _parse(data: Mapping[str, Any], path: Path) -> JobConfig:
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise ConfigError(f"{path}: deployments are [[deployment]] tables")
     deployments = tuple(_deployment(t, f"{path}: [[deployment]] #{i + 1}") for i, t in enumerate(tables))
-    return JobConfig(deployments, retry, concurrency, model, budget, allow_unpriced, path)
+    labels = [d.label for d in deployments]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        raise ConfigError(
+            f"{path}: several [[deployment]] tables answer to {twice[0]!r}; give each deployment of a model "
+            'its own name = "..." (they then share the model\'s requests)'
+        )
+    return JobConfig(
+        deployments,
+        retry,
+        concurrency,
+        model,
+        budget,
+        allow_unpriced,
+        path,
+        fallbacks=_fallbacks(data.get("fallbacks", {}), path),
+        cooldown=_cooldown(data.get("cooldown", {}), path),
+    )
+
+
+def _fallbacks(table: Any, path: Path) -> dict[str, tuple[str, ...]]:
+    if not isinstance(table, dict):
+        raise ConfigError(f'{path}: [fallbacks] must be a table of "model" = ["fallback", ...]')
+    chains: dict[str, tuple[str, ...]] = {}
+    for model, chain in table.items():
+        if not isinstance(chain, list) or not chain or not all(isinstance(m, str) and m for m in chain):
+            raise ConfigError(f"{path}: [fallbacks] {model!r} must be a non-empty list of model names, got {chain!r}")
+        if model in chain:
+            raise ConfigError(f"{path}: [fallbacks] {model!r} names the model itself")
+        chains[model] = tuple(chain)
+    return chains
+
+
+def _cooldown(table: Any, path: Path) -> Cooldown:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [cooldown] must be a table")
+    _unknown(f"{path}: [cooldown]", table, _COOLDOWN_KEYS)
+    try:
+        return Cooldown(**table)
+    except SluiceError as exc:
+        raise ConfigError(f"{path}: [cooldown]: {exc.message}") from None
 
 
 def _deployment(table: Mapping[str, Any], where: str) -> Deployment:

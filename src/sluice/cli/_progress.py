@@ -54,6 +54,8 @@ def status_line(progress: JobProgress) -> str:
         spend = _spend(progress)
         if spend:
             parts.append(spend)
+    if progress.engine is not None:
+        parts += [s.describe() for s in progress.engine.deployment_status() if s.state != "ok"]
     parts.append(f"ETA {format_duration(eta)}")
     if progress.stopping:
         parts.append("stopping: finishing in-flight requests (Ctrl-C again to abort)")

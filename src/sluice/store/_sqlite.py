@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from .. import _json
 from .._errors import ConfigError, StoreError
 from .._models import Result
 from .._records import result_record
+from ._vectors import StoredVector, get_vectors, put_vectors_op
 from ._writer import Writer, describe_sqlite_error
 
 __all__ = ["Recovered", "Spend", "SqliteStore", "StoredResult"]
@@ -173,6 +174,16 @@ class SqliteStore:
             self._writer = None
         self._db.close()
 
+    # -- embeddings, one row per text (see ._vectors) ------------------------------------
+
+    def get_vectors(self, keys: Sequence[str]) -> dict[str, StoredVector]:
+        """The stored outcome of each of ``keys`` that has one (one query per 500 keys)."""
+        return get_vectors(self._db, keys)
+
+    async def put_vectors(self, rows: Sequence[tuple[str, StoredVector]]) -> None:
+        """Record texts' outcomes in one transaction; returns when it is durable."""
+        await self._write().run(put_vectors_op(rows))
+
     @property
     def error(self) -> StoreError | None:
         """Why writing failed, once it has (the store then refuses every write)."""
@@ -185,6 +196,11 @@ class SqliteStore:
         self._write().run_sync(
             lambda db: db.executemany("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", rows)
         )
+
+    def set_meta_soon(self, **values: Any) -> None:
+        """Like :meth:`set_meta`, without waiting for the commit (progress notes mid-job)."""
+        rows = [(k, json.dumps(v)) for k, v in values.items()]
+        self._write().submit(lambda db: db.executemany("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", rows))
 
     def meta(self) -> dict[str, Any]:
         return {name: json.loads(value) for name, value in self._db.execute("SELECT name, value FROM meta")}

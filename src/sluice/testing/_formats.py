@@ -13,7 +13,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, NoReturn
 
 from ._faults import Fault
 from ._limits import LimitSnapshot, Rejection, openai_duration
@@ -30,7 +30,7 @@ __all__ = [
     "loads",
 ]
 
-ErrorKind = Literal["invalid_request", "authentication", "not_found", "server", "overloaded"]
+ErrorKind = Literal["invalid_request", "authentication", "not_found", "server", "overloaded", "context_length"]
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"))  # built once: json.dumps(...) is slower
@@ -154,8 +154,9 @@ def _check_common(body: Any) -> Mapping[str, Any]:
         raise ApiError(400, "invalid_request", "The request body must be a JSON object.")
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise ApiError(400, "invalid_request", "you must provide a model parameter", "model")
-    if body.get("stream"):
-        raise ApiError(400, "invalid_request", "the fake server does not stream", "stream")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ApiError(400, "invalid_request", "'stream' must be a boolean", "stream")
     return body
 
 
@@ -209,6 +210,7 @@ _OPENAI_ERRORS: dict[ErrorKind, tuple[str, str | None]] = {
     "not_found": ("invalid_request_error", "model_not_found"),
     "server": ("server_error", None),
     "overloaded": ("server_error", "overloaded"),
+    "context_length": ("invalid_request_error", "context_length_exceeded"),
 }
 
 
@@ -281,6 +283,7 @@ _ANTHROPIC_ERRORS: dict[ErrorKind, str] = {
     "not_found": "not_found_error",
     "server": "api_error",
     "overloaded": "overloaded_error",
+    "context_length": "invalid_request_error",
 }
 
 
@@ -305,6 +308,7 @@ class AnthropicFormat(Format):
         system = body.get("system")
         if system is not None and not isinstance(system, str | list):
             raise ApiError(400, "invalid_request", "system: must be a string or a list", "system")
+        _check_anthropic_body(body, messages)
         prompt = self.counter.anthropic(body)
         return Call(body["model"], limit, prompt, reply_text(messages))
 
@@ -345,6 +349,206 @@ class AnthropicFormat(Format):
             headers["anthropic-ratelimit-tokens-remaining"] = str(snapshot.tokens_remaining)
             headers["anthropic-ratelimit-tokens-reset"] = reset
         return headers
+
+
+# -- what the Messages API refuses ----------------------------------------------------------
+# As strict as the real API where an OpenAI-shaped body would slip through, so a client
+# that forgets to translate gets the 400 Anthropic would send. The messages quote the
+# API's own (as reported in anthropics/claude-code and anthropic-sdk-python issues).
+# The API merges consecutive same-role turns itself (message_create_params.py), so
+# those are accepted, and checked after merging.
+
+#: Chat Completions fields the Messages API does not have ("Extra inputs are not permitted").
+_OPENAI_ONLY = frozenset(
+    {
+        "n",
+        "stop",
+        "response_format",
+        "parallel_tool_calls",
+        "max_completion_tokens",
+        "logprobs",
+        "top_logprobs",
+        "logit_bias",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+        "user",
+        "audio",
+        "modalities",
+        "functions",
+        "function_call",
+        "stream_options",
+        "store",
+        "reasoning_effort",
+        "prediction",
+        "web_search_options",
+        "safety_identifier",
+        "prompt_cache_key",
+        "verbosity",
+    }
+)
+#: Content block types of Messages requests (anthropic-sdk-python, types/content_block_param.py).
+_ANTHROPIC_BLOCKS = frozenset(
+    {
+        "text",
+        "image",
+        "document",
+        "search_result",
+        "thinking",
+        "redacted_thinking",
+        "tool_use",
+        "tool_result",
+        "server_tool_use",
+        "web_search_tool_result",
+        "web_fetch_tool_result",
+        "code_execution_tool_result",
+        "bash_code_execution_tool_result",
+        "text_editor_code_execution_tool_result",
+        "tool_search_tool_result",
+        "container_upload",
+        "mid_conv_system",
+        "mcp_tool_use",
+        "mcp_tool_result",
+    }
+)
+_IMAGE_SOURCES: dict[str, tuple[str, ...]] = {"base64": ("media_type", "data"), "url": ("url",), "file": ("file_id",)}
+_IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+_DOCUMENT_SOURCES = frozenset({"base64", "text", "url", "content", "file"})
+
+
+def _refuse(message: str, param: str | None = None) -> NoReturn:
+    raise ApiError(400, "invalid_request", message, param)
+
+
+def _check_anthropic_body(body: Mapping[str, Any], messages: list[Mapping[str, Any]]) -> None:
+    for key in sorted(_OPENAI_ONLY & body.keys()):
+        _refuse(f"{key}: Extra inputs are not permitted", key)
+    system = body.get("system")
+    if isinstance(system, list) and not all(isinstance(b, dict) and b.get("type") == "text" for b in system):
+        _refuse("system: must be a string or a list of text blocks", "system")
+    temperature = body.get("temperature")
+    if temperature is not None and not (isinstance(temperature, int | float) and 0 <= temperature <= 1):
+        _refuse("temperature: Input should be between 0 and 1", "temperature")
+    stops = body.get("stop_sequences")
+    if stops is not None and not (isinstance(stops, list) and all(isinstance(s, str) and s.strip() for s in stops)):
+        _refuse("stop_sequences: each must be a string that is not only whitespace", "stop_sequences")
+    metadata = body.get("metadata")
+    if metadata is not None and not (isinstance(metadata, dict) and set(metadata) <= {"user_id"}):
+        _refuse("metadata: only user_id is permitted", "metadata")
+    _check_anthropic_tools(body.get("tools"), body.get("tool_choice"))
+    for index, message in enumerate(messages):
+        _check_anthropic_message(index, message, last=index == len(messages) - 1)
+    _check_tool_pairing(messages)
+
+
+def _check_anthropic_tools(tools: Any, choice: Any) -> None:
+    if tools is not None:
+        if not isinstance(tools, list):
+            _refuse("tools: Input should be a valid list", "tools")
+        for index, tool in enumerate(tools):
+            if not isinstance(tool, dict) or tool.get("type") == "function" or not isinstance(tool.get("name"), str):
+                _refuse(f"tools.{index}: a tool needs a 'name' (OpenAI's 'function' form is not accepted)", "tools")
+            schema = tool.get("input_schema")
+            if tool.get("type") in (None, "custom") and not (
+                isinstance(schema, dict) and schema.get("type") == "object"
+            ):
+                _refuse(f"tools.{index}.input_schema: Field required (a JSON schema of type object)", "tools")
+    if choice is not None:
+        kind = choice.get("type") if isinstance(choice, dict) else None
+        if kind not in ("auto", "any", "tool", "none") or (kind == "tool" and not isinstance(choice.get("name"), str)):
+            _refuse("tool_choice: Input should be an object of type auto, any, tool or none", "tool_choice")
+
+
+def _check_anthropic_message(index: int, message: Mapping[str, Any], *, last: bool) -> None:
+    where = f"messages.{index}"
+    role = message["role"]
+    if role not in ("user", "assistant"):
+        _refuse(f"{where}.role: Input should be 'user' or 'assistant'", where)
+    for key in sorted(set(message) - {"role", "content"}):
+        _refuse(f"{where}.{key}: Extra inputs are not permitted", where)
+    content = message.get("content")
+    if not isinstance(content, str | list):
+        _refuse(f"{where}.content: Input should be a valid string or list", where)
+    if not content and not (last and role == "assistant"):
+        _refuse(f"{where}: all messages must have non-empty content except for the optional final assistant message")
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    for number, block in enumerate(blocks):
+        _check_anthropic_block(f"{where}.content.{number}", block, role)
+    if last and role == "assistant" and blocks:
+        final = blocks[-1]
+        if final.get("type") == "text" and final.get("text", "") != final.get("text", "").rstrip():
+            _refuse("final assistant content cannot end with trailing whitespace", where)
+
+
+def _check_anthropic_block(where: str, block: Any, role: str) -> None:
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind not in _ANTHROPIC_BLOCKS:
+        _refuse(f"{where}.type: Input tag {kind!r} found using 'type' does not match any of the expected tags", where)
+    if kind == "text" and not (isinstance(block.get("text"), str) and block["text"]):
+        _refuse("messages: text content blocks must be non-empty", where)
+    elif kind == "image":
+        source = block.get("source")
+        needed = _IMAGE_SOURCES.get(str(source.get("type"))) if isinstance(source, dict) else None
+        if needed is None or not all(isinstance(source.get(k), str) for k in needed):
+            _refuse(f"{where}.source: an image source is base64 (media_type, data), url or file", where)
+        if source.get("type") == "base64" and source.get("media_type") not in _IMAGE_TYPES:
+            _refuse(f"{where}.source.media_type: Input should be one of {', '.join(_IMAGE_TYPES)}", where)
+    elif kind == "document":
+        source = block.get("source")
+        if not isinstance(source, dict) or source.get("type") not in _DOCUMENT_SOURCES:
+            _refuse(f"{where}.source: a document source is base64, text, url, content or file", where)
+    elif kind == "tool_use":
+        if role != "assistant":
+            _refuse(f"{where}: tool_use blocks may only appear in assistant messages", where)
+        if not (isinstance(block.get("id"), str) and isinstance(block.get("name"), str)):
+            _refuse(f"{where}: a tool_use block needs a string id and name", where)
+        if not isinstance(block.get("input"), dict):
+            _refuse(f"{where}.input: Input should be a valid dictionary", where)
+    elif kind == "tool_result":
+        if role != "user":
+            _refuse(f"{where}: tool_result blocks may only appear in user messages", where)
+        if not isinstance(block.get("tool_use_id"), str):
+            _refuse(f"{where}.tool_use_id: Field required", where)
+        inner = block.get("content")
+        if isinstance(inner, list):
+            for number, part in enumerate(inner):
+                _check_anthropic_block(f"{where}.content.{number}", part, role)
+
+
+def _check_tool_pairing(messages: list[Mapping[str, Any]]) -> None:
+    """Every tool_use is answered by a tool_result at the start of the next turn, and
+    every tool_result answers a tool_use of the turn before (turns merged by role)."""
+    turns: list[tuple[str, list[Any]]] = []
+    for message in messages:
+        content = message["content"]
+        blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        if turns and turns[-1][0] == message["role"]:
+            turns[-1][1].extend(blocks)
+        else:
+            turns.append((message["role"], list(blocks)))
+    asked: list[str] = []
+    for index, (role, blocks) in enumerate(turns):
+        kinds = [b.get("type") for b in blocks]
+        answered = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
+        if answered and kinds[: len(answered)] != ["tool_result"] * len(answered):
+            _refuse(
+                f"messages.{index}: Did not find {len(answered)} tool_result block(s) at the beginning of this "
+                "message. Messages following tool_use blocks must begin with a matching number of tool_result blocks."
+            )
+        unexpected = [i for i in answered if i not in asked]
+        if unexpected:
+            _refuse(
+                f"messages.{index}: unexpected tool_use_id found in tool_result blocks: {unexpected[0]}. Each "
+                "tool_result block must have a corresponding tool_use block in the previous message."
+            )
+        missing = [i for i in asked if i not in answered]
+        if missing:
+            _refuse(
+                f"messages.{index - 1}: tool_use ids were found without tool_result blocks immediately after: "
+                f"{', '.join(missing)}. Each tool_use block must have a corresponding tool_result block in the next "
+                "message."
+            )
+        asked = [b.get("id") for b in blocks if b.get("type") == "tool_use"] if role == "assistant" else []
 
 
 def _anthropic_error(error_type: str, message: str) -> bytes:

@@ -12,15 +12,16 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from hashlib import sha256
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
-from ._faults import STATUS_OF, Fault, FaultPlan, FaultSpec
+from ._faults import STATUS_OF, STREAM_FAULTS, Fault, FaultPlan, FaultSpec
 from ._formats import AnthropicFormat, ApiError, Call, Format, OpenAIFormat, dumps, loads
 from ._lifecycle import LoopbackServer
 from ._limits import Entry, Limiter, Rejection, retry_after_headers
 from ._stats import LedgerEntry, LedgerKind, ServerStats, cost_usd
+from ._streams import StreamMode, error_frame, stream_frames, stream_mode
 from ._tokenizer import PromptCounter, TokenizerSpec
 
 __all__ = ["FakeServer"]
@@ -57,6 +58,12 @@ class FakeServer(LoopbackServer):
     whose client stopped waiting (latency past its timeout) and the garbled or cut
     200s of the ``malformed`` and ``truncated`` faults. :attr:`ledger` entries say
     which (:attr:`LedgerEntry.kind`).
+
+    A request with ``"stream": true`` is answered as the API streams (see
+    :mod:`._streams`): in at most :attr:`stream_pieces` pieces with the latency spread
+    over them. The ``stream_cut`` and ``stream_error`` faults break a stream after
+    ``inject(..., after=N)`` pieces (billed, ledger kind ``truncated``); a client that
+    closes the connection part-way is billed the whole answer (``abandoned``).
     """
 
     def __init__(
@@ -77,6 +84,7 @@ class FakeServer(LoopbackServer):
         prices: Mapping[str, tuple[float, float]] | None = None,
         tokenizer: TokenizerSpec = "chars",
         echo_key_in_errors: bool = False,
+        context_window: int | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -88,6 +96,8 @@ class FakeServer(LoopbackServer):
         self.api_key = api_key
         #: Quote a wrong key back in the 401 message, as some compatible servers do (hostile).
         self.echo_key_in_errors = echo_key_in_errors
+        #: Prompt + max_tokens above this is a 400 (``context_length_exceeded``), as real models do.
+        self.context_window = context_window
         self.send_retry_after = send_retry_after
         self._watchers: list[asyncio.Future[None]] = []
         self.prices: dict[str, tuple[float, float]] = dict(prices or {})
@@ -108,6 +118,8 @@ class FakeServer(LoopbackServer):
         self._billed = 0.0
         self._seq = 0
         self._in_flight = 0
+        #: The most pieces a streamed answer's text (or tool arguments) comes in.
+        self.stream_pieces = 4
 
     @property
     def in_flight(self) -> int:
@@ -141,14 +153,18 @@ class FakeServer(LoopbackServer):
         retry_after: float | None = None,
         headers: Mapping[str, str] | None = None,
         delay: float = 0.0,
+        after: int = 1,
     ) -> None:
         """Answer the next ``times`` requests (after faults already queued) with ``kind``.
 
         ``retry_after`` adds ``retry-after``/``retry-after-ms`` (a 429 gets 1 s unless
         ``send_retry_after`` is off); ``headers`` are added to the response; ``delay``
-        waits before answering.
+        waits before answering; ``after`` is how many pieces of a streamed answer go out
+        before a ``stream_cut`` or ``stream_error`` breaks it.
         """
-        spec = FaultSpec(Fault(kind), retry_after, dict(headers or {}), delay)
+        if after < 0:
+            raise ValueError("after must not be negative")
+        spec = FaultSpec(Fault(kind), retry_after, dict(headers or {}), delay, after)
         self._faults.inject(spec, times)
 
     def clear_faults(self) -> None:
@@ -220,14 +236,22 @@ class FakeServer(LoopbackServer):
             if self._watchers:
                 self._changed()
 
-    async def _answer(self, request: web.BaseRequest, fmt: Format, n: int, raw: bytes, key: str) -> web.Response:
+    async def _answer(
+        self, request: web.BaseRequest, fmt: Format, n: int, raw: bytes, key: str, fault: FaultSpec | None = None
+    ) -> web.StreamResponse:
         headers = request.headers
         try:
             fmt.check_auth(headers, self.api_key, echo=self.echo_key_in_errors)
-            call = fmt.parse(_decode(raw), headers)
+            body = _decode(raw)
+            call = fmt.parse(body, headers)
         except ApiError as exc:
             return self._respond(fmt, n, exc.status, fmt.error(exc.kind, exc.message, exc.param))
+        mode = stream_mode(body, isinstance(fmt, AnthropicFormat))
+        if fault is not None and mode is None:  # a stream fault for an answer that is not streamed
+            return await self._fault(request, fmt, _unstreamed(fault), n, raw, key)
         cost = call.prompt_tokens + call.max_tokens
+        if self.context_window is not None and cost > self.context_window:
+            return self._too_long(fmt, n, call)
         assert self._loop is not None
         now = self._loop.time()
         limiter = self._limiter
@@ -242,6 +266,8 @@ class FakeServer(LoopbackServer):
         if self.latency_jitter > 0:
             delay += self._rng.uniform(0.0, self.latency_jitter)
         completion = min(call.max_tokens, self.output_tokens)
+        if mode is not None:
+            return await self._stream(request, fmt, n, _Streamed(call, completion, mode, entry, key), delay, fault)
         try:
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -256,6 +282,71 @@ class FakeServer(LoopbackServer):
         self._finish(entry, key, call, completion, "abandoned" if gone else "delivered")
         cut = completion < self.output_tokens
         return self._respond(fmt, n, 200, fmt.success(n, call, completion, cut, int(time.time())))
+
+    async def _stream(
+        self,
+        request: web.BaseRequest,
+        fmt: Format,
+        n: int,
+        answer: _Streamed,
+        delay: float,
+        fault: FaultSpec | None,
+    ) -> web.StreamResponse:
+        """A streamed answer: its pieces with the latency spread over them (the first after
+        ``delay / pieces``). A stream fault breaks it after ``fault.after`` pieces: the
+        connection drops (``stream_cut``) or an ``error`` event ends it (``stream_error``).
+        Billed as a provider bills: delivered; ``abandoned`` when the client left part-way
+        (closed the connection); ``truncated`` when the fault broke it."""
+        anthropic = isinstance(fmt, AnthropicFormat)
+        call, completion = answer.call, answer.completion
+        frames = stream_frames(
+            anthropic,
+            n,
+            call,
+            completion,
+            completion < self.output_tokens,
+            int(time.time()),
+            answer.mode,
+            self.stream_pieces,
+        )
+        headers = self._headers(fmt, n, "text/event-stream", {"Cache-Control": "no-cache"})
+        response = web.StreamResponse(status=200, headers=headers)
+        self.stats.by_status[200] += 1
+        kind: LedgerKind = "abandoned"
+        try:
+            await response.prepare(request)
+            await response.write(b"".join(frames.head))
+            step = delay / len(frames.body) if frames.body else delay
+            for number, frame in enumerate(frames.body):
+                if fault is not None and number >= fault.after:
+                    break
+                if step > 0:
+                    await asyncio.sleep(step)
+                if _gone(request):
+                    break
+                await response.write(frame)
+            if not _gone(request):
+                if fault is None:
+                    await response.write(b"".join(frames.tail))
+                    kind = "delivered"
+                else:
+                    kind = "truncated"
+                    if fault.kind is Fault.STREAM_ERROR:
+                        await response.write(error_frame(anthropic))
+                    elif request.transport is not None:
+                        request.transport.close()  # mid-body: the client sees the payload end early
+        except ConnectionError:  # the client left while we wrote
+            kind = "abandoned"
+        finally:  # cancelled (the server stopping) or not, the answer was generated: billed
+            if kind == "truncated":
+                if self._limiter is not None and answer.entry is not None:
+                    self._limiter.settle(answer.entry, call.prompt_tokens + completion)
+                self._bill(answer.key, call, completion, kind)
+            else:
+                self._finish(answer.entry, answer.key, call, completion, kind)
+            if self._watchers:
+                self._changed()
+        return response
 
     def _finish(self, entry: Entry | None, key: str, call: Call, completion: int, kind: LedgerKind) -> None:
         """Generation is over: settle the rate-limit reservation and bill the answer."""
@@ -272,7 +363,18 @@ class FakeServer(LoopbackServer):
         extra: Mapping[str, str] | None = None,
     ) -> web.Response:
         """A JSON response with the request id, the rate-limit headers and ``extra``."""
-        headers = {"Content-Type": _JSON, fmt.request_id_header: f"req_{n}"}
+        headers = self._headers(fmt, n, _JSON, extra)
+        stats = self.stats
+        stats.by_status[status] += 1
+        if status == 429:
+            stats.rate_limited += 1
+        if self._watchers:
+            self._changed()
+        return web.Response(status=status, body=body, headers=headers)
+
+    def _headers(self, fmt: Format, n: int, content_type: str, extra: Mapping[str, str] | None) -> dict[str, str]:
+        """The request id, the rate-limit headers (per minute) and ``extra``."""
+        headers = {"Content-Type": content_type, fmt.request_id_header: f"req_{n}"}
         limiter = self._limiter
         if limiter is not None and self._loop is not None:
             snapshot = limiter.snapshot(self._loop.time())
@@ -292,13 +394,21 @@ class FakeServer(LoopbackServer):
             headers.update(fmt.limit_headers(snapshot, time.time()))
         if extra:
             headers.update(extra)
-        stats = self.stats
-        stats.by_status[status] += 1
-        if status == 429:
-            stats.rate_limited += 1
-        if self._watchers:
-            self._changed()
-        return web.Response(status=status, body=body, headers=headers)
+        return headers
+
+    def _too_long(self, fmt: Format, n: int, call: Call) -> web.Response:
+        """The prompt and its max_tokens exceed the model's context window: a 400, worded
+        the way each API words it."""
+        wanted, window = call.prompt_tokens + call.max_tokens, self.context_window
+        if isinstance(fmt, AnthropicFormat):
+            message = f"prompt is too long: {wanted} tokens > {window} maximum"
+        else:
+            message = (
+                f"This model's maximum context length is {window} tokens. However, you requested {wanted} tokens "
+                f"({call.prompt_tokens} in the messages, {call.max_tokens} in the completion). Please reduce the "
+                "length of the messages or completion."
+            )
+        return self._respond(fmt, n, 400, fmt.error("context_length", message, "messages"))
 
     def _reject(self, fmt: Format, n: int, rejection: Rejection) -> web.Response:
         extra = None
@@ -342,6 +452,8 @@ class FakeServer(LoopbackServer):
         if spec.delay > 0:
             await asyncio.sleep(spec.delay)
         kind = spec.kind
+        if kind in STREAM_FAULTS:  # a real answer, broken part-way
+            return await self._answer(request, fmt, n, raw, key, dataclasses.replace(spec, delay=0.0))
         status = STATUS_OF.get(kind)
         if status is not None:
             return self._fault_status(fmt, spec, n, status)
@@ -423,6 +535,28 @@ class FakeServer(LoopbackServer):
             transport.close()
         self.stats.by_status[0] += 1
         return response
+
+
+class _Streamed(NamedTuple):
+    """An admitted request to answer as a stream."""
+
+    call: Call
+    completion: int
+    mode: StreamMode
+    entry: Entry | None
+    key: str
+
+
+def _gone(request: web.BaseRequest) -> bool:
+    """The client closed the connection (or it was closed under it)."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def _unstreamed(fault: FaultSpec) -> FaultSpec:
+    """A stream fault drawn for an answer that is not streamed: its plain counterpart."""
+    kind = Fault.TRUNCATED if fault.kind is Fault.STREAM_CUT else Fault.SERVER_ERROR
+    return dataclasses.replace(fault, kind=kind)
 
 
 def _decode(raw: bytes) -> Any:
