@@ -162,7 +162,8 @@ async def test_a_429_storm_loses_nothing() -> None:
     # (the deployment's window says what unit the provider's limits are counted in).
     async with FakeServer(rpm=20, window=0.5, api_key="sk-test") as server:
         policy = RetryPolicy(max_attempts=30, base_delay=0.02, max_delay=0.2)
-        async with Engine(openai(server, window=0.5), retry=policy) as engine:
+        # max_in_flight says "send this many at once" (no adaptive slow start): a storm follows
+        async with Engine(openai(server, window=0.5, max_in_flight=200), retry=policy) as engine:
             results = await engine.run(prompts(120))
         assert len(results) == 120
         assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]

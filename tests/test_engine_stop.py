@@ -78,7 +78,7 @@ async def _collect(iterator: AsyncIterator[Result]) -> list[Result]:
 async def test_close_without_draining_while_map_is_iterated_never_hangs(server: FakeServer) -> None:
     """Point 8: every taken item yields a Result, or the iteration ends with a clear error."""
     server.latency = 5.0
-    engine = Engine(deployment(server), retry=RetryPolicy(max_attempts=1))
+    engine = Engine(deployment(server, max_in_flight=64), retry=RetryPolicy(max_attempts=1))
     await engine.start()
 
     def endless() -> Any:
@@ -104,7 +104,7 @@ async def test_close_without_draining_while_map_is_iterated_never_hangs(server: 
 
 async def test_close_without_draining_gives_every_taken_item_a_result(server: FakeServer) -> None:
     server.latency = 5.0
-    engine = Engine(deployment(server), retry=RetryPolicy(max_attempts=1))
+    engine = Engine(deployment(server, max_in_flight=64), retry=RetryPolicy(max_attempts=1))
     await engine.start()
     consumer = asyncio.create_task(_collect(engine.map(prompts(20))))
     await server.until(lambda: server.in_flight >= 20)

@@ -230,3 +230,31 @@ api_key_env = "BACK_KEY"
         done = run_cli(east, "run", more, "-o", tmp_path / "more.out", "--config", config, env=full_env)
         assert done.returncode == 0, done.stderr
         assert {r["model"] for r in read_output(tmp_path / "more.out")} == {"openai/gpt-backup"}
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+async def test_aimd_finds_a_self_hosted_servers_capacity(adaptive: bool) -> None:
+    """A server that sends no limits (vLLM, Ollama) is driven at its capacity, not past it:
+    beyond 8 at once its requests queue, and the adaptive cap settles near 8."""
+    async with FakeServer(api_key="sk-test", capacity=8, latency=0.02) as server:
+        extra = {} if adaptive else {"max_in_flight": 256}  # an explicit cap turns adaptation off
+        async with Engine(at(server, "vllm", **extra), retry=FAST) as engine:
+            results = await engine.run(prompts(600))
+            route = engine.router.routes[0]
+        assert all(r.ok for r in results)
+        if not adaptive:  # the control: without adaptation everything queues at the server
+            assert route.adaptive is None
+            assert server.stats.max_in_flight > 200
+            return
+        assert route.adaptive is not None
+        assert 4 <= route.adaptive.cap <= 24, route.adaptive
+        assert server.stats.max_in_flight <= 40  # slow start overshoots a little, then backs off
+
+
+async def test_aimd_steps_aside_once_the_server_says_its_limits() -> None:
+    async with FakeServer(api_key="sk-test", rpm=600, window=1.0) as server:
+        async with Engine(at(server, "hosted"), retry=FAST) as engine:
+            await engine.run(prompts(20))
+            limiter = engine.limiter(MODEL)
+        assert limiter.max_in_flight is None  # type: ignore[attr-defined]
+        assert limiter.requests_limit is not None  # type: ignore[attr-defined]

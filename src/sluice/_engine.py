@@ -45,6 +45,7 @@ from ._errors import (
     StoreError,
 )
 from ._fanout import fan_out
+from ._adaptive import Adaptive
 from ._gate import PriorityGate
 from ._limits import Limiter, LocalLimiter
 from ._models import Deployment, Priority, Request, Result, Timings, Usage, store_key
@@ -55,9 +56,13 @@ from ._session import Session
 from ._slot import Slot, Tally, WaitingScope, stopped_note
 from ._spending import CheaperModel, Spending
 from ._stats import Stats
+from ._streaming import Stream
 from .providers import HttpProvider, ProviderSet, Reply
 
 if TYPE_CHECKING:
+    from array import array
+
+    from ._embeddings import EmbeddingResult
     from .store import Store
 
 __all__ = ["Engine", "RequestLike", "RetryEvent"]
@@ -99,6 +104,9 @@ class _Job:
     tried: set[Route] = field(default_factory=set)
     #: Cooldowns apply: the request has somewhere else to go.
     guarded: bool = False
+    #: ``worst_cost`` is an attempt's worst case with or without a budget (an embeddings
+    #: request, priced from its inputs: see ``_embeddings``).
+    own_worst: bool = False
 
     @property
     def idempotency_key(self) -> str | None:
@@ -199,7 +207,7 @@ class Engine:
             self.add_deployment(deployment)
         self._gate = PriorityGate(concurrency)
         self._seq = itertools.count()
-        self._tasks: set[asyncio.Task[Result]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()  # map()'s jobs, embeddings' packs
         self._producers: set[asyncio.Task[None]] = set()
         self._active_calls = 0
         self._idle: asyncio.Event | None = None
@@ -222,7 +230,11 @@ class Engine:
 
     def _make_route(self, deployment: Deployment) -> Route:
         limiter = self._limiter_factory(deployment)
-        return Route(deployment, limiter, self._providers.for_deployment(deployment), Health(self._cooldown))
+        route = Route(deployment, limiter, self._providers.for_deployment(deployment), Health(self._cooldown))
+        unlimited = deployment.rpm is None and deployment.tpm is None and deployment.max_in_flight is None
+        if unlimited and isinstance(limiter, LocalLimiter):  # it may be a server that never says its limits
+            route.adaptive = Adaptive(limiter)
+        return route
 
     def session(self, budget_usd: float, *, name: str | None = None) -> Session:
         """A spending scope for one task, counted against this engine's budget too."""
@@ -304,6 +316,31 @@ class Engine:
             self._active_calls -= 1
             self._maybe_idle()
 
+    def stream(
+        self,
+        model: str | Request,
+        messages: Sequence[Mapping[str, Any]] | str | None = None,
+        *,
+        priority: int = Priority.INTERACTIVE,
+        budget: Budget | None = None,
+        **fields: Any,
+    ) -> Stream:
+        """One request, its text handed on as it arrives (see :mod:`sluice._streaming`)::
+
+            async with engine.stream("openai/gpt-4o-mini", "hi") as stream:
+                async for delta in stream:
+                    print(delta, end="")
+            result = stream.result
+
+        Arguments as for :meth:`complete`; limits, budget, retries (before the first delta
+        only) and the store apply as to any request.
+        """
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        request = make_request(model, messages, fields)
+        job = self._job(request, priority if request.priority is None else request.priority, budget=budget)
+        return Stream(self, job)
+
     async def run(
         self,
         requests: Iterable[RequestLike] | AsyncIterable[RequestLike],
@@ -335,6 +372,84 @@ class Engine:
         the source is still being read, the iteration ends with :class:`EngineClosedError`.
         """
         return fan_out(self, requests, model=model, ordered=ordered, priority=priority, budget=budget)
+
+    async def embed(
+        self,
+        texts: Iterable[str] | AsyncIterable[str],
+        *,
+        model: str,
+        dimensions: int | None = None,
+        params: Mapping[str, Any] | None = None,
+        priority: int = Priority.NORMAL,
+        budget: Budget | None = None,
+        batch_size: int | None = None,
+        batch_tokens: int | None = None,
+    ) -> list[array[float]]:
+        """A vector per text, in input order: ``await engine.embed(texts, model="openai/text-embedding-3-small")``.
+
+        Texts are packed many to a request (see :mod:`sluice._embeddings`) within the
+        provider's per-request limits and the deployment's limits, budget and retries; each
+        vector is a float32 ``array('f')`` (``numpy.frombuffer(v, dtype=numpy.float32)``
+        reads it without a copy). With a store, every text's vector is stored as it lands
+        and served from there on a rerun. A text the provider refuses fails alone.
+
+        Raises :class:`~sluice.EmbeddingError` when any text could not be embedded: its
+        ``results`` holds every text's :class:`~sluice.EmbeddingResult`, vectors included
+        (use :meth:`embed_map` to handle failures text by text instead). A single string
+        is one text (a list of one vector comes back).
+        """
+        from ._embeddings import embed
+
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        return await embed(
+            self,
+            texts,
+            model=model,
+            dimensions=dimensions,
+            params=params,
+            priority=priority,
+            budget=budget,
+            batch_size=batch_size,
+            batch_tokens=batch_tokens,
+        )
+
+    def embed_map(
+        self,
+        texts: Iterable[str] | AsyncIterable[str],
+        *,
+        model: str,
+        dimensions: int | None = None,
+        params: Mapping[str, Any] | None = None,
+        ordered: bool = False,
+        priority: int = Priority.NORMAL,
+        budget: Budget | None = None,
+        batch_size: int | None = None,
+        batch_tokens: int | None = None,
+    ) -> AsyncIterator[EmbeddingResult]:
+        """One :class:`~sluice.EmbeddingResult` per text (``.vector`` or ``.error``,
+        ``.index`` its position), as requests finish (in input order with ``ordered``).
+
+        The source is read only as room frees up, so memory stays flat however many texts
+        it holds; leaving the loop early cancels what is in flight. Arguments as for
+        :meth:`embed`.
+        """
+        from ._embeddings import embed_map
+
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        return embed_map(
+            self,
+            texts,
+            model=model,
+            dimensions=dimensions,
+            params=params,
+            ordered=ordered,
+            priority=priority,
+            budget=budget,
+            batch_size=batch_size,
+            batch_tokens=batch_tokens,
+        )
 
     def stop(self, *, grace: float | None = None) -> None:
         """Stop admitting new work and send nothing new.
@@ -589,7 +704,8 @@ class Engine:
             slot.reservation.reconcile(reply.usage.total_tokens or job.tokens)
             charge = self.spending.cost(route.deployment, reply.usage) or 0.0
             answered = True
-            self.router.succeeded(route)
+            latency = asyncio.get_running_loop().time() - slot.sent_at
+            self.router.succeeded(route, latency, reply.usage.output_tokens)
             return reply
         finally:
             slot.settle(charge, answered=answered, cut_off=cut_off)
@@ -660,7 +776,7 @@ class Engine:
 
     def _worst(self, job: _Job) -> float:
         """What an attempt counts for when it may have been billed unseen: its worst case."""
-        if job.budget is not None:
+        if job.budget is not None or job.own_worst:
             return job.worst_cost
         return self.spending.worst_cost(job.request, job.route.deployment)
 

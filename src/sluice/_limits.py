@@ -338,6 +338,18 @@ class LocalLimiter:
     def waiting(self) -> int:
         return sum(1 for *_, w in self._heap if not w.future.done())
 
+    def set_max_in_flight(self, cap: int | None) -> None:
+        """Change the in-flight cap (adaptive concurrency); a higher one lets waiters go."""
+        raised = cap is None or (self.max_in_flight is not None and cap > self.max_in_flight)
+        self.max_in_flight = cap
+        if raised and self._heap:
+            self._wake()
+
+    @property
+    def learnt_limits(self) -> bool:
+        """Whether request or token limits are known (configured, or from the server's headers)."""
+        return self.requests_limit is not None or self.tokens_limit is not None
+
     @property
     def in_flight(self) -> int:
         return self._in_flight

@@ -38,6 +38,7 @@ from ._errors import (
     ServerError,
     SluiceError,
 )
+from ._adaptive import Adaptive
 from ._limits import Limiter, Reservation
 from ._models import BUILTIN_PROVIDERS, Deployment
 
@@ -147,6 +148,8 @@ class Route:
     limiter: Limiter
     provider: Provider
     health: Health = field(default_factory=Health)
+    #: AIMD on the in-flight cap, for a server that does not say its limits.
+    adaptive: Adaptive | None = None
     answered: int = 0
     failed: int = 0
 
@@ -389,8 +392,10 @@ class Router:
 
     # -- learning ----------------------------------------------------------------------
 
-    def succeeded(self, route: Route) -> None:
+    def succeeded(self, route: Route, latency: float = 0.0, output_tokens: int = 0) -> None:
         route.answered += 1
+        if route.adaptive is not None:
+            route.adaptive.answered(latency, output_tokens)
         was_cooling = route.health.opens > 0
         route.health.succeeded()
         if was_cooling:
@@ -399,6 +404,8 @@ class Router:
     def failed(self, route: Route, error: SluiceError, *, guarded: bool) -> bool:
         """Count a failed attempt; True when the deployment went into a cooldown."""
         route.failed += 1
+        if route.adaptive is not None and isinstance(error, _TROUBLE):
+            route.adaptive.failed()
         if not guarded:
             route.health.last_error = error.kind
             return False

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 
+from ._embeddings import EmbeddingsFormat
 from ._faults import STATUS_OF, STREAM_FAULTS, Fault, FaultPlan, FaultSpec
 from ._formats import AnthropicFormat, ApiError, Call, Format, OpenAIFormat, dumps, loads
 from ._lifecycle import LoopbackServer
@@ -85,6 +86,7 @@ class FakeServer(LoopbackServer):
         tokenizer: TokenizerSpec = "chars",
         echo_key_in_errors: bool = False,
         context_window: int | None = None,
+        capacity: int | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -98,6 +100,8 @@ class FakeServer(LoopbackServer):
         self.echo_key_in_errors = echo_key_in_errors
         #: Prompt + max_tokens above this is a 400 (``context_length_exceeded``), as real models do.
         self.context_window = context_window
+        #: Requests it works on at once, like a vLLM server's batch; the rest queue (latency grows).
+        self._capacity = asyncio.Semaphore(capacity) if capacity is not None else None
         self.send_retry_after = send_retry_after
         self._watchers: list[asyncio.Future[None]] = []
         self.prices: dict[str, tuple[float, float]] = dict(prices or {})
@@ -112,6 +116,7 @@ class FakeServer(LoopbackServer):
         self._routes: dict[str, Format] = {
             "/v1/chat/completions": OpenAIFormat(counter),
             "/v1/messages": AnthropicFormat(counter),
+            "/v1/embeddings": EmbeddingsFormat(counter),
         }
         self.stats = ServerStats()
         self.ledger: list[LedgerEntry] = []
@@ -120,6 +125,14 @@ class FakeServer(LoopbackServer):
         self._in_flight = 0
         #: The most pieces a streamed answer's text (or tool arguments) comes in.
         self.stream_pieces = 4
+
+    @property
+    def embeddings(self) -> EmbeddingsFormat:
+        """``POST /v1/embeddings``: its limits and marker to set, what it answered (see
+        :mod:`._embeddings`)."""
+        endpoint = self._routes["/v1/embeddings"]
+        assert isinstance(endpoint, EmbeddingsFormat)
+        return endpoint
 
     @property
     def in_flight(self) -> int:
@@ -269,7 +282,10 @@ class FakeServer(LoopbackServer):
         if mode is not None:
             return await self._stream(request, fmt, n, _Streamed(call, completion, mode, entry, key), delay, fault)
         try:
-            if delay > 0:
+            if self._capacity is not None:  # a self-hosted server: beyond capacity, requests queue
+                async with self._capacity:
+                    await asyncio.sleep(delay)
+            elif delay > 0:
                 await asyncio.sleep(delay)
         except asyncio.CancelledError:
             # aiohttp cancels a handler whose client left only with handler_cancellation
