@@ -1,6 +1,11 @@
 """Limits: how close each client gets to the ideal time for N = 3 x the limit, and at what cost.
 
     python bench/limits.py [--rpm 300] [--tpm 30000] [--window 6]
+    python bench/limits.py --scenario router [--rounds 3]   # two deployments of one model
+
+``--scenario router`` runs the router scenarios of ``_router.py`` instead: one model
+served by two deployments, each behind its own fake server with these limits, with both
+up and with one killed a third of the way through.
 
 A fake server (``python -m sluice.testing``) enforces an RPM and a TPM limit over a
 shortened window (6 s instead of 60, so a run takes ~20 s instead of 3 minutes) with
@@ -30,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import _router
 from _clients import LABELS, REQUIRES, NotInstalledError, Settings, make_client
 from _common import (
     FakeServerProcess,
@@ -216,21 +222,32 @@ def _share_cell(record: dict[str, Any], args: argparse.Namespace, ideal: float) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    args.n = args.n or int(3 * args.rpm)
+    deployments = 2 if args.scenario == "router" else 1
+    args.n = args.n or int(3 * args.rpm * deployments)  # 3 x the (combined) limit
     args.tokens_per_request = args.tokens_per_request or round(args.tpm / args.rpm)
     args.prompt_tokens = args.tokens_per_request - args.max_tokens
     if args.prompt_tokens < MESSAGE_OVERHEAD + 4:
         print("--tokens-per-request must exceed --max-tokens by at least 11", file=sys.stderr)
         return 2
+    router = deployments == 2
     if args.worker:
+        if router:
+            prompts = [prompt(i, args.prompt_tokens) for i in range(_router.plan_for(args).n)]
+            return worker_main(lambda a: _router.measure(a, prompts), args)
         return worker(args)
-    clients = [c.strip() for c in args.clients.split(",") if c.strip()]
-    unknown = [c for c in clients if c not in CLIENTS]
+    choices = _router.ROUTER_CLIENTS if router else CLIENTS
+    clients = [c.strip() for c in (args.clients or ",".join(choices)).split(",") if c.strip()]
+    unknown = [c for c in clients if c not in choices]
     if unknown:
-        print(f"--clients: choose from {', '.join(CLIENTS)}", file=sys.stderr)
+        print(f"--clients: choose from {', '.join(choices)}", file=sys.stderr)
         return 2
     _, client_cpus = cpu_plan()
     pin_self(client_cpus)
+    if router:
+        if args.rounds < 1:
+            print("--rounds must be at least 1", file=sys.stderr)
+            return 2
+        return _router.run(args, script=SCRIPT, server_args=_server_args(args), clients=clients)
 
     request_interval = args.window / args.rpm
     token_interval = args.tokens_per_request * args.window / args.tpm
@@ -324,7 +341,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--window", type=float, default=6.0, help="limit window in seconds (default 6)")
     add("--slice", default="1.0", help="server's even-slicing seconds, or none (default 1.0)")
     add("--latency", type=float, default=0.05, help="server latency per answer, seconds (default 0.05)")
-    add("--n", type=int, default=0, help="requests per client (default 3 x rpm)")
+    add("--n", type=int, default=0, help="requests per client (default 3 x rpm; router: 3 x the combined rpm)")
     add("--concurrency", type=int, default=100, help="requests in flight per client (default 100)")
     add("--max-tokens", type=int, default=16, help="max_tokens of every request (default 16)")
     add(
@@ -333,7 +350,18 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="prompt estimate + max_tokens per request (default tpm / rpm: both limits bind together)",
     )
-    add("--clients", default=",".join(CLIENTS), help=f"comma-separated, from {', '.join(CLIENTS)}")
+    add(
+        "--scenario",
+        choices=("single", "router"),
+        default="single",
+        help="single: one deployment per client (the default); router: two deployments of one model, "
+        "both up and one dying mid-run (see _router.py)",
+    )
+    add(
+        "--clients",
+        default="",
+        help=f"comma-separated, from {', '.join(CLIENTS)} (router: {', '.join(_router.ROUTER_CLIENTS)}); default all",
+    )
     add("--timeout", type=float, default=0.0, help="seconds before a client's run is killed (default 4 x ideal)")
     add("--raw-max-attempts", type=int, default=10, help="raw aiohttp: attempts per request (default 10)")
     add("--openai-max-retries", type=int, default=2, help="openai SDK max_retries (default 2, the SDK's)")
@@ -343,6 +371,7 @@ def _parser() -> argparse.ArgumentParser:
         help="LiteLLM Router routing_strategy, the one that enforces rpm/tpm (default usage-based-routing-v2)",
     )
     add("--litellm-num-retries", type=int, default=None, help="LiteLLM Router num_retries (default: LiteLLM's)")
+    _router.add_arguments(add)
     add("--worker", action="store_true", help=argparse.SUPPRESS)
     add("--client", default="", help=argparse.SUPPRESS)
     add("--url", default="", help=argparse.SUPPRESS)

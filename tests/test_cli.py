@@ -185,7 +185,7 @@ def test_openai_batch_api_files_run_unchanged(server: FakeServer, tmp_path: Path
         }
         for i in range(5)
     ]
-    batch.append({"custom_id": "task-bad", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}})
+    batch.append({"custom_id": "task-bad", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}})
     source = write_jsonl(tmp_path / "batch.jsonl", batch)
     done = run_cli(server, "run", source, "-o", tmp_path / "out.jsonl", "--ordered")
     assert done.returncode == 1, done.stderr  # one line is not a chat request
@@ -193,7 +193,7 @@ def test_openai_batch_api_files_run_unchanged(server: FakeServer, tmp_path: Path
     assert [r["custom_id"] for r in records] == [f"task-{i}" for i in range(5)] + ["task-bad"]
     assert records[0]["response"]["choices"][0]["message"]["content"] == "echo: item 0"
     assert records[0]["deployment"] == "gpt-test"
-    assert "only /v1/chat/completions is supported" in records[5]["error"]["message"]
+    assert "only /v1/chat/completions and /v1/embeddings are supported" in records[5]["error"]["message"]
 
 
 def test_templates_over_csv(server: FakeServer, tmp_path: Path) -> None:

@@ -66,7 +66,7 @@ async def test_anthropic_round_trip(server: FakeServer) -> None:
         result = await engine.complete("anthropic/claude-test", messages, max_tokens=100)
     assert result.ok, result.error
     assert result.text == "echo: hi claude"
-    assert result.finish_reason == "end_turn"
+    assert result.finish_reason == "stop"  # Anthropic's end_turn, in the common (OpenAI) shape
     assert result.usage.output_tokens == 16
 
 

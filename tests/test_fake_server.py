@@ -170,7 +170,7 @@ async def test_reply_text_skips_non_text_parts(session: aiohttp.ClientSession) -
         ({"model": "m", "messages": []}, "messages"),
         ({"model": "m", "messages": [{"content": "no role"}]}, "messages[0]"),
         ({**OPENAI, "max_tokens": 0}, "max_tokens"),
-        ({**OPENAI, "stream": True}, "stream"),
+        ({**OPENAI, "stream": "yes"}, "stream"),
         (b"{not json", None),
     ],
 )

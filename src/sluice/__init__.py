@@ -54,12 +54,14 @@ from ._retry import RetryPolicy, backoff_delay, parse_retry_after
 
 if TYPE_CHECKING:
     from ._budget import Budget
+    from ._embeddings import EmbeddingError, EmbeddingResult, embedding_key
     from ._engine import Engine, RetryEvent
     from ._limits import Limiter, LocalLimiter, RateLimitSnapshot, Reservation
     from ._router import Cooldown, RouteStatus
     from ._session import Session
     from ._spending import CheaperModel
     from ._stats import Stats
+    from ._streaming import Stream
     from ._sync import complete, run, run_sync
     from .providers import CallableProvider, Provider, Reply, SimulatedProvider
 
@@ -67,6 +69,9 @@ if TYPE_CHECKING:
 _LAZY = {
     "Engine": "._engine",
     "Budget": "._budget",
+    "EmbeddingError": "._embeddings",
+    "EmbeddingResult": "._embeddings",
+    "embedding_key": "._embeddings",
     "CheaperModel": "._spending",
     "Session": "._session",
     "RetryEvent": "._engine",
@@ -75,6 +80,7 @@ _LAZY = {
     "RateLimitSnapshot": "._limits",
     "Reservation": "._limits",
     "Stats": "._stats",
+    "Stream": "._streaming",
     "Cooldown": "._router",
     "RouteStatus": "._router",
     "complete": "._sync",
@@ -116,6 +122,8 @@ __all__ = [
     "ConnectError",
     "Cooldown",
     "Deployment",
+    "EmbeddingError",
+    "EmbeddingResult",
     "Engine",
     "EngineClosedError",
     "FatalProviderError",
@@ -148,12 +156,14 @@ __all__ = [
     "SluiceError",
     "Stats",
     "StoreError",
+    "Stream",
     "Timings",
     "UnknownPriceError",
     "Usage",
     "__version__",
     "backoff_delay",
     "complete",
+    "embedding_key",
     "parse_retry_after",
     "request_key",
     "run",

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Ma
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._adaptive import Adaptive
 from ._budget import Budget, BudgetHold
 from ._coerce import RequestLike, coerce, make_request
 from ._errors import (
@@ -32,6 +33,7 @@ from ._errors import (
     AuthenticationError,
     BadRequestError,
     CancelledError,
+    CapacityError,
     ConfigError,
     DeadlineExceededError,
     EngineClosedError,
@@ -45,7 +47,6 @@ from ._errors import (
     StoreError,
 )
 from ._fanout import fan_out
-from ._adaptive import Adaptive
 from ._gate import PriorityGate
 from ._limits import Limiter, LocalLimiter
 from ._models import Deployment, Priority, Request, Result, Timings, Usage, store_key
@@ -896,8 +897,10 @@ _CANNOT_TAKE_WORDS = ("maximum context length", "prompt is too long", "context w
 
 
 def _model_cannot_take(error: SluiceError) -> bool:
-    """A rejection of the request by this model (too long, against its content policy):
-    another model may take it."""
+    """A rejection of the request by this model (too long, against its content policy), or a
+    request its provider cannot express (raised before sending): another model may take it."""
+    if isinstance(error, InvalidRequestError) and not isinstance(error, CapacityError):
+        return True
     if not isinstance(error, BadRequestError):
         return False
     code = (error.provider_type or "").lower()

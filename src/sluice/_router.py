@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._adaptive import Adaptive
 from ._errors import (
     AttemptTimeoutError,
     ConfigError,
@@ -38,7 +39,6 @@ from ._errors import (
     ServerError,
     SluiceError,
 )
-from ._adaptive import Adaptive
 from ._limits import Limiter, Reservation
 from ._models import BUILTIN_PROVIDERS, Deployment
 

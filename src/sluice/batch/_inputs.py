@@ -5,9 +5,11 @@ Three shapes, one per line (or row):
 * a chat-completion body: ``{"messages": [...], "model": ..., "max_tokens": ...}``;
 * an OpenAI Batch API line: ``{"custom_id", "method": "POST", "url": "/v1/chat/completions",
   "body": {...}}``, so existing batch files run unchanged;
-* a row of fields (CSV, or JSONL objects) turned into a prompt by ``--template``.
+* a row of fields (CSV, or JSONL objects) turned into a prompt by ``--template``;
+* embeddings: a Batch API line with ``"url": "/v1/embeddings"``, or a row whose
+  ``--embed FIELD`` is embedded (an :class:`~._embed_inputs.EmbeddingInput`).
 
-Every record becomes an :class:`InputItem` holding either a Request or an
+Every record becomes an :class:`InputItem` holding a Request, an EmbeddingInput, or an
 :class:`~sluice.InvalidInputError` that names the line and says what is wrong. The file
 is read in binary a line at a time with a length cap, so a huge or endless line cannot
 exhaust memory and a stray non-UTF-8 byte spoils only its own line. A UTF-8 byte order
@@ -32,6 +34,7 @@ from typing import Any, BinaryIO, Literal
 from .. import _json
 from .._errors import InvalidInputError, SluiceError
 from .._models import Request
+from ._embed_inputs import EMBEDDING_URLS, EmbeddingInput, embedding_from_body, embedding_from_row
 
 __all__ = ["InputItem", "InputOptions", "Template", "count_records", "detect_format", "read_inputs"]
 
@@ -54,6 +57,9 @@ class InputItem:
     #: The model the record named when that differs from ``--model`` and was kept (not
     #: forced): the runner counts these to warn that ``--model`` did not apply to them.
     own_model: str | None = None
+    #: Texts to embed (a ``/v1/embeddings`` line, or a row under ``--embed``), instead of
+    #: a chat request.
+    embedding: EmbeddingInput | None = None
 
 
 class Template:
@@ -111,6 +117,7 @@ class InputOptions:
     temperature: float | None = None
     format: Format = "auto"
     max_line_bytes: int = 8 * 1024 * 1024
+    embed_field: str | None = None  # --embed: embed this field of each row
 
 
 def detect_format(path: Path, requested: Format) -> Literal["jsonl", "csv"]:
@@ -192,14 +199,17 @@ def _item(record: Any, number: int, where: str, options: InputOptions, *, row: b
     custom_id = record.get("custom_id") if "body" in record and not row else None
     own_model = None
     try:
-        if row:
-            request = _from_row(record, where, options)
+        asked: Request | EmbeddingInput
+        if options.embed_field is not None:
+            asked = embedding_from_row(record, where, options)
+        elif row:
+            asked = _from_row(record, where, options)
         elif "body" in record and "custom_id" in record:
-            request = _from_batch_line(record, where, options)
+            asked = _from_batch_line(record, where, options)
         elif options.template is not None:
-            request = _from_row(record, where, options)
+            asked = _from_row(record, where, options)
         elif "messages" in record:
-            request = _from_chat_body(record, where, options, request_id=None)
+            asked = _from_chat_body(record, where, options, request_id=None)
         else:
             raise InvalidInputError(
                 f"{where}: expected a chat request ('messages'), an OpenAI Batch API line "
@@ -209,9 +219,11 @@ def _item(record: Any, number: int, where: str, options: InputOptions, *, row: b
         text = exc.message if isinstance(exc, SluiceError) else f"{type(exc).__name__}: {exc}"
         message = text if text.startswith(where) else f"{where}: {text}"
         return InputItem(number, error=InvalidInputError(message, line=number), custom_id=_str_or_none(custom_id))
-    if not row and options.model is not None and not options.force_model:
-        own_model = _differs(request.model, options.model)
-    return InputItem(number, request=request, custom_id=_str_or_none(custom_id), own_model=own_model)
+    if not row and options.embed_field is None and options.model is not None and not options.force_model:
+        own_model = _differs(asked.model, options.model)
+    if isinstance(asked, EmbeddingInput):
+        return InputItem(number, embedding=asked, custom_id=_str_or_none(custom_id), own_model=own_model)
+    return InputItem(number, request=asked, custom_id=_str_or_none(custom_id), own_model=own_model)
 
 
 def _differs(kept: str, given: str) -> str | None:
@@ -231,7 +243,7 @@ def _bad(number: int, message: str) -> InputItem:
     return InputItem(number, error=InvalidInputError(message, line=number))
 
 
-def _from_batch_line(record: Mapping[str, Any], where: str, options: InputOptions) -> Request:
+def _from_batch_line(record: Mapping[str, Any], where: str, options: InputOptions) -> Request | EmbeddingInput:
     custom_id = record.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise InvalidInputError(f"{where}: custom_id must be a non-empty string")
@@ -239,11 +251,13 @@ def _from_batch_line(record: Mapping[str, Any], where: str, options: InputOption
     if method != "POST":
         raise InvalidInputError(f"{where}: method must be POST, got {method!r}")
     url = record.get("url", "/v1/chat/completions")
-    if url not in _BATCH_URLS:
-        raise InvalidInputError(f"{where}: only /v1/chat/completions is supported, got url {url!r}")
+    if url not in _BATCH_URLS and url not in EMBEDDING_URLS:
+        raise InvalidInputError(f"{where}: only /v1/chat/completions and /v1/embeddings are supported, got url {url!r}")
     body = record.get("body")
     if not isinstance(body, dict):
         raise InvalidInputError(f"{where}: body must be a JSON object")
+    if url in EMBEDDING_URLS:
+        return embedding_from_body(body, where, options, request_id=custom_id)
     return _from_chat_body(body, where, options, request_id=custom_id)
 
 
@@ -312,8 +326,10 @@ def _from_row(row: Mapping[str, Any], where: str, options: InputOptions) -> Requ
 
 
 def _read_csv(path: Path, options: InputOptions) -> Iterator[InputItem]:
-    if options.template is None:
-        raise InvalidInputError(f"{path}: a CSV input needs --template to build a prompt from its columns")
+    if options.template is None and options.embed_field is None:
+        raise InvalidInputError(
+            f"{path}: a CSV input needs --template to build a prompt from its columns (or --embed FIELD)"
+        )
     csv.field_size_limit(options.max_line_bytes)
     dialect: type[csv.Dialect] = csv.excel_tab if path.suffix.lower() == ".tsv" else csv.excel
     with path.open("rb") as binary:

@@ -24,11 +24,17 @@ from .._engine import Engine
 from .._errors import CancelledError, ConfigError, InvalidInputError, SluiceError, StoreError
 from .._models import Request
 from ..store import SqliteStore
+from ._embed_inputs import embedding_hash
 from ._inputs import InputItem, count_records, read_inputs
 from ._job import FailFast, JobProgress, JobSpec
 from ._output import DoneLines, OutputWriter, looks_like_output, output_record, prepare_output, request_hash
 
-__all__ = ["JobProgress", "JobSpec", "default_state_path", "run_job"]
+__all__ = ["JobProgress", "JobSpec", "default_state_path", "engine_for", "is_embedding_job", "run_job"]
+
+EMBEDDING_IN_CHAT_JOB = (
+    "an embeddings request in a job of chat requests (its first request is one); "
+    "run embeddings from a file of their own"
+)
 
 
 def default_state_path(output: Path) -> Path:
@@ -158,7 +164,12 @@ async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[]
             total=progress.total,
             argv=sys.argv[1:],
         )
-        await _stream(spec, progress, store, prepared.done, on_tick)
+        if is_embedding_job(spec):
+            from ._embed_job import stream_embeddings  # here: it reuses this module's parts
+
+            await stream_embeddings(spec, progress, store, prepared.done, on_tick)
+        else:
+            await _stream(spec, progress, store, prepared.done, on_tick)
     finally:
         progress.finished = time.monotonic()
         status = "finished" if progress.complete else "interrupted"
@@ -171,11 +182,25 @@ def _line_hashes(spec: JobSpec) -> Iterator[tuple[int, str]]:
     for item in read_inputs(spec.input, spec.inputs):
         if item.request is not None:
             yield item.line, request_hash(_request_of(item, spec.cache))
+        elif item.embedding is not None:
+            yield item.line, embedding_hash(item.embedding)
 
 
-async def _stream(
-    spec: JobSpec, progress: JobProgress, store: SqliteStore, done: DoneLines, on_tick: Callable[[], None]
-) -> None:
+def is_embedding_job(spec: JobSpec) -> bool:
+    """Whether the job embeds texts (``--embed``, or its first request is an embeddings
+    line); its other kind of line is then refused, one endpoint per file as in OpenAI's
+    Batch API."""
+    if spec.inputs.embed_field is not None:
+        return True
+    for item in read_inputs(spec.input, spec.inputs):
+        if item.request is not None or item.embedding is not None:
+            return item.embedding is not None
+    return False
+
+
+def engine_for(spec: JobSpec, progress: JobProgress, store: SqliteStore) -> Engine:
+    """The job's engine: its config's deployments, limits and budget (which counts what
+    earlier runs spent)."""
     config = spec.config
     engine = Engine(
         config.deployments,
@@ -194,6 +219,13 @@ async def _stream(
         engine.spending.budget.add_spent(progress.spent_before)
     if progress.stopping:
         engine.stop()
+    return engine
+
+
+async def _stream(
+    spec: JobSpec, progress: JobProgress, store: SqliteStore, done: DoneLines, on_tick: Callable[[], None]
+) -> None:
+    engine = engine_for(spec, progress, store)
     pending: dict[int, InputItem] = {}
     numbering = itertools.count()
 
@@ -209,6 +241,8 @@ async def _stream(
             pending[next(numbering)] = item
             if item.error is not None:
                 yield item.error
+            elif item.embedding is not None:
+                yield InvalidInputError(f"line {item.line}: {EMBEDDING_IN_CHAT_JOB}", line=item.line)
             else:
                 yield _request_of(item, spec.cache)
         progress.source_exhausted = True

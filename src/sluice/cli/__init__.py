@@ -124,6 +124,12 @@ def _input_options(fn: F) -> F:
             help="Send every record to --model, even one that names another model.",
         ),
         click.option("--system", help="A system prompt added to every request."),
+        click.option(
+            "--embed",
+            "embed_field",
+            metavar="FIELD",
+            help="Embed FIELD of each CSV/JSONL row with --model (an embeddings model): one vector per row.",
+        ),
         click.option("--id-field", help="With --template: the field that identifies a row."),
         click.option("--max-tokens", type=click.IntRange(min=1), help="max_tokens for every request."),
         click.option("--temperature", type=click.FloatRange(min=0), help="temperature for every request."),
@@ -140,7 +146,16 @@ def _input_options(fn: F) -> F:
     return fn
 
 
-_INPUT_FLAGS = ("template", "force_model", "system", "id_field", "max_tokens", "temperature", "input_format")
+_INPUT_FLAGS = (
+    "template",
+    "force_model",
+    "system",
+    "embed_field",
+    "id_field",
+    "max_tokens",
+    "temperature",
+    "input_format",
+)
 
 
 def _job_config(flags: dict[str, Any], *, require_trust: bool = True) -> JobConfig:
@@ -165,6 +180,17 @@ def _input_opts(config: JobConfig, model: str | None, **flags: Any) -> InputOpti
     if force_model and model is None:
         _fail("--force-model needs --model: the model to send every record to")
     template = flags.pop("template")
+    embed_field = flags.get("embed_field")
+    if embed_field is not None:
+        chat_only = {
+            "--template": template,
+            "--system": flags["system"],
+            "--max-tokens": flags["max_tokens"],
+            "--temperature": flags["temperature"],
+        }
+        given = [flag for flag, value in chat_only.items() if value is not None]
+        if given:
+            _fail(f"--embed embeds a field as it is; {', '.join(given)} shape chat prompts and do not apply")
     if template is not None and template.startswith("@"):
         try:
             template = Path(template[1:]).read_text(encoding="utf-8")
@@ -180,6 +206,7 @@ def _input_opts(config: JobConfig, model: str | None, **flags: Any) -> InputOpti
         max_tokens=flags["max_tokens"],
         temperature=flags["temperature"],
         format=flags["input_format"],
+        embed_field=embed_field,
     )
 
 

@@ -2,6 +2,7 @@
 
 Built in: ``openai`` (and every OpenAI-compatible server), ``azure``, ``anthropic``,
 ``simulate`` (no network), and :class:`CallableProvider` for any async function.
+Each can stream (``stream()``: the events in :mod:`._events`).
 A model is named ``provider/model``; a bare name means the OpenAI-compatible provider.
 """
 
@@ -14,6 +15,7 @@ from .._models import Deployment
 from ._anthropic import AnthropicProvider
 from ._base import Provider, Reply, estimate_request_tokens, max_output_tokens
 from ._callable import CallableProvider
+from ._events import Finish, StreamEvent, StreamingProvider, StreamStart, TextDelta, ToolCallDelta, UsageUpdate
 from ._http import HttpProvider, HttpTransport
 from ._openai import AzureOpenAIProvider, OpenAIProvider
 from ._simulated import SimulatedProvider
@@ -22,6 +24,7 @@ __all__ = [
     "AnthropicProvider",
     "AzureOpenAIProvider",
     "CallableProvider",
+    "Finish",
     "HttpProvider",
     "HttpTransport",
     "OpenAIProvider",
@@ -29,6 +32,12 @@ __all__ = [
     "ProviderSet",
     "Reply",
     "SimulatedProvider",
+    "StreamEvent",
+    "StreamStart",
+    "StreamingProvider",
+    "TextDelta",
+    "ToolCallDelta",
+    "UsageUpdate",
     "estimate_request_tokens",
     "max_output_tokens",
 ]

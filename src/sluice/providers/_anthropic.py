@@ -1,6 +1,7 @@
 """Anthropic Messages: ``POST {base_url}/v1/messages`` with ``x-api-key`` and
 ``anthropic-version``; 529 means overloaded; limits come as ``anthropic-ratelimit-*``
-headers whose resets are RFC 3339 timestamps.
+headers whose resets are RFC 3339 timestamps. Requests arrive in the common (OpenAI)
+shape and are translated both ways by :mod:`._translate`.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from .._errors import ConfigError, MalformedResponseError
+from .._errors import ConfigError
 from .._limits import RateLimitSnapshot
-from .._models import Deployment, Request, Usage
+from .._models import Deployment, Request
+from ._anthropic_stream import AnthropicStreamDecoder
 from ._base import Reply
-from ._http import HttpProvider, header_number, resolve_key, token_count
+from ._http import HttpProvider, header_number, resolve_key
+from ._translate import anthropic_body, anthropic_reply
 
 __all__ = ["AnthropicProvider", "parse_rfc3339_reset"]
 
@@ -50,46 +53,14 @@ class AnthropicProvider(HttpProvider):
         return f"{base}/v1/messages", {"x-api-key": key.get(), "anthropic-version": version}
 
     def build_body(self, request: Request, deployment: Deployment) -> dict[str, Any]:
-        system: list[str] = []
-        messages: list[Mapping[str, Any]] = []
-        for message in request.messages:
-            if message.get("role") == "system" and isinstance(message.get("content"), str):
-                system.append(message["content"])
-            else:
-                messages.append(message)
-        body: dict[str, Any] = {
-            "model": deployment.model_name,
-            "messages": messages,
-            "max_tokens": request.max_tokens or deployment.default_max_tokens,
-        }
-        if system:
-            body["system"] = "\n\n".join(system)
-        if request.temperature is not None:
-            body["temperature"] = request.temperature
-        body.update(request.params)
-        return body
+        """The request translated from the common (OpenAI) shape; raises
+        InvalidRequestError, before anything is sent, for what Anthropic cannot be told."""
+        return anthropic_body(request, model=deployment.model_name, default_max_tokens=deployment.default_max_tokens)
 
     def parse_reply(self, body: Mapping[str, Any]) -> Reply:
-        content = body.get("content")
-        if not isinstance(content, list) or (not content and body.get("stop_reason") != "end_turn"):
-            raise MalformedResponseError("response has no content blocks")
-        texts = [
-            block.get("text", "") for block in content if isinstance(block, Mapping) and block.get("type") == "text"
-        ]
-        usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
-        assert isinstance(usage, Mapping)
-        cache_read = token_count(usage.get("cache_read_input_tokens"))
-        cache_write = token_count(usage.get("cache_creation_input_tokens"))
-        return Reply(
-            text="".join(texts) if texts else None,
-            usage=Usage(
-                input_tokens=token_count(usage.get("input_tokens")) + cache_read + cache_write,
-                output_tokens=token_count(usage.get("output_tokens")),
-                cached_input_tokens=cache_read,
-                cache_write_tokens=cache_write,
-            ),
-            finish_reason=body.get("stop_reason"),
-        )
+        """Text, OpenAI tool calls and finish reason; ``raw`` an OpenAI chat.completion
+        holding Anthropic's body under ``provider_response``."""
+        return anthropic_reply(body, created=int(time.time()))
 
     def parse_error(self, body: Any) -> tuple[str, str | None]:
         error = body.get("error") if isinstance(body, Mapping) else None
@@ -115,3 +86,7 @@ class AnthropicProvider(HttpProvider):
             requests_window=60.0,
             tokens_window=60.0,
         )
+
+    def stream_decoder(self, deployment: Deployment, request_id: str | None) -> AnthropicStreamDecoder:
+        """Messages' SSE events read into the common shape (see :mod:`._anthropic_stream`)."""
+        return AnthropicStreamDecoder(deployment.label, request_id)

@@ -4,6 +4,9 @@ aiohttp is imported lazily: ``import sluice`` stays fast, and only an engine tha
 talks HTTP pays for it. One session (one connection pool) serves every deployment:
 on a 2-core machine raw aiohttp did ~7,900 req/s against a fake server where httpx
 did ~290 and the openai SDK ~390.
+
+A streamed request (:meth:`HttpProvider.stream`) reads server-sent events off the same
+pool; each provider says how its events read (:class:`StreamDecoder`).
 """
 
 from __future__ import annotations
@@ -11,8 +14,8 @@ from __future__ import annotations
 import json
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import _json
 from .._errors import (
@@ -28,11 +31,13 @@ from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request, Secret
 from .._retry import parse_retry_after, parse_should_retry
 from ._base import Reply, estimate_request_tokens
+from ._events import StreamEvent, StreamStart, reply_events
+from ._sse import SseDecoder, SseError, SseEvent
 
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["HttpProvider", "HttpTransport", "header_number", "token_count"]
+__all__ = ["HttpProvider", "HttpTransport", "StreamDecoder", "header_number", "token_count"]
 
 
 def header_number(headers: Mapping[str, str], name: str) -> float | None:
@@ -63,6 +68,19 @@ def _secrets_in(headers: Mapping[str, str]) -> tuple[str, ...]:
             if len(secret) >= 8:
                 found.append(secret)
     return tuple(found)
+
+
+class StreamDecoder(Protocol):
+    """One provider's streaming format: SSE events in, stream events out."""
+
+    def feed(self, sse: SseEvent) -> list[StreamEvent]:
+        """The events one SSE event carries; raises a ProviderError for an error event or
+        a malformed one."""
+        ...
+
+    def close(self) -> list[StreamEvent]:
+        """The stream ended; raises MalformedResponseError if it ended before its end marker."""
+        ...
 
 
 class HttpTransport:
@@ -174,12 +192,7 @@ class HttpProvider(ABC):
         url, headers = self._endpoint_for(deployment)
         if idempotency_key is not None:
             headers = {**headers, "idempotency-key": idempotency_key}
-        try:
-            data = _json.dumps(self.build_body(request, deployment))
-        except UnicodeEncodeError as exc:
-            raise InvalidRequestError(f"the request holds text that is not valid Unicode ({exc.reason})") from None
-        except (TypeError, ValueError) as exc:
-            raise InvalidRequestError(f"the request cannot be sent as JSON: {exc}") from None
+        data = self._encode(self.build_body(request, deployment))  # a translation error stays as it is
         session = self._transport.session()
         try:
             async with session.post(url, data=data, headers=headers) as response:
@@ -222,11 +235,115 @@ class HttpProvider(ABC):
         return Reply(
             text=reply.text,
             usage=reply.usage,
-            raw=body,
+            raw=body if reply.raw is None else reply.raw,  # a provider may give the common shape
             finish_reason=reply.finish_reason,
             request_id=request_id,
             ratelimit=ratelimit,
         )
+
+    # -- streaming (see _events.py; each provider's format in _openai_stream / _anthropic_stream)
+
+    def stream_body(self, request: Request, deployment: Deployment) -> dict[str, Any]:
+        """The JSON body of a streamed request: :meth:`build_body`'s, asking for a stream."""
+        body = self.build_body(request, deployment)
+        body["stream"] = True
+        return body
+
+    def stream_decoder(self, deployment: Deployment, request_id: str | None) -> StreamDecoder:
+        """A decoder for one response of this provider's stream format."""
+        raise NotImplementedError(f"{type(self).__name__} cannot stream")
+
+    async def stream(
+        self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        """One streamed attempt: a :class:`StreamStart`, then the answer's events as they arrive.
+
+        A non-200 raises the error ``send`` would; a connection cut, an idle socket, an
+        error event or a malformed chunk mid-stream raise a (possibly billed) ProviderError.
+        Closing the iterator early (``aclose()``) drops the connection, so the provider sees
+        the client go; a stream read to its end leaves the connection to the pool.
+        """
+        import aiohttp
+
+        url, headers = self._endpoint_for(deployment)
+        headers = {**headers, "accept": "text/event-stream"}
+        if idempotency_key is not None:
+            headers["idempotency-key"] = idempotency_key
+        data = self._encode(self.stream_body(request, deployment))
+        label = deployment.label
+        response: aiohttp.ClientResponse | None = None
+        whole = False
+        try:
+            response = await self._transport.session().post(url, data=data, headers=headers)
+            request_id = response.headers.get(self.request_id_header)
+            ratelimit = self.parse_ratelimit(response.headers)
+            if response.status != 200:
+                payload = await response.read()
+                raise self._error(response.status, payload, response.headers, request_id, ratelimit, deployment)
+            if not response.content_type.startswith("text/event-stream"):  # a server that ignored "stream"
+                for item in self._unstreamed(await response.read(), request_id, ratelimit, deployment):
+                    yield item
+                whole = True
+                return
+            yield StreamStart(request_id, ratelimit)
+            decoder = self.stream_decoder(deployment, request_id)
+            sse = SseDecoder()
+            async for chunk in response.content.iter_any():
+                for event in sse.feed(chunk):
+                    for item in decoder.feed(event):
+                        yield item
+            for event in sse.close():
+                for item in decoder.feed(event):
+                    yield item
+            for item in decoder.close():
+                yield item
+            whole = True
+        except TimeoutError:  # the idle timeout (aiohttp's sock_read)
+            idle = self._transport.idle_timeout
+            raise AttemptTimeoutError(
+                f"{label} sent nothing for {idle:g} s (idle timeout)"
+                if idle is not None
+                else f"socket timeout talking to {label}"
+            ) from None
+        except SseError as exc:
+            raise MalformedResponseError(f"{label} sent a broken event stream: {exc}") from None
+        except aiohttp.ClientPayloadError as exc:
+            raise ConnectError(f"the stream from {label} was cut off: {exc}") from None
+        except aiohttp.ClientConnectorError as exc:  # never connected: nothing was sent
+            raise ConnectError(f"cannot connect to {label}: {exc}", maybe_billed=False) from None
+        except aiohttp.ClientError as exc:
+            raise ConnectError(f"{type(exc).__name__} talking to {label}: {exc}") from None
+        finally:
+            if response is not None:
+                if whole:
+                    response.release()  # read to the end: the connection goes back to the pool
+                else:
+                    response.close()  # left early or broken: drop the connection
+
+    def _encode(self, body: Mapping[str, Any]) -> bytes:
+        try:
+            return _json.dumps(body)
+        except UnicodeEncodeError as exc:
+            raise InvalidRequestError(f"the request holds text that is not valid Unicode ({exc.reason})") from None
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(f"the request cannot be sent as JSON: {exc}") from None
+
+    def _unstreamed(
+        self, payload: bytes, request_id: str | None, ratelimit: RateLimitSnapshot | None, deployment: Deployment
+    ) -> list[StreamEvent]:
+        """A whole JSON answer to a streamed request, as the events of a one-chunk stream."""
+        try:
+            body = _json.loads(payload)
+            if not isinstance(body, Mapping):
+                raise TypeError("not a JSON object")
+            reply = self.parse_reply(body)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise MalformedResponseError(
+                f"{deployment.label} answered a stream request with neither events nor an answer "
+                f"({type(exc).__name__}: {exc})",
+                request_id=request_id,
+            ) from None
+        return reply_events(Reply(reply.text, reply.usage, body, reply.finish_reason, request_id, ratelimit))
 
     def _error(
         self,

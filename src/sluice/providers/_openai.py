@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,7 +17,9 @@ from .._errors import ConfigError, MalformedResponseError
 from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request, Usage
 from ._base import Reply
-from ._http import HttpProvider, HttpTransport, header_number, resolve_key, token_count
+from ._embed import EmbedReply, post_embeddings
+from ._http import HttpProvider, HttpTransport, StreamDecoder, header_number, resolve_key
+from ._openai_stream import OpenAIStreamDecoder, openai_usage
 
 __all__ = ["AzureOpenAIProvider", "OpenAIProvider", "parse_openai_duration"]
 
@@ -101,20 +103,21 @@ class OpenAIProvider(HttpProvider):
         if not isinstance(message, Mapping):
             raise MalformedResponseError("response choice has no message")
         content = message.get("content")
-        usage = body.get("usage") if isinstance(body.get("usage"), Mapping) else {}
-        assert isinstance(usage, Mapping)
-        prompt_details = usage.get("prompt_tokens_details") or {}
-        completion_details = usage.get("completion_tokens_details") or {}
+        usage = body.get("usage")
         return Reply(
             text=content if isinstance(content, str) else None,
-            usage=Usage(
-                input_tokens=token_count(usage.get("prompt_tokens")),
-                output_tokens=token_count(usage.get("completion_tokens")),
-                cached_input_tokens=token_count(prompt_details.get("cached_tokens")),
-                reasoning_tokens=token_count(completion_details.get("reasoning_tokens")),
-            ),
+            usage=openai_usage(usage) if isinstance(usage, Mapping) else Usage(),
             finish_reason=choice.get("finish_reason"),
         )
+
+    def stream_body(self, request: Request, deployment: Deployment) -> dict[str, Any]:
+        body = super().stream_body(request, deployment)
+        # without it the stream carries no usage, and the cost could only be guessed
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        return body
+
+    def stream_decoder(self, deployment: Deployment, request_id: str | None) -> StreamDecoder:
+        return OpenAIStreamDecoder(deployment.label, request_id)
 
     def parse_error(self, body: Any) -> tuple[str, str | None]:
         error = body.get("error") if isinstance(body, Mapping) else None
@@ -124,6 +127,34 @@ class OpenAIProvider(HttpProvider):
         if isinstance(error, str):
             return error, None
         return str(body)[:200], None
+
+    # -- embeddings (POST {base_url}/embeddings; see ._embed) ---------------------------------
+
+    def embeddings_url(self, deployment: Deployment) -> str:
+        return f"{self.base_url(deployment)}/embeddings"
+
+    def embedding_encoding(self, deployment: Deployment) -> str:
+        """``base64`` for OpenAI itself (smaller, no float parsing); other servers get
+        ``float`` unless ``options["embedding_encoding"]`` says they know base64."""
+        configured = deployment.options.get("embedding_encoding")
+        if configured in ("float", "base64"):
+            return str(configured)
+        return "base64" if urlsplit(self.base_url(deployment)).hostname == "api.openai.com" else "float"
+
+    async def embed_batch(
+        self,
+        texts: Sequence[str],
+        deployment: Deployment,
+        *,
+        params: Mapping[str, Any],
+        idempotency_key: str | None = None,
+    ) -> EmbedReply:
+        """One ``POST .../embeddings`` carrying every text of ``texts``."""
+        url = self.embeddings_url(deployment)
+        encoding = self.embedding_encoding(deployment)
+        return await post_embeddings(
+            self, url, texts, deployment, params, encoding=encoding, idempotency_key=idempotency_key
+        )
 
     def parse_ratelimit(self, headers: Mapping[str, str]) -> RateLimitSnapshot | None:
         if "x-ratelimit-remaining-requests" not in headers and "x-ratelimit-remaining-tokens" not in headers:
@@ -169,3 +200,13 @@ class AzureOpenAIProvider(OpenAIProvider):
     def _max_tokens_field(self, deployment: Deployment) -> str:
         configured = deployment.options.get("max_tokens_field")
         return configured if isinstance(configured, str) else "max_tokens"
+
+    def embeddings_url(self, deployment: Deployment) -> str:
+        """``{endpoint}/openai/deployments/{model}/embeddings?api-version=``."""
+        chat_url, _ = self._endpoint_for(deployment)
+        base, _, query = chat_url.partition("?")
+        return f"{base.removesuffix('/chat/completions')}/embeddings?{query}"
+
+    def embedding_encoding(self, deployment: Deployment) -> str:
+        configured = deployment.options.get("embedding_encoding")
+        return str(configured) if configured in ("float", "base64") else "base64"

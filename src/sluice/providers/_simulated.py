@@ -3,7 +3,8 @@
 It behaves like a real API so that the README's command works on a fresh machine and
 users can rehearse a job: it takes time to answer, reports usage, enforces its own
 rate limits with 429s and a ``retry-after`` hint, and fails when told to. Every reply
-says it is simulated. Knobs come from ``Deployment.options``:
+says it is simulated; streamed, it comes in a few chunks spread over its latency. Knobs
+come from ``Deployment.options``:
 
 ============== ======== ==========================================================
 option         default  meaning
@@ -23,14 +24,18 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import ConfigError, OverloadedError, RateLimitError, ServerError
 from .._models import Deployment, Request, Usage
-from .._tokens import estimate_message_tokens
+from .._tokens import estimate_message_tokens, estimate_text_tokens
 from ._base import Reply, estimate_request_tokens
+from ._embed import EmbedReply, simulated_vector
+from ._events import Finish, StreamEvent, StreamStart, TextDelta, UsageUpdate
 
 __all__ = ["SimulatedProvider"]
 
@@ -43,7 +48,16 @@ _KNOWN = {
     "overload_rate",
     "output_tokens",
     "seed",
+    # embeddings (see ._embed): per-request limits, and the vectors' default length
+    "embed_batch_size",
+    "embed_batch_tokens",
+    "embed_input_tokens",
+    "dimensions",
 }
+
+
+#: How many chunks a streamed simulated reply comes in (at most).
+_CHUNKS = 6
 
 
 @dataclass(slots=True)
@@ -122,6 +136,33 @@ class SimulatedProvider:
         return estimate_request_tokens(request, deployment)
 
     async def send(self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None) -> Reply:
+        state, delay = self._begin(request, deployment)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return self._reply(state, request, deployment)
+
+    async def stream(
+        self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        """The reply in a few chunks, word by word, its latency spread over them: a quarter
+        before the first, the rest between the others."""
+        state, delay = self._begin(request, deployment)
+        yield StreamStart()
+        if delay > 0:
+            await asyncio.sleep(delay / 4)
+        reply = self._reply(state, request, deployment)
+        words = re.findall(r"\S+\s*", reply.text or "")
+        size = max(1, -(-len(words) // _CHUNKS))
+        chunks = ["".join(words[i : i + size]) for i in range(0, len(words), size)]
+        for number, chunk in enumerate(chunks):
+            if number and delay > 0:
+                await asyncio.sleep(delay * 3 / 4 / (len(chunks) - 1))
+            yield TextDelta(chunk)
+        yield UsageUpdate(reply.usage)
+        yield Finish(reply.finish_reason)
+
+    def _begin(self, request: Request, deployment: Deployment) -> tuple[_State, float]:
+        """Admission and the faults; the seconds the answer takes."""
         state = self.state(deployment)
         now = asyncio.get_running_loop().time()
         cost = self.estimate_tokens(request, deployment)
@@ -132,9 +173,9 @@ class SimulatedProvider:
         if roll < state.failure_rate + state.overload_rate:
             raise OverloadedError("simulated overload", status=529)
         spread = state.latency * state.jitter
-        delay = state.latency + (state.rng.uniform(-spread, spread) if spread else 0.0)
-        if delay > 0:
-            await asyncio.sleep(delay)
+        return state, state.latency + (state.rng.uniform(-spread, spread) if spread else 0.0)
+
+    def _reply(self, state: _State, request: Request, deployment: Deployment) -> Reply:
         prompt = estimate_message_tokens(request.messages, request.params)
         low, high = state.output_tokens
         limit = request.max_tokens or deployment.default_max_tokens
@@ -163,6 +204,34 @@ class SimulatedProvider:
             raise RateLimitError(f"simulated rate limit reached for {kind} on {label}", status=429, retry_after=wait)
         state.accepted.append((now, cost))
         state.used_tokens += cost
+
+    async def embed_batch(
+        self,
+        texts: Sequence[str],
+        deployment: Deployment,
+        *,
+        params: Mapping[str, Any],
+        idempotency_key: str | None = None,
+    ) -> EmbedReply:
+        """Deterministic vectors (the same text, the same vector), after the simulated
+        server's limits, faults and latency; ``dimensions`` from the request, else the
+        deployment's ``dimensions`` option, else 1536."""
+        state = self.state(deployment)
+        tokens = sum(estimate_text_tokens(text) for text in texts)
+        self._admit(state, asyncio.get_running_loop().time(), tokens, deployment.label)
+        roll = state.rng.random()
+        if roll < state.failure_rate:
+            raise ServerError("simulated server error", status=500)
+        if roll < state.failure_rate + state.overload_rate:
+            raise OverloadedError("simulated overload", status=529)
+        spread = state.latency * state.jitter
+        delay = state.latency + (state.rng.uniform(-spread, spread) if spread else 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        size = params.get("dimensions") or deployment.options.get("dimensions") or 1536
+        state.counter += 1
+        vectors = [simulated_vector(text, int(size)) for text in texts]
+        return EmbedReply(vectors, Usage(input_tokens=tokens), request_id=f"sim-{state.counter}")
 
     async def aclose(self) -> None:
         """Nothing to release."""

@@ -14,8 +14,18 @@ from typing import Protocol
 from .._errors import StoreError
 from .._models import Result
 from ._sqlite import Recovered, Spend, SqliteStore, StoredResult
+from ._vectors import StoredVector, VectorStore
 
-__all__ = ["Recovered", "Spend", "SqliteStore", "Store", "StoreError", "StoredResult"]
+__all__ = [
+    "Recovered",
+    "Spend",
+    "SqliteStore",
+    "Store",
+    "StoreError",
+    "StoredResult",
+    "StoredVector",
+    "VectorStore",
+]
 
 
 class Store(Protocol):

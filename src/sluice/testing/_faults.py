@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-__all__ = ["STATUS_OF", "Fault", "FaultPlan", "FaultSpec"]
+__all__ = ["STATUS_OF", "STREAM_FAULTS", "Fault", "FaultPlan", "FaultSpec"]
 
 
 class Fault(StrEnum):
@@ -34,6 +34,12 @@ class Fault(StrEnum):
     EMPTY_CHOICES = "empty_choices"
     #: A 500 carrying ``x-should-retry: false``.
     NO_RETRY = "x_should_retry_false"
+    #: A streamed answer whose connection drops after ``after`` pieces (billed, as the
+    #: provider generated it); a request that is not streamed gets ``truncated`` instead.
+    STREAM_CUT = "stream_cut"
+    #: A streamed answer that sends an ``error`` event after ``after`` pieces (Anthropic's
+    #: ``overloaded_error``, OpenAI's ``server_error``); billed. Not streamed: a 500.
+    STREAM_ERROR = "stream_error"
 
 
 #: The HTTP status of the faults that answer with an ordinary error response.
@@ -50,6 +56,10 @@ STATUS_OF: dict[Fault, int] = {
 }
 
 
+#: The faults that break a streamed answer part-way.
+STREAM_FAULTS = frozenset({Fault.STREAM_CUT, Fault.STREAM_ERROR})
+
+
 @dataclass(frozen=True, slots=True)
 class FaultSpec:
     """One fault to apply, with its options."""
@@ -61,6 +71,8 @@ class FaultSpec:
     headers: Mapping[str, str] = field(default_factory=dict)
     #: Seconds to wait before answering with the fault.
     delay: float = 0.0
+    #: For the stream faults: how many pieces of the answer go out before it breaks.
+    after: int = 1
 
 
 @dataclass(slots=True)

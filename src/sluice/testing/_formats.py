@@ -99,6 +99,8 @@ class Call(NamedTuple):
     max_tokens: int
     prompt_tokens: int
     text: str
+    #: What a format needs beyond these for its answer (the inputs of an embeddings request).
+    extra: Any = None
 
 
 def _part_text(part: Any) -> str | None:

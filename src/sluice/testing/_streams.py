@@ -1,0 +1,161 @@
+"""Streamed answers as the two APIs send them: the SSE frames the fake writes.
+
+OpenAI: ``chat.completion.chunk`` objects in ``data:`` lines, a last chunk with the usage
+when ``stream_options.include_usage`` is set, then ``data: [DONE]``. Anthropic:
+``message_start``, ``content_block_start``, ``ping``, ``content_block_delta``\\ s,
+``content_block_stop``, ``message_delta`` (stop reason, output usage), ``message_stop``.
+
+A streamed request whose ``tool_choice`` forces a tool (OpenAI ``"required"`` or a named
+function; Anthropic ``any`` or a named tool) is answered with a call of that tool (the
+first one for ``required``/``any``) whose arguments are ``{"echo": <the reply text>}``,
+streamed in pieces; otherwise the reply text comes in pieces of whole words.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from ._formats import Call, dumps
+
+__all__ = ["Frames", "StreamMode", "error_frame", "pieces", "stream_frames", "stream_mode"]
+
+_WORDS = re.compile(r"\s*\S+\s*")
+
+
+class StreamMode(NamedTuple):
+    """How a request asked to be streamed."""
+
+    #: OpenAI: a last chunk with the usage (``stream_options.include_usage``); Anthropic always.
+    usage: bool
+    #: The tool a forced ``tool_choice`` names, answered with a call instead of text.
+    tool: str | None
+
+
+class Frames(NamedTuple):
+    """An answer's frames: sent at once, spread over the latency, and after the last piece."""
+
+    head: list[bytes]
+    body: list[bytes]
+    tail: list[bytes]
+
+
+def stream_mode(body: Any, anthropic: bool) -> StreamMode | None:
+    """The request's stream mode, or None when it is not a streamed request."""
+    if not isinstance(body, Mapping) or body.get("stream") is not True:
+        return None
+    options = body.get("stream_options")
+    usage = anthropic or (isinstance(options, Mapping) and options.get("include_usage") is True)
+    return StreamMode(usage, _forced_tool(body, anthropic))
+
+
+def _forced_tool(body: Mapping[str, Any], anthropic: bool) -> str | None:
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if not isinstance(tools, list) or not tools or not isinstance(tools[0], Mapping):
+        return None
+    if anthropic:
+        first = tools[0].get("name")
+        if isinstance(choice, Mapping) and choice.get("type") == "tool":
+            return str(choice.get("name"))
+        return str(first) if isinstance(choice, Mapping) and choice.get("type") == "any" else None
+    function = tools[0].get("function")
+    first = function.get("name") if isinstance(function, Mapping) else None
+    if choice == "required":
+        return str(first)
+    if isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping):
+        return str(choice["function"].get("name"))
+    return None
+
+
+def pieces(text: str, most: int) -> list[str]:
+    """``text`` in at most ``most`` pieces of whole words (at least one piece)."""
+    words = _WORDS.findall(text) or [text]
+    size = -(-len(words) // max(1, most))
+    return ["".join(words[i : i + size]) for i in range(0, len(words), size)]
+
+
+def _chop(text: str, most: int) -> list[str]:
+    """``text`` in at most ``most`` pieces of about equal length."""
+    size = max(1, -(-len(text) // max(1, most)))
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+def stream_frames(
+    anthropic: bool, n: int, call: Call, completion: int, cut: bool, created: int, mode: StreamMode, most: int
+) -> Frames:
+    """The frames of answer ``n`` (``cut``: ``max_tokens`` stopped it)."""
+    if anthropic:
+        return _anthropic(n, call, completion, cut, mode, most)
+    return _openai(n, call, completion, cut, created, mode, most)
+
+
+def _sse(data: Any, event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + dumps(data) + b"\n\n"
+
+
+def _openai(n: int, call: Call, completion: int, cut: bool, created: int, mode: StreamMode, most: int) -> Frames:
+    base: dict[str, Any] = {"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "created": created}
+    base["model"] = call.model
+
+    def chunk(delta: Mapping[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        extra = {"usage": None} if mode.usage else {}
+        return _sse({**base, "choices": [choice], **extra})
+
+    head = [chunk({"role": "assistant", "content": "" if mode.tool is None else None})]
+    if mode.tool is None:
+        body = [chunk({"content": piece}) for piece in pieces(call.text, most)]
+        finish = "length" if cut else "stop"
+    else:
+        start = {"index": 0, "id": f"call_{n}", "type": "function", "function": {"name": mode.tool, "arguments": ""}}
+        head.append(chunk({"tool_calls": [start]}))
+        arguments = _chop(json.dumps({"echo": call.text}), most)
+        body = [chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}) for piece in arguments]
+        finish = "length" if cut else "tool_calls"
+    tail = [chunk({}, finish)]
+    if mode.usage:
+        usage = {"prompt_tokens": call.prompt_tokens, "completion_tokens": completion}
+        usage["total_tokens"] = call.prompt_tokens + completion
+        tail.append(_sse({**base, "choices": [], "usage": usage}))
+    tail.append(b"data: [DONE]\n\n")
+    return Frames(head, body, tail)
+
+
+def _anthropic(n: int, call: Call, completion: int, cut: bool, mode: StreamMode, most: int) -> Frames:
+    usage = {"input_tokens": call.prompt_tokens, "output_tokens": 1}
+    usage |= {"cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
+    message: dict[str, Any] = {"id": f"msg_{n}", "type": "message", "role": "assistant", "model": call.model}
+    message["content"] = []
+    message |= {"stop_reason": None, "stop_sequence": None, "usage": usage}
+    head = [_sse({"type": "message_start", "message": message}, "message_start")]
+    if mode.tool is None:
+        block: dict[str, Any] = {"type": "text", "text": ""}
+        deltas = [{"type": "text_delta", "text": piece} for piece in pieces(call.text, most)]
+        stop = "max_tokens" if cut else "end_turn"
+    else:
+        block = {"type": "tool_use", "id": f"toolu_{n}", "name": mode.tool, "input": {}}
+        arguments = _chop(json.dumps({"echo": call.text}), most)
+        deltas = [{"type": "input_json_delta", "partial_json": piece} for piece in arguments]
+        stop = "max_tokens" if cut else "tool_use"
+    head.append(_sse({"type": "content_block_start", "index": 0, "content_block": block}, "content_block_start"))
+    head.append(_sse({"type": "ping"}, "ping"))
+    body = [_sse({"type": "content_block_delta", "index": 0, "delta": d}, "content_block_delta") for d in deltas]
+    end = {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}}
+    tail = [
+        _sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+        _sse({**end, "usage": {"output_tokens": completion}}, "message_delta"),
+        _sse({"type": "message_stop"}, "message_stop"),
+    ]
+    return Frames(head, body, tail)
+
+
+def error_frame(anthropic: bool) -> bytes:
+    """The error an API sends mid-stream when the server fails (Anthropic: overloaded)."""
+    if anthropic:
+        return _sse({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error")
+    message = "The server had an error while processing your request. Sorry about that!"
+    return _sse({"error": {"message": message, "type": "server_error", "param": None, "code": None}})
