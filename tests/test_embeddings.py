@@ -289,6 +289,22 @@ async def test_leaving_embed_map_early_cancels_what_is_in_flight(server: FakeSer
     assert server.stats.accepted < 10
 
 
+async def test_a_stop_gives_the_texts_of_a_half_full_pack_their_results(server: FakeServer) -> None:
+    async with Engine(deployment(server)) as engine:
+
+        def source() -> Iterator[str]:
+            for i in range(1000):
+                if i == 300:  # the first 256 texts wait in a pack not yet full
+                    engine.stop()
+                yield f"text {i}"
+
+        async with asyncio.timeout(10):
+            results = [r async for r in engine.embed_map(source(), model=MODEL, dimensions=4)]
+    assert len(results) == 256
+    assert all(isinstance(r.error, sluice.CancelledError) for r in results)
+    assert server.stats.received == 0
+
+
 async def test_a_provider_without_embeddings_says_so(server: FakeServer) -> None:
     dep = Deployment("anthropic/claude-test", base_url=server.anthropic_url, api_key="sk-test")
     async with Engine(dep) as engine:

@@ -4,6 +4,7 @@ store that fails never loses a paid answer, and every attempt is noted before it
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,7 +12,17 @@ from typing import Any
 
 import pytest
 
-from sluice import CancelledError, Deployment, Engine, EngineClosedError, Price, Request, Result, RetryPolicy
+from sluice import (
+    CancelledError,
+    Deployment,
+    Engine,
+    EngineClosedError,
+    Price,
+    Request,
+    Result,
+    RetryEvent,
+    RetryPolicy,
+)
 from sluice.store import SqliteStore
 from sluice.testing import FakeServer
 
@@ -37,15 +48,20 @@ async def test_a_stop_sends_nothing_new_behind_a_long_429_pause(server: FakeServ
     server.inject("429", times=5, retry_after=30)  # the deployment pauses 30 s (within the cap)
     policy = RetryPolicy(max_attempts=5, base_delay=0.01, attempt_timeout=5)
     got: list[Result] = []
-    async with Engine(deployment(server), retry=policy, concurrency=5) as engine:
+    all_paused = asyncio.Event()
+
+    def on_retry(event: RetryEvent) -> None:
+        if engine.stats.rate_limited == 5:
+            all_paused.set()
+
+    async with Engine(deployment(server), retry=policy, concurrency=5, on_retry=on_retry) as engine:
 
         async def consume() -> None:
             async for result in engine.map(prompts(5)):
                 got.append(result)
 
         consumer = asyncio.create_task(consume())
-        await server.until(lambda: server.stats.rate_limited >= 5 and server.in_flight == 0)
-        await asyncio.sleep(0)  # the client reads the 429s: every request waits out the pause
+        await asyncio.wait_for(all_paused.wait(), 10)  # every request had its 429 and waits out the pause
         received = server.stats.received
         engine.stop()
         await asyncio.wait_for(consumer, 5)  # at once, not after the 30 s pause
@@ -134,19 +150,33 @@ async def test_a_raising_hook_neither_aborts_map_nor_loses_an_answer(server: Fak
 
 
 async def test_every_attempt_is_noted_before_it_is_sent(server: FakeServer, tmp_path: Path) -> None:
-    """Point 4: while a request is at the provider its intent row is in the state."""
-    server.latency = 0.5
+    """Point 4: when a request reaches the provider, its intent is already in the state
+    file (committed: another connection sees it), with its worst case."""
     path = tmp_path / "state.db"
     store = SqliteStore(path)
+    other = sqlite3.connect(path)  # what a rerun would find if we died at that instant
+    missing: list[str] = []
+    checked = 0
+
+    def on_arrival(headers: Any) -> None:
+        nonlocal checked
+        checked += 1
+        rows = other.execute("SELECT key, worst_usd FROM intents").fetchall()
+        noted = {"sluice-" + hashlib.sha256(key.encode()).hexdigest()[:32]: worst for key, worst in rows}
+        if not noted.get(headers["Idempotency-Key"], 0) > 0:
+            missing.append(headers["Idempotency-Key"])
+
+    server.on_arrival = on_arrival
+    blocker = sqlite3.connect(path)
+    blocker.execute("BEGIN IMMEDIATE")  # the disk is slow for a moment: intents wait, so must sends
+    asyncio.get_running_loop().call_later(0.3, blocker.rollback)
     async with Engine(deployment(server, price=Price(1.0, 2.0)), store=store) as engine:
-        task = asyncio.create_task(engine.run(prompts(4)))
-        await server.until(lambda: server.in_flight >= 4)
-        other = sqlite3.connect(path)  # what a rerun would find if we died now
-        (count, worst) = other.execute("SELECT count(*), sum(worst_usd) FROM intents").fetchone()
-        other.close()
-        assert count == 4
-        assert worst > 0
-        await task
+        results = await engine.run(prompts(20))
+    blocker.close()
+    other.close()
+    assert all(r.ok for r in results)
+    assert checked == 20
+    assert missing == []
     assert store.spend().in_flight == 0  # settled
     store.close()
 

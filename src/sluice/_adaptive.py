@@ -30,6 +30,9 @@ class Adaptive:
 
     #: Latency this many times the best seen counts as congestion.
     RISE = 2.0
+    #: In slow start (doubling) a smaller rise already ends the doubling: one more doubling
+    #: past the server's capacity would overshoot it twice over.
+    SLOW_START_RISE = 1.3
 
     def __init__(self, limiter: LocalLimiter, *, start: int = 8, ceiling: int = 4096) -> None:
         self.limiter = limiter
@@ -69,6 +72,8 @@ class Adaptive:
             self._floor = min(self._floor, median)
             if median > self.RISE * self._floor:  # answers come back slower: queueing
                 self._congested = True
+            elif self._slow_start and median > self.SLOW_START_RISE * self._floor:
+                self._slow_start = False  # near capacity: grow by one from here
         if self._congested and not self._halved:
             self._halve()
         elif not self._halved:

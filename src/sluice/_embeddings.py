@@ -386,6 +386,7 @@ class EmbedPipeline:
         self._flush_timer: asyncio.TimerHandle | None = None
         self._last_take = 0.0
         self._waiting_for_room = False
+        self._lingers = False
 
     # -- handing results out ---------------------------------------------------------------
 
@@ -444,35 +445,44 @@ class EmbedPipeline:
 
     async def _produce(self, source: Iterable[EmbedItem] | AsyncIterable[EmbedItem]) -> None:
         try:
-            if isinstance(source, AsyncIterable):
-                async for item in source:  # one at a time: a slow source's texts go out as they come
-                    if not await self._take([item]):
-                        return
-            else:
-                chunk: list[EmbedItem] = []
-                for item in source:
-                    chunk.append(item)
-                    if len(chunk) >= _CHUNK:
-                        if not await self._take(chunk):
-                            return
-                        chunk = []
-                        await asyncio.sleep(0)  # let the packs just sealed start sending
-                if chunk and not await self._take(chunk):
-                    return
-            self.exhausted = True
+            if await self._read(source):
+                self.exhausted = True
+                self._seal_all()
+            else:  # the engine is stopping: texts still in an open pack are not sent
+                self._fail_all_open(CancelledError("stopped before it was sent"))
         except asyncio.CancelledError:
             # Closed under it (``close(drain=False)``), or the consumer left: texts still in an
             # open pack get their results here, and no new pack starts.
-            for group in self._groups.values():
-                self._fail_open(group.open, CancelledError("cancelled before it was sent"))
+            self._fail_all_open(CancelledError("cancelled before it was sent"))
             raise
         except BaseException as exc:
             self._out.put_nowait(exc)
             raise
-        else:
-            self._seal_all()
         finally:
             self._out.put_nowait(None)
+
+    async def _read(self, source: Iterable[EmbedItem] | AsyncIterable[EmbedItem]) -> bool:
+        """Take the source's items; True when it was read to the end, False on a stop."""
+        if isinstance(source, AsyncIterable):
+            self._lingers = True
+            async for item in source:  # one at a time: a slow source's texts go out as they come
+                if not await self._take([item]):
+                    return False
+            return True
+        chunk: list[EmbedItem] = []
+        for item in source:
+            chunk.append(item)
+            if len(chunk) >= _CHUNK:
+                if not await self._take(chunk):
+                    return False
+                chunk = []
+                await asyncio.sleep(0)  # let the packs just sealed start sending
+        return not chunk or await self._take(chunk)
+
+    def _fail_all_open(self, error: SluiceError) -> None:
+        for group in self._groups.values():
+            self._fail_open(group.open, error)
+            group.open = _Pack()
 
     async def _take(self, chunk: list[EmbedItem]) -> bool:
         """Admit a chunk of items once there is room; False when the engine is stopping."""
@@ -614,8 +624,11 @@ class EmbedPipeline:
                 self._seal(group, pack)
 
     def _arm_flush(self) -> None:
-        """A slow source must not leave texts waiting in a half-full pack: one that got no
-        new text for ``_LINGER`` seconds goes as it is."""
+        """A slow (asynchronous) source must not leave texts waiting in a half-full pack: one
+        that got no new text for ``_LINGER`` seconds goes as it is. A synchronous source is
+        never slow that way: it is read whenever the producer runs."""
+        if not self._lingers:
+            return
         loop = asyncio.get_running_loop()
         self._last_take = loop.time()
         if self._flush_timer is None and any(g.open.entries for g in self._groups.values()):

@@ -105,6 +105,8 @@ class _Job:
     tried: set[Route] = field(default_factory=set)
     #: Cooldowns apply: the request has somewhere else to go.
     guarded: bool = False
+    #: Its task began to run (a task cancelled before that still holds a gate slot).
+    started: bool = False
     #: ``worst_cost`` is an attempt's worst case with or without a budget (an embeddings
     #: request, priced from its inputs: see ``_embeddings``).
     own_worst: bool = False
@@ -176,6 +178,7 @@ class Engine:
         defaults: Mapping[str, Any] | None = None,
         fallbacks: Mapping[str, Sequence[str]] | None = None,
         cooldown: Cooldown | None = None,
+        grace: float | None = None,
     ) -> None:
         if isinstance(deployments, Deployment):
             deployments = [deployments]
@@ -194,6 +197,9 @@ class Engine:
         self.stats = Stats()
         #: Why the store stopped taking writes, once it has; the engine stopped admitting then.
         self.store_error: StoreError | None = None
+        #: Seconds attempts at the provider get when the engine stops on its own (the store
+        #: failed); None waits for them.
+        self.grace = grace
         self._inflight: dict[str, asyncio.Future[Result]] = {}
         self._limiter_factory = limiter_factory
         self._cooldown = cooldown or Cooldown()
@@ -507,7 +513,10 @@ class Engine:
 
     def _job(self, request: Request, priority: int, index: int | None = None, budget: Budget | None = None) -> _Job:
         budget = budget or self.spending.budget
-        key = store_key(request) if self.store is not None else None  # as asked: before a switch or a cap
+        try:
+            key = store_key(request) if self.store is not None else None  # as asked: before a switch or a cap
+        except (TypeError, ValueError) as exc:  # text that is not valid Unicode, or not JSON at all
+            raise InvalidRequestError(f"the request cannot be stored: {exc}") from None
         request = self.spending.choose_model(request, budget)
         groups = self.router.chain(request.model)
         route = groups[0].routes[0]
@@ -570,6 +579,7 @@ class Engine:
         return result
 
     async def _admitted(self, job: _Job) -> Result:
+        job.started = True  # from here the finally below gives the gate's slot back
         try:
             return await self._execute(job)
         finally:
@@ -786,7 +796,7 @@ class Engine:
         if self.store_error is None:
             self.store_error = error
             _log.error("sluice: %s; stopping", error.message)
-            self.stop()
+            self.stop(grace=self.grace)
 
     def _waiting_while(self, batch: bool) -> WaitingScope:
         return WaitingScope(self._waiting if batch else None)

@@ -51,6 +51,8 @@ async def fan_out(
         engine._tasks.discard(task)
         engine._stop_cancelled.discard(task)
         if task.cancelled():  # its result was reported as it was cancelled; hand it out
+            if not job.started:  # cancelled before its first step: its gate slot is still taken
+                engine._gate.release()
             result = job.cancelled
             if result is None:  # cancelled before it ever ran
                 result = Result(job.request, error=CancelledError(_NEVER_STARTED), index=index)

@@ -108,9 +108,19 @@ def _request_problem(r: Request) -> str | None:
         return f"metadata must be a mapping, got {type(r.metadata).__name__}"
     if r.id is not None and not isinstance(r.id, str):
         return f"id must be a string, got {type(r.id).__name__}"
+    if r.id is not None and not _valid_text(r.id):
+        return "id is not valid Unicode text (it holds a lone surrogate)"
     if r.priority is not None and (isinstance(r.priority, bool) or not isinstance(r.priority, int)):
         return f"priority must be an integer, got {r.priority!r}"
     return None
+
+
+def _valid_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def store_key(request: Request) -> str:

@@ -130,8 +130,7 @@ class Slot:
         tally.at_provider = cut_off
         tally.latency = asyncio.get_running_loop().time() - self._sent_at
         self.reservation.done()
-        if charge is None:
-            charge = self._worst()
+        charge = self._worst() if charge is None else max(0.0, charge)  # a cost is never a refund
         if self._hold is not None:
             self._hold.commit(charge)
         tally.charged += charge

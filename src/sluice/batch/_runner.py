@@ -213,6 +213,7 @@ def engine_for(spec: JobSpec, progress: JobProgress, store: SqliteStore) -> Engi
         defaults=config.defaults,
         fallbacks=config.fallbacks,
         cooldown=config.cooldown,
+        grace=spec.grace,
     )
     progress.engine = engine
     if engine.spending.budget is not None:  # the budget is the job's, over all its runs

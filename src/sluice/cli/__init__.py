@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +27,11 @@ __all__ = ["main"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+#: The exit status of an unexpected error (EX_SOFTWARE in sysexits.h): never 1, which
+#: means "the job finished and some records failed".
+EXIT_INTERNAL = 70
+
+
 def _fail(message: str, code: int = 2) -> None:
     click.echo(f"sluice: error: {message}", err=True)
     sys.exit(code)
@@ -40,6 +46,15 @@ def _friendly(fn: F) -> F:
             return fn(*args, **kwargs)
         except SluiceError as exc:
             _fail(exc.message)
+        except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # a bug: say so plainly, with its own exit status
+            traceback.print_exc()
+            _fail(
+                f"internal error ({type(exc).__name__}: {exc}). This is a bug in sluice, not in your input: "
+                "please report it with the traceback above. A job can be resumed by rerunning the same command",
+                EXIT_INTERNAL,
+            )
 
     return wrapper  # type: ignore[return-value]
 
@@ -266,6 +281,7 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
       3  the job stopped itself: --strict met a bad line, its first requests all
          failed the same way, or the state or output file could not be written
       4  the job finished, but the budget could not pay for some records
+     70  an internal error (a bug in sluice; the traceback says where)
     130  interrupted (Ctrl-C, SIGTERM); rerun the same command to resume
     """
     from ..batch._runner import JobSpec, default_state_path

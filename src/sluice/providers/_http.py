@@ -51,9 +51,20 @@ def header_number(headers: Mapping[str, str], name: str) -> float | None:
         return None
 
 
+#: More tokens than any request can have: a count past it is a broken server, not a bill.
+MAX_TOKENS_REPORTED = 2**40
+
+
 def token_count(value: Any) -> int:
-    """A token count from a usage object: an int, or 0 for anything else."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    """A token count from a usage object: an int, or 0 when absent or not a number. A
+    negative or absurd count raises ValueError (the answer is then a malformed response,
+    charged at its worst case): taken at its word it would make the cost negative (a
+    budget that grows) or overflow the state file."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return 0
+    if not 0 <= value < MAX_TOKENS_REPORTED:
+        raise ValueError(f"usage reports {value} tokens")
+    return value
 
 
 _AUTH_HEADERS = ("authorization", "x-api-key", "api-key")
@@ -195,7 +206,8 @@ class HttpProvider(ABC):
         data = self._encode(self.build_body(request, deployment))  # a translation error stays as it is
         session = self._transport.session()
         try:
-            async with session.post(url, data=data, headers=headers) as response:
+            # never follow a redirect: aiohttp would carry x-api-key / api-key to the new origin
+            async with session.post(url, data=data, headers=headers, allow_redirects=False) as response:
                 payload = await response.read()
                 status = response.status
                 response_headers: Mapping[str, str] = response.headers
@@ -274,7 +286,7 @@ class HttpProvider(ABC):
         response: aiohttp.ClientResponse | None = None
         whole = False
         try:
-            response = await self._transport.session().post(url, data=data, headers=headers)
+            response = await self._transport.session().post(url, data=data, headers=headers, allow_redirects=False)
             request_id = response.headers.get(self.request_id_header)
             ratelimit = self.parse_ratelimit(response.headers)
             if response.status != 200:
@@ -307,6 +319,12 @@ class HttpProvider(ABC):
             ) from None
         except SseError as exc:
             raise MalformedResponseError(f"{label} sent a broken event stream: {exc}") from None
+        except ValueError as exc:  # an event of the wrong shape (absurd usage counts...)
+            raise MalformedResponseError(f"{label} sent an unexpected event: {exc}") from None
+        except ProviderError as exc:  # an error event mid-stream may quote the key too
+            exc.message = self._redact(exc.message, deployment)
+            exc.args = (exc.message,)
+            raise
         except aiohttp.ClientPayloadError as exc:
             raise ConnectError(f"the stream from {label} was cut off: {exc}") from None
         except aiohttp.ClientConnectorError as exc:  # never connected: nothing was sent
@@ -359,6 +377,12 @@ class HttpProvider(ABC):
         except ValueError:
             message, provider_type = payload[:200].decode("utf-8", "replace") or "(empty body)", None
         message = self._redact(message, deployment)
+        if 300 <= status < 400:
+            where = headers.get("location", "somewhere else")
+            message = (
+                f"redirected to {where}; sluice does not follow redirects (they could carry the API key to "
+                "another server): set base_url to where the API really is"
+            )
         error = error_for_status(status)(
             message,
             status=status,

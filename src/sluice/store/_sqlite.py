@@ -203,7 +203,12 @@ class SqliteStore:
         self._write().submit(lambda db: db.executemany("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", rows))
 
     def meta(self) -> dict[str, Any]:
-        return {name: json.loads(value) for name, value in self._db.execute("SELECT name, value FROM meta")}
+        try:
+            return {name: json.loads(value) for name, value in self._db.execute("SELECT name, value FROM meta")}
+        except (ValueError, sqlite3.DatabaseError) as exc:
+            raise ConfigError(
+                f"{self.path}: the job's notes in this state file are damaged ({exc}); move it aside and rerun"
+            ) from None
 
     def recover_intents(self) -> Recovered:
         """Count attempts an earlier run left in flight as possibly billed (their worst
@@ -284,9 +289,17 @@ class SqliteStore:
         return f"<SqliteStore {self.path}>"
 
 
+#: ``PRAGMA application_id`` of a sluice state file ("SLCE"): tells it from other databases.
+APPLICATION_ID = 0x534C4345
+
+
 def _setup(db: sqlite3.Connection) -> None:
-    """Open (and, from an older sluice, upgrade) the file on the writer's connection."""
+    """Open (and, from an older sluice, upgrade) the file on the writer's connection.
+
+    A database that is not a sluice state (someone's app.db given as ``--state``) is
+    refused before anything is written to it."""
     db.execute("PRAGMA busy_timeout=5000")
+    _check_ours(db)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     db.executescript(_SCHEMA)
@@ -299,6 +312,25 @@ def _setup(db: sqlite3.Connection) -> None:
                 "INSERT OR IGNORE INTO charges (key, answered_usd) SELECT key, cost_usd FROM results WHERE cost_usd > 0"
             )
             db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (json.dumps(SCHEMA_VERSION),))
+
+
+def _check_ours(db: sqlite3.Connection) -> None:
+    (app,) = db.execute("PRAGMA application_id").fetchone()
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    ours = app == APPLICATION_ID or (app == 0 and {"results", "meta"} <= tables)  # 0: an older sluice
+    if tables and not ours:
+        shown = ", ".join(sorted(tables)[:5])
+        raise ConfigError(
+            f"{db_path(db)} is a database of something else (tables: {shown}), not a sluice state file; "
+            "give --state a file of its own"
+        )
+    if app != APPLICATION_ID:
+        db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+
+
+def db_path(db: sqlite3.Connection) -> str:
+    row = db.execute("PRAGMA database_list").fetchone()
+    return str(row[2]) if row and row[2] else "the database"
 
 
 def _check_integrity(db: sqlite3.Connection, path: Path) -> None:

@@ -59,7 +59,8 @@ class Writer:
     # -- submitting ----------------------------------------------------------------------
 
     def submit(self, op: Op, waiter: Waiter = None) -> None:
-        if self.error is not None:
+        if self.error is not None or not self._thread.is_alive():
+            self.error = self.error or StoreError(f"the state file's writer stopped ({self.path})")
             _resolve_one(waiter, None, self.error)
             return
         self._queue.put((op, waiter))
@@ -76,7 +77,12 @@ class Writer:
         """Apply ``op`` and block until it is committed (startup and shutdown only)."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self.submit(op, future)
-        return future.result()
+        while True:
+            try:
+                return future.result(timeout=1.0)
+            except concurrent.futures.TimeoutError:
+                if not self._thread.is_alive():  # never wait on a writer that is gone
+                    raise self.error or StoreError(f"the state file's writer stopped ({self.path})") from None
 
     def close(self) -> None:
         """Commit what is queued, then stop the thread."""
@@ -95,20 +101,36 @@ class Writer:
             return
         self._ready.set_result(None)
         try:
-            while True:
-                batch = [self._queue.get()]
-                while len(batch) < _MAX_BATCH:
-                    try:
-                        batch.append(self._queue.get_nowait())
-                    except queue.Empty:
-                        break
-                ops = [item for item in batch if item is not _STOP]
-                if ops:
-                    self._apply(db, ops)
-                if len(ops) != len(batch):
-                    break
+            self._loop(db)
+        except BaseException as exc:  # the thread must not die with writes waiting on it
+            self.error = self.error or StoreError(f"the state file's writer stopped: {type(exc).__name__}: {exc}")
+            self._fail_pending()
+            raise
         finally:
             db.close()
+
+    def _loop(self, db: sqlite3.Connection) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < _MAX_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            ops = [item for item in batch if item is not _STOP]
+            if ops:
+                self._apply(db, ops)
+            if len(ops) != len(batch):
+                break
+
+    def _fail_pending(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not _STOP:
+                _resolve_one(item[1], None, self.error)
 
     def _apply(self, db: sqlite3.Connection, ops: list[tuple[Op, Waiter]]) -> None:
         values: list[Any] = []
@@ -124,6 +146,11 @@ class Writer:
                 error = self.error = StoreError(
                     f"cannot write the state file {self.path}: {describe_sqlite_error(exc)}"
                 )
+            except Exception as exc:  # a value SQLite refuses (an int past 64 bits...), or a bug:
+                # still a clean stop, never a dead thread with its waiters left hanging
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+                error = self.error = StoreError(f"cannot write the state file {self.path}: {type(exc).__name__}: {exc}")
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
         for i, (_, waiter) in enumerate(ops):
             value = values[i] if error is None else None

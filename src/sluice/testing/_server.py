@@ -104,6 +104,9 @@ class FakeServer(LoopbackServer):
         self._capacity = asyncio.Semaphore(capacity) if capacity is not None else None
         self.send_retry_after = send_retry_after
         self._watchers: list[asyncio.Future[None]] = []
+        #: Called with each request's headers as it arrives (tests check what the client
+        #: had done by then, e.g. its state file).
+        self.on_arrival: Callable[[Mapping[str, str]], None] | None = None
         self.prices: dict[str, tuple[float, float]] = dict(prices or {})
         super().__init__(host, port)
         self._limiter: Limiter | None = None
@@ -236,6 +239,8 @@ class FakeServer(LoopbackServer):
             stats.max_in_flight = self._in_flight
         if self._watchers:
             self._changed()
+        if self.on_arrival is not None:
+            self.on_arrival(request.headers)
         try:
             raw = await request.read()
             key = request.headers.get("Idempotency-Key") or sha256(raw).hexdigest()
