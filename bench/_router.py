@@ -196,7 +196,19 @@ class SluiceRouter:
             )
             for name, url in zip(NAMES, urls, strict=True)
         ]
-        self.engine = sluice.Engine(deployments, concurrency=args.concurrency)
+        #: What each retry was for (a 429's message says which limit), at most 20.
+        self.retry_events: list[dict[str, Any]] = []
+        self.engine = sluice.Engine(deployments, concurrency=args.concurrency, on_retry=self._retried)
+
+    def _retried(self, event: Any) -> None:
+        if len(self.retry_events) < 20:
+            self.retry_events.append(
+                {
+                    "t": time.perf_counter(),
+                    "deployment": event.deployment,
+                    "error": f"{event.error.kind}: {event.error.message[:160]}",
+                }
+            )
 
     async def setup(self) -> None:
         await self.engine.start()
@@ -223,7 +235,10 @@ class SluiceRouter:
             else:
                 tally.fail(result.error)
         tally.extra.update(
-            retries=engine.stats.retries, rate_limited=engine.stats.rate_limited, status_at_end=self.status()
+            retries=engine.stats.retries,
+            rate_limited=engine.stats.rate_limited,
+            status_at_end=self.status(),
+            retry_events=self.retry_events,
         )
 
     async def aclose(self) -> None:
@@ -381,10 +396,11 @@ async def measure(args: argparse.Namespace, prompts: Sequence[str]) -> dict[str,
             await setup()
         counter.mark()
         killer = asyncio.create_task(kill_west()) if args.kill_pid else None
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         try:
             await client.run(prompts, tally)
             seconds = time.perf_counter() - started
+            cpu = time.process_time() - cpu
         finally:
             if killer is not None and not killer.done():
                 killer.cancel()
@@ -392,10 +408,13 @@ async def measure(args: argparse.Namespace, prompts: Sequence[str]) -> dict[str,
                     await killer
     finally:
         await client.aclose()
+    for event in tally.extra.get("retry_events", ()):
+        event["t"] = round(event["t"] - counter.started, 4)  # seconds into the run
     record: dict[str, Any] = {
         "status": "ok",
         "n": len(prompts),
         "seconds": seconds,
+        "cpu_seconds": cpu,
         "ok": tally.ok,
         "errors": tally.errors,
         "samples": tally.samples,
@@ -488,6 +507,7 @@ def _metrics(record: dict[str, Any], plan: Plan) -> dict[str, float]:
     ideal = plan.ideal(record["scenario"], record["ok"])
     out = {
         "seconds": record["seconds"],
+        "cpu": record.get("cpu_seconds", math.nan),
         "share": ideal / record["seconds"] if record["seconds"] > 0 else 0.0,
         "failed": float(record["n"] - record["ok"]),
         "served_east": float(east.get("accepted", 0)),
@@ -523,7 +543,7 @@ def _table(scenario: str, records: list[dict[str, Any]], clients: Sequence[str],
         mine = [r for r in records if r["client"] == client]
         label = LABELS[client]
         if any(r["status"] == "not installed" for r in mine):
-            rows.append([label, "not installed", *["-"] * (6 if scenario == "shared" else 7)])
+            rows.append([label, "not installed", *["-"] * (7 if scenario == "shared" else 8)])
             continue
         good = [_metrics(r, plan) for r in mine if r["status"] == "ok"]
         bad = [r for r in mine if r["status"] != "ok"]
@@ -532,6 +552,7 @@ def _table(scenario: str, records: list[dict[str, Any]], clients: Sequence[str],
             return [m[key] for m in rows]
 
         wall = _cell(col("seconds"), ".1f")
+        cpu = _cell(col("cpu"), ".1f")
         if bad:
             wall += f"; {len(bad)} run(s) {bad[0]['status']}"
         if scenario == "shared":
@@ -539,6 +560,7 @@ def _table(scenario: str, records: list[dict[str, Any]], clients: Sequence[str],
                 [
                     label,
                     wall,
+                    cpu,
                     _cell([100 * v for v in col("share")], ".1f") + " %",
                     _pair(col("served_east"), col("served_west")),
                     _pair(col("429_east"), col("429_west")),
@@ -551,6 +573,7 @@ def _table(scenario: str, records: list[dict[str, Any]], clients: Sequence[str],
                 [
                     label,
                     wall,
+                    cpu,
                     _cell([100 * v for v in col("share")], ".1f") + " %",
                     _cell(col("failed"), ",.0f"),
                     _cell(col("to_dead"), ",.0f"),
@@ -563,6 +586,7 @@ def _table(scenario: str, records: list[dict[str, Any]], clients: Sequence[str],
         headers = [
             "client",
             "wall s",
+            "client CPU s",
             "achieved / ideal rate",
             "served east / west",
             "429s east / west",
@@ -573,6 +597,7 @@ def _table(scenario: str, records: list[dict[str, Any]], clients: Sequence[str],
         headers = [
             "client",
             "wall s",
+            "client CPU s",
             "achieved / ideal rate",
             "failed",
             "sent to west after it died",
@@ -640,7 +665,8 @@ def run(args: argparse.Namespace, *, script: Path, server_args: Sequence[str], c
     )
     print(_table("death", [r for r in records if r["scenario"] == "death"], clients, plan))
     print(
-        "\nachieved / ideal rate: the ideal time for the requests that succeeded over the wall time. "
+        "\nclient CPU s: the client process's CPU time during the run (one core). "
+        "achieved / ideal rate: the ideal time for the requests that succeeded over the wall time. "
         "served and 429s: the servers' own counters (west's, in the death runs, read just before it was "
         "killed). retries: requests the servers received beyond one per distinct request. sent to west "
         "after it died: TCP connection attempts to its port after the kill, counted in the client's process. "
@@ -661,6 +687,19 @@ def run(args: argparse.Namespace, *, script: Path, server_args: Sequence[str], c
         print(f" — measured {share:.1%} (median), at most {rejected:g} 429s in a run ({verdict})")
     else:
         print(" — not measured")
+    deaths = {}
+    for record in records:
+        if record["scenario"] == "death" and record.get("status") == "ok":
+            at = (record.get("death") or {}).get("at")
+            deaths.setdefault(record["client"], []).append(at if at is not None else math.nan)
+    if deaths:
+        moments = "; ".join(f"{LABELS[c]} {', '.join(f'{t:.2f}' for t in ts)} s" for c, ts in deaths.items())
+        print(f"\nwest was killed at (the worker's event loop fires the kill; a busy loop fires it late): {moments}.")
+    for record in records:
+        if record["client"] == "sluice" and record.get("retry_events"):
+            limited = [e for e in record["retry_events"] if e["error"].startswith("rate_limited")]
+            if limited:
+                print(f"\nsluice ({record['scenario']}, round {record.get('round')}) 429s: {limited}")
     for record in records:
         if record.get("error_kinds"):
             kinds = ", ".join(f"{n} {k}" for k, n in sorted(record["error_kinds"].items(), key=lambda kv: -kv[1]))

@@ -3,10 +3,6 @@
     python bench/limits.py [--rpm 300] [--tpm 30000] [--window 6]
     python bench/limits.py --scenario router [--rounds 3]   # two deployments of one model
 
-``--scenario router`` runs the router scenarios of ``_router.py`` instead: one model
-served by two deployments, each behind its own fake server with these limits, with both
-up and with one killed a third of the way through.
-
 A fake server (``python -m sluice.testing``) enforces an RPM and a TPM limit over a
 shortened window (6 s instead of 60, so a run takes ~20 s instead of 3 minutes) with
 per-slice enforcement on (the server's default ``--slice 1.0``: the limit is also
@@ -24,6 +20,12 @@ Ideal time: the first request may go at t = 0, then one every ``interval`` secon
 "achieved / ideal" is ideal / wall time (the achieved rate over the ideal rate); a
 client that uses the server's initial burst can exceed 100 %. Target for sluice:
 >= 97 % with no 429.
+
+``--scenario router`` runs the router scenarios of ``_router.py`` instead: one model
+served by two deployments, each behind its own fake server with these limits, with both
+up and with one killed a third of the way through.
+(``--rounds`` of them, N = 3 x the combined limit; target: >= 95 % of the combined
+ideal rate with no 429).
 """
 
 from __future__ import annotations

@@ -94,14 +94,18 @@ async def test_packs_stay_within_the_request_token_limit_and_tpm(server: FakeSer
 
 
 async def test_a_tpm_limit_caps_each_request_and_is_never_broken() -> None:
-    async with FakeServer(api_key="sk-test", tpm=3000, window=1.0) as server:
+    # The server allows twice what the deployment says: its clock sees a window's edge a few
+    # ms later than the client's (the first request also opens the connection), so two
+    # full packs may share one of its windows, never three. A client that ignored its TPM
+    # would send all 9,000 tokens at once: 429s.
+    async with FakeServer(api_key="sk-test", tpm=6000, window=1.0) as server:
         engine = Engine(deployment(server, tpm=3000, window=1.0))
         async with engine:
-            vectors = await engine.embed(texts(1200), model=MODEL, dimensions=4)  # ~6,000 tokens
-    assert len(vectors) == 1200
+            vectors = await engine.embed(texts(2250), model=MODEL, dimensions=4)  # 9,000 tokens
+    assert len(vectors) == 2250
     assert server.stats.rate_limited == 0
     assert max(server.embeddings.batch_tokens) <= 3000
-    assert server.stats.received >= 2
+    assert server.stats.received == 3
 
 
 async def test_a_text_the_server_rejects_fails_alone(server: FakeServer) -> None:

@@ -421,6 +421,8 @@ class EmbedPipeline:
                     next_index += 1
                     self._handed_out()
                     yield ready
+            if producer.cancelled():
+                raise EngineClosedError("the engine was closed while the texts were still being read")
             await producer  # surfaces an error raised by the source itself
         finally:
             engine._producers.discard(producer)

@@ -17,7 +17,12 @@ failure_rate   0.0      share of attempts answered with a 500
 overload_rate  0.0      share of attempts answered with a 529 (overloaded)
 output_tokens  [20,200] range of output tokens per reply (capped by max_tokens)
 seed           0        random seed, for repeatable rehearsals
+dimensions     1536     length of its embeddings (a request's ``dimensions`` wins)
 ============== ======== ==========================================================
+
+Embeddings (``embed_batch``) are deterministic vectors seeded from each text; the
+per-request limits ``embed_batch_size``, ``embed_batch_tokens`` and ``embed_input_tokens``
+are read as for any deployment (see ``providers._embed``).
 """
 
 from __future__ import annotations
