@@ -299,3 +299,69 @@ def test_under_a_budget_an_uncapped_answer_is_never_silently_cut(server: FakeSer
     unbudgeted = run_cli(server, "run", source, "-o", tmp_path / "free.jsonl", "--config", config)
     assert unbudgeted.returncode == 0, unbudgeted.stderr
     assert all("max_tokens_added" not in r for r in read_output(tmp_path / "free.jsonl"))
+
+
+@pytest.mark.parametrize("flag", ["--adopt-output", "--overwrite"])
+def test_no_flag_lets_a_second_job_write_an_output_in_use(server: FakeServer, tmp_path: Path, flag: str) -> None:
+    server.latency = 0.05
+    source = write_jsonl(tmp_path / "in.jsonl", questions(60))
+    output = tmp_path / "out.jsonl"
+    first = start_cli(server, "run", source, "-o", output, "--model", MODEL, "--concurrency", "2")
+    try:
+        wait_until(lambda: server.stats.accepted >= 4)
+        second = run_cli(server, "run", source, "-o", output, "--model", MODEL, "--state", tmp_path / "b.db", flag)
+        assert second.returncode == 2, second.stderr
+        assert "being written by another sluice job" in second.stderr
+        _, stderr = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, stderr
+    assert sorted(r["line"] for r in read_output(output)) == list(range(1, 61))
+    assert server.stats.duplicate_successes == 0
+
+
+def test_dropping_records_never_follows_a_symlink_beside_the_output(server: FakeServer, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", questions(4))
+    output = tmp_path / "out.jsonl"
+    server.inject("400", times=1)
+    assert run_cli(server, "run", source, "-o", output, "--model", MODEL).returncode == 1
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    for name in ("out.jsonl.rewrite", "out.jsonl.tmp"):
+        (tmp_path / name).symlink_to(victim)
+    done = run_cli(server, "run", source, "-o", output, "--model", MODEL, "--retry-failed")
+    assert done.returncode == 0, done.stderr
+    assert victim.read_text() == "precious\n"
+    assert not output.is_symlink()
+    assert sorted(r["line"] for r in read_output(output)) == [1, 2, 3, 4]
+
+
+def test_records_for_lines_the_input_does_not_have_are_dropped(server: FakeServer, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", questions(3))
+    output = tmp_path / "out.jsonl"
+    assert run_cli(server, "run", source, "-o", output, "--model", MODEL).returncode == 0
+    with output.open("a") as f:
+        for line in (-1, 0, 10**10):
+            f.write(json.dumps({"line": line, "ok": True, "text": "stray"}) + "\n")
+    done = run_cli(server, "run", source, "-o", output, "--model", MODEL)
+    assert done.returncode == 0, done.stderr
+    assert sorted(r["line"] for r in read_output(output)) == [1, 2, 3]
+    assert "3/3" in done.stderr or "3 (" in done.stdout
+
+
+def test_an_output_that_cannot_be_opened_is_a_clear_error(server: FakeServer, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", questions(2))
+    output = tmp_path / "out.jsonl"
+    assert run_cli(server, "run", source, "-o", output, "--model", MODEL).returncode == 0
+    output.chmod(0o444)
+    try:
+        done = run_cli(server, "run", source, "-o", output, "--model", MODEL, "--retry-failed")
+    finally:
+        output.chmod(0o644)
+    if os.geteuid() == 0:  # root may write a read-only file: then it simply resumes
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode == 2, done.stderr
+        assert "cannot open the output" in done.stderr
+    assert "Traceback" not in done.stderr

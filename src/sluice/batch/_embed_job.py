@@ -35,7 +35,7 @@ from ..store import SqliteStore
 from ._embed_inputs import EmbeddingInput, embedding_hash
 from ._inputs import InputItem, read_inputs
 from ._job import FailFast, JobProgress, JobSpec
-from ._output import DoneLines, OutputWriter
+from ._output import DoneLines, OutputFile
 from ._runner import _note_deployments, _Output, _tick, engine_for
 
 __all__ = ["CHAT_IN_EMBEDDING_JOB", "stream_embeddings"]
@@ -159,7 +159,12 @@ def _base64(vector: array[float]) -> str:
 
 
 async def stream_embeddings(
-    spec: JobSpec, progress: JobProgress, store: SqliteStore, done: DoneLines, on_tick: Callable[[], None]
+    spec: JobSpec,
+    progress: JobProgress,
+    store: SqliteStore,
+    done: DoneLines,
+    on_tick: Callable[[], None],
+    file: OutputFile,
 ) -> None:
     """Run the job's lines not yet in the output; every record is written as its line completes."""
     engine = engine_for(spec, progress, store)
@@ -195,7 +200,7 @@ async def stream_embeddings(
         progress.source_exhausted = True
 
     pipeline = EmbedPipeline(engine, priority=Priority.BATCH, ordered=spec.ordered)
-    output = _Output(OutputWriter(spec.output), progress)
+    output = _Output(file, progress)
     fail_fast = FailFast(progress.total)
     ticker = asyncio.get_running_loop().create_task(_tick(output, on_tick, lambda: _note_deployments(store, engine)))
     try:

@@ -17,11 +17,12 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import tempfile
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from .. import _errors, _json
 from .._errors import ConfigError
@@ -32,6 +33,7 @@ from ._inputs import InputItem
 __all__ = [
     "KEPT_KINDS",
     "DoneLines",
+    "OutputFile",
     "OutputWriter",
     "Prepared",
     "looks_like_output",
@@ -120,9 +122,11 @@ class Prepared:
     cost_usd: float = 0.0
 
 
-def _keep(record: Any, retry_failed: bool) -> int | None:
+def _keep(record: Any, retry_failed: bool, total: int | None = None) -> int | None:
     """The record's line number if it stays in the output on this run, else None."""
     if not isinstance(record, dict) or not isinstance(record.get("line"), int):
+        return None
+    if not 1 <= record["line"] <= (total if total is not None else record["line"]):
         return None
     if record.get("ok") is True:
         return int(record["line"])
@@ -153,38 +157,37 @@ def looks_like_output(path: Path) -> bool:
 
 
 def prepare_output(
-    path: Path,
+    output: OutputFile,
     *,
     retry_failed: bool,
+    total: int | None = None,
     line_hashes: Callable[[], Iterable[tuple[int, str]]] | None = None,
 ) -> Prepared:
     """Repair a torn last line, drop records this run must redo, and list what is done.
 
     ``line_hashes`` gives the current input's ``(line, request_hash)``; a record whose line
-    now asks something else is dropped and redone.
+    now asks something else is dropped and redone. A record for a line the input does not
+    have (past ``total``) is dropped: it cannot be this input's.
     """
     done = DoneLines()
-    if not path.exists():
-        return Prepared(done, 0, 0, 0)
-    repaired = _cut_torn_tail(path)
+    repaired = output.cut_torn_tail()
     dropped = kept_failures = 0
     cost = 0.0
-    with path.open("rb") as f:
-        for raw in f:
-            try:
-                record = _json.loads(raw)
-            except ValueError:
-                record = None
-            line = _keep(record, retry_failed)
-            if isinstance(record, dict) and isinstance(record.get("cost_usd"), (int, float)):
-                cost += float(record["cost_usd"])
-            if line is None or line in done:
-                dropped += 1
-                continue
-            assert isinstance(record, dict)
-            done.add(line, _digest(record))
-            if record.get("ok") is not True:
-                kept_failures += 1
+    for raw in output.lines():
+        try:
+            record = _json.loads(raw)
+        except ValueError:
+            record = None
+        line = _keep(record, retry_failed, total)
+        if isinstance(record, dict) and isinstance(record.get("cost_usd"), (int, float)):
+            cost += max(0.0, float(record["cost_usd"]))
+        if line is None or line in done:
+            dropped += 1
+            continue
+        assert isinstance(record, dict)
+        done.add(line, _digest(record))
+        if record.get("ok") is not True:
+            kept_failures += 1
     changed: set[int] = set()
     if line_hashes is not None and done.has_digests:
         for line, digest in line_hashes():
@@ -193,48 +196,20 @@ def prepare_output(
                 changed.add(line)
                 done.discard(line)
     if dropped or changed:
-        _rewrite_without_dropped(path, retry_failed, changed)
-    return Prepared(done, done.count, dropped + len(changed), repaired, kept_failures, len(changed), cost)
+        kept = DoneLines()
 
-
-def _cut_torn_tail(path: Path) -> int:
-    """Truncate after the last newline; returns how many bytes were cut."""
-    size = path.stat().st_size
-    if size == 0:
-        return 0
-    with path.open("rb+") as f:
-        position = size
-        while position > 0:
-            step = min(65536, position)
-            f.seek(position - step)
-            chunk = f.read(step)
-            newline = chunk.rfind(b"\n")
-            if newline != -1:
-                end = position - step + newline + 1
-                if end != size:
-                    f.truncate(end)
-                return size - end
-            position -= step
-        f.truncate(0)
-        return size
-
-
-def _rewrite_without_dropped(path: Path, retry_failed: bool, changed: set[int]) -> None:
-    """Atomically replace the output with only the records kept on this run."""
-    temporary = path.with_name(path.name + ".rewrite")
-    seen = DoneLines()
-    with path.open("rb") as source, temporary.open("wb") as target:
-        for raw in source:
+        def keep(raw: bytes) -> bool:
             try:
-                line = _keep(_json.loads(raw), retry_failed)
+                line = _keep(_json.loads(raw), retry_failed, total)
             except ValueError:
-                continue
-            if line is not None and line not in seen and line not in changed:
-                seen.add(line)
-                target.write(raw)
-        target.flush()
-        os.fsync(target.fileno())
-    os.replace(temporary, path)
+                return False
+            if line is None or line in kept or line in changed:
+                return False
+            kept.add(line)
+            return True
+
+        output.rewrite(keep)
+    return Prepared(done, done.count, dropped + len(changed), repaired, kept_failures, len(changed), cost)
 
 
 def output_record(item: InputItem, result: Result, sent: Request | None = None) -> dict[str, Any]:
@@ -281,38 +256,114 @@ def _id(item: InputItem, result: Result) -> str:
     return result.id if result.request is not None else f"line-{item.line}"
 
 
-class OutputWriter:
-    """Appends records; buffered (the store, not this file, is what must survive a crash).
+class OutputFile:
+    """The job's output, opened once and locked for the whole run.
 
-    Holds an exclusive lock on the file for the whole run: a second job writing the same
-    output (say with another ``--state``) is refused instead of interleaving records.
+    The lock (flock) is on this open file, so everything that touches the output — cutting
+    a torn line, dropping records to redo, starting over, appending — happens in place on
+    the same file while the lock is held: a second job writing the same output (say with
+    another ``--state``) is refused whatever flags it has, and no temporary name next to
+    the output exists for a symlink to redirect.
+
+    Records are appended unbuffered, one ``write`` each: after a kill -9 every record
+    handed to the file is in it (the state file, not this one, is what a rerun trusts).
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] = path.open("a", encoding="utf-8", buffering=1 << 16)
+        self.existed = path.exists()
         try:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise ConfigError(f"cannot open the output {path}: {exc.strerror}") from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self._file.close()
+            os.close(self._fd)
             raise ConfigError(f"{path} is being written by another sluice job; wait for it or stop it") from None
         self.written = 0
 
+    @property
+    def size(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def lines(self) -> Iterator[bytes]:
+        """The records now in the file (read through the locked file itself)."""
+        with os.fdopen(os.dup(self._fd), "rb") as f:
+            f.seek(0)
+            yield from f
+
+    def cut_torn_tail(self) -> int:
+        """Truncate after the last newline; returns how many bytes were cut."""
+        size = self.size
+        if size == 0:
+            return 0
+        position = size
+        while position > 0:
+            step = min(65536, position)
+            chunk = os.pread(self._fd, step, position - step)
+            newline = chunk.rfind(b"\n")
+            if newline != -1:
+                end = position - step + newline + 1
+                if end != size:
+                    self._truncate(end)
+                return size - end
+            position -= step
+        self._truncate(0)
+        return size
+
+    def rewrite(self, keep: Callable[[bytes], bool]) -> None:
+        """Keep only the records ``keep`` accepts. Copied aside to an anonymous temporary file,
+        then written back in place: a crash in between loses only records the state file
+        still holds (a rerun writes them again from there, sending nothing)."""
+        with tempfile.TemporaryFile(dir=self.path.parent) as aside:
+            for raw in self.lines():
+                if keep(raw):
+                    aside.write(raw)
+            aside.flush()
+            aside.seek(0)
+            self._truncate(0)
+            while chunk := aside.read(1 << 20):
+                self._write_all(chunk)
+        os.fsync(self._fd)
+
+    def start_over(self) -> None:
+        """Empty the file (``--restart``, ``--overwrite``)."""
+        self._truncate(0)
+
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(_json.dumps_text(record) + "\n")
+        self._write_all((_json.dumps_text(record) + "\n").encode())
         self.written += 1
 
     def flush(self) -> None:
-        self._file.flush()
+        """Nothing is buffered (kept for the writers that call it)."""
 
     def close(self) -> None:
-        """Flush, sync and close; raises OSError if the last bytes cannot be written."""
-        if self._file.closed:
+        """Sync and close (the lock goes with it); raises OSError if the sync fails."""
+        if self._fd < 0:
             return
         try:
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            os.fsync(self._fd)
         finally:
-            with contextlib.suppress(OSError):  # the flush above already said why
-                self._file.close()
+            os.close(self._fd)
+            self._fd = -1
+
+    def discard(self) -> None:
+        """Close without a trace: remove the file if this run created it and it is empty."""
+        created_empty = not self.existed and self._fd >= 0 and self.size == 0
+        self.close()
+        if created_empty:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+    def _truncate(self, size: int) -> None:
+        os.ftruncate(self._fd, size)
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+
+#: The name the writers of a job's records use for the open output.
+OutputWriter = OutputFile

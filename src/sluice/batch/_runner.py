@@ -27,7 +27,7 @@ from ..store import SqliteStore
 from ._embed_inputs import embedding_hash
 from ._inputs import InputItem, count_records, read_inputs
 from ._job import FailFast, JobProgress, JobSpec
-from ._output import DoneLines, OutputWriter, looks_like_output, output_record, prepare_output, request_hash
+from ._output import DoneLines, OutputFile, looks_like_output, output_record, prepare_output, request_hash
 
 __all__ = ["JobProgress", "JobSpec", "default_state_path", "engine_for", "is_embedding_job", "run_job"]
 
@@ -111,41 +111,50 @@ def _claim_state(store: SqliteStore, spec: JobSpec) -> None:
         )
 
 
-def _claim_output(store: SqliteStore, spec: JobSpec, progress: JobProgress) -> None:
+def _claim_output(store: SqliteStore, spec: JobSpec, progress: JobProgress, output: OutputFile) -> None:
     """Touch the output only when it is this job's, or the user said to replace it."""
-    output = spec.output
-    mine = store.meta().get("output") == str(output)
-    if not output.exists() or output.stat().st_size == 0:
+    path = spec.output
+    mine = store.meta().get("output") == str(path)
+    if not output.existed or output.size == 0:
         return
     if spec.overwrite or (spec.restart and mine):
-        output.unlink()
+        output.start_over()
         return
     if mine:
         return
-    if not looks_like_output(output):
+    if not looks_like_output(path):
         raise ConfigError(
-            f"{output} already exists and was not written by this job; choose another -o, "
+            f"{path} already exists and was not written by this job; choose another -o, "
             "or add --overwrite to replace it"
         )
     if spec.adopt_output:
         progress.adopted = True
         return
     raise ConfigError(
-        f"{output} holds sluice records, but its state file {spec.state} does not know it (the state was "
+        f"{path} holds sluice records, but its state file {spec.state} does not know it (the state was "
         "deleted or replaced, or this is another job's output). Rerun with the --state that wrote it; or add "
-        "--adopt-output to continue from its records (their cost counts against --budget); or --overwrite "
-        "to start over"
+        "--adopt-output to continue from its records (their cost counts against --budget; requests that were "
+        "in flight when its state was lost are not known); or --overwrite to start over"
     )
 
 
 async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], None]) -> None:
     store = SqliteStore(spec.state)
+    output: OutputFile | None = None
     try:
         _claim_state(store, spec)
-        _claim_output(store, spec, progress)
+        output = OutputFile(spec.output)  # locked from here to the end: one job per output
+        try:
+            _claim_output(store, spec, progress, output)
+        except SluiceError:
+            output.discard()  # refused: leave no file behind that was not there
+            output = None
+            raise
         progress.recovered = store.recover_intents()
-        prepared = prepare_output(spec.output, retry_failed=spec.retry_failed, line_hashes=lambda: _line_hashes(spec))
         progress.total = count_records(spec.input, spec.inputs)
+        prepared = prepare_output(
+            output, retry_failed=spec.retry_failed, total=progress.total, line_hashes=lambda: _line_hashes(spec)
+        )
         progress.already_done = prepared.kept
         progress.redone = prepared.dropped
         progress.kept_failures = prepared.kept_failures
@@ -167,10 +176,12 @@ async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[]
         if is_embedding_job(spec):
             from ._embed_job import stream_embeddings  # here: it reuses this module's parts
 
-            await stream_embeddings(spec, progress, store, prepared.done, on_tick)
+            await stream_embeddings(spec, progress, store, prepared.done, on_tick, output)
         else:
-            await _stream(spec, progress, store, prepared.done, on_tick)
+            await _stream(spec, progress, store, prepared.done, on_tick, output)
     finally:
+        if output is not None:
+            _Output(output, progress).close()
         progress.finished = time.monotonic()
         status = "finished" if progress.complete else "interrupted"
         with contextlib.suppress(SluiceError):
@@ -224,7 +235,12 @@ def engine_for(spec: JobSpec, progress: JobProgress, store: SqliteStore) -> Engi
 
 
 async def _stream(
-    spec: JobSpec, progress: JobProgress, store: SqliteStore, done: DoneLines, on_tick: Callable[[], None]
+    spec: JobSpec,
+    progress: JobProgress,
+    store: SqliteStore,
+    done: DoneLines,
+    on_tick: Callable[[], None],
+    file: OutputFile,
 ) -> None:
     engine = engine_for(spec, progress, store)
     pending: dict[int, InputItem] = {}
@@ -248,8 +264,7 @@ async def _stream(
                 yield _request_of(item, spec.cache)
         progress.source_exhausted = True
 
-    writer = OutputWriter(spec.output)
-    output = _Output(writer, progress)
+    output = _Output(file, progress)
     fail_fast = FailFast(progress.total)
     ticker = asyncio.get_running_loop().create_task(_tick(output, on_tick, lambda: _note_deployments(store, engine)))
     try:
@@ -290,7 +305,7 @@ def _note_deployments(store: SqliteStore, engine: Engine) -> None:
 class _Output:
     """The output writer, with a failure (disk full...) turned into a clean stop."""
 
-    def __init__(self, writer: OutputWriter, progress: JobProgress) -> None:
+    def __init__(self, writer: OutputFile, progress: JobProgress) -> None:
         self._writer = writer
         self._progress = progress
 
