@@ -13,6 +13,7 @@
     ├── BudgetExhaustedError         not run: its worst case no longer fits the budget
     ├── UnknownPriceError            a budgeted run met a model with no known price
     ├── StoreError                   the state file cannot be written (disk full, read-only...)
+    ├── EmbeddingError               embed() could not give every text a vector (in _embeddings)
     └── ProviderError                the provider (or the way to it) failed
         ├── RetryableError           worth another attempt
         │   ├── RateLimitError           429

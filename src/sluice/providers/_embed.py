@@ -198,7 +198,7 @@ async def post_embeddings(
     # and warns about raw bytes; a 300k-token request is ~1.2 MB.
     body: bytes | io.BytesIO = io.BytesIO(data) if len(data) > _LARGE_BODY else data
     try:
-        async with session.post(url, data=body, headers=headers) as response:
+        async with session.post(url, data=body, headers=headers, allow_redirects=False) as response:
             payload = await response.read()
             status = response.status
             response_headers: Mapping[str, str] = response.headers
