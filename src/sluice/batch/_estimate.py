@@ -14,9 +14,10 @@ from pathlib import Path
 
 from .._models import Deployment, Usage
 from .._pricing import Pricing
-from .._tokens import estimate_message_tokens
+from .._tokens import estimate_message_tokens, estimate_text_tokens
 from ..cli._config import JobConfig
 from ..providers import estimate_request_tokens
+from ._embed_inputs import EmbeddingInput
 from ._inputs import InputOptions, read_inputs
 
 __all__ = ["Estimate", "estimate_job"]
@@ -29,6 +30,8 @@ class _Tally:
     prompt_tokens: int = 0
     reserved_tokens: int = 0
     max_output_tokens: int = 0
+    #: Texts to embed (embedding lines are packed many texts to a request).
+    texts: int = 0
 
     def seconds(self, tokens: int) -> float | None:
         """The shortest time the limits allow, or None without limits."""
@@ -76,7 +79,8 @@ class Estimate:
         ]
         slowest: tuple[float, float] | None = None
         for label, tally in self.tallies.items():
-            rows.append((label, f"{tally.requests:,} requests"))
+            texts = f" ({tally.texts:,} texts to embed)" if tally.texts else ""
+            rows.append((label, f"{tally.requests:,} requests{texts}"))
             rows.append(("  prompt tokens (est.)", f"{tally.prompt_tokens:,}"))
             rows.append(("  reserved tokens", f"{tally.reserved_tokens:,} (prompt + max_tokens)"))
             rows.append(("  cost", self._cost(tally)))
@@ -98,6 +102,9 @@ def estimate_job(
     result = Estimate(expected_output=expected_output)
     for item in read_inputs(path, options):
         result.records += 1
+        if item.embedding is not None:
+            _count_embedding(result, item.embedding, routes, config)
+            continue
         if item.request is None:
             result.invalid += 1
             if item.error is not None and len(result.examples_of_bad) < 5:
@@ -119,3 +126,21 @@ def estimate_job(
         tally.reserved_tokens += reserved
         tally.max_output_tokens += reserved - prompt
     return result
+
+
+#: Inputs per embeddings request at most (OpenAI's limit; sluice packs up to it).
+_EMBED_PER_REQUEST = 2048
+
+
+def _count_embedding(result: Estimate, asked: EmbeddingInput, routes: dict[str, Deployment], config: JobConfig) -> None:
+    """An embedding line: its texts, packed many to a request (as ``sluice run`` sends them)."""
+    deployment = routes.get(asked.model) or routes.setdefault(asked.model, Deployment(asked.model, **config.defaults))
+    tally = result.tallies.get(deployment.label)
+    if tally is None:
+        tally = result.tallies[deployment.label] = _Tally(deployment)
+    packs_before = -(-tally.texts // _EMBED_PER_REQUEST)
+    tally.texts += len(asked.texts)
+    tally.requests += -(-tally.texts // _EMBED_PER_REQUEST) - packs_before
+    tokens = sum(estimate_text_tokens(text) for text in asked.texts)
+    tally.prompt_tokens += tokens
+    tally.reserved_tokens += tokens

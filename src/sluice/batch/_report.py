@@ -57,6 +57,9 @@ def report_rows(path: Path) -> list[tuple[str, str]]:
     ]
     for kind, count in summary["errors"].items():
         rows.append((f"    {kind}", f"{count:,}"))
+    if summary.get("embeddings"):
+        failed = summary["embeddings"] - summary["embeddings_ok"]
+        rows.append(("texts embedded", f"{summary['embeddings_ok']:,} stored ({failed:,} rejected)"))
     rows += [
         ("attempts", f"{summary['attempts']:,}"),
         ("tokens", f"{summary['input_tokens']:,} in, {summary['output_tokens']:,} out"),

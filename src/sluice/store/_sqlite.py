@@ -251,6 +251,9 @@ class SqliteStore:
             ).fetchall()
         )
         (priced,) = self._db.execute("SELECT count(*) FROM charges").fetchone()
+        embedded = self._db.execute(
+            "SELECT count(*), coalesce(sum(ok), 0) FROM embeddings" if self._has_table("embeddings") else "SELECT 0, 0"
+        ).fetchone()
         spend = self.spend()
         return {
             "results": row[0],
@@ -264,7 +267,13 @@ class SqliteStore:
             "first_finished_at": row[5],
             "last_finished_at": row[6],
             "errors": errors,
+            "embeddings": embedded[0],
+            "embeddings_ok": embedded[1],
         }
+
+    def _has_table(self, name: str) -> bool:
+        found = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+        return found.fetchone() is not None
 
     def latencies(self) -> Iterator[float]:
         for (latency,) in self._db.execute("SELECT latency_s FROM results WHERE ok = 1"):
