@@ -31,9 +31,10 @@ Clients, each over both servers:
   and rpm" (docs.litellm.ai/docs/router/learn/strategies; the load-balancing guide says
   to set ``rpm`` "if you want to maximize throughput",
   docs.litellm.ai/docs/proxy/load_balancing). Its retries and cooldowns are left at
-  LiteLLM's defaults (``num_retries`` 2; a deployment cools down for 5 s after 3 failures
-  in a minute: ``DEFAULT_ALLOWED_FAILS``, ``DEFAULT_COOLDOWN_TIME_SECONDS`` in
-  ``litellm/constants.py``; docs.litellm.ai/docs/router/learn/reliability).
+  LiteLLM's defaults (docs.litellm.ai/docs/router/learn/reliability): ``num_retries`` 2;
+  in a group of several deployments one 429, or more than half of a minute's (>= 5)
+  requests failing, cools a deployment down for 5 s (``_should_cooldown_deployment`` in
+  ``litellm/router_utils/cooldown_handlers.py``, ``DEFAULT_COOLDOWN_TIME_SECONDS``).
 - raw aiohttp, round-robin: no limiter; every attempt goes to the next server in turn;
   a 429 sleeps its ``retry-after`` then goes on to the next server, a connection error
   goes on at once; up to ``--raw-max-attempts`` attempts. The floor for 429s.
@@ -537,13 +538,38 @@ def _pair(a: Sequence[float], b: Sequence[float]) -> str:
     return f"{_cell(a, ',.0f')} / {_cell(b, ',.0f')}"
 
 
+_HEADERS = {
+    "shared": (
+        "client",
+        "wall s",
+        "client CPU s",
+        "achieved / ideal rate",
+        "served east / west",
+        "429s east / west",
+        "retries (server)",
+        "failed",
+    ),
+    "death": (
+        "client",
+        "wall s",
+        "client CPU s",
+        "achieved / ideal rate",
+        "failed",
+        "sent to west after it died",
+        "served east / west",
+        "429s east / west",
+        "retries (server)",
+    ),
+}
+
+
 def _table(scenario: str, records: list[dict[str, Any]], clients: Sequence[str], plan: Plan) -> str:
     rows = []
     for client in clients:
         mine = [r for r in records if r["client"] == client]
         label = LABELS[client]
         if any(r["status"] == "not installed" for r in mine):
-            rows.append([label, "not installed", *["-"] * (7 if scenario == "shared" else 8)])
+            rows.append([label, "not installed", *["-"] * (len(_HEADERS[scenario]) - 2)])
             continue
         good = [_metrics(r, plan) for r in mine if r["status"] == "ok"]
         bad = [r for r in mine if r["status"] != "ok"]
@@ -582,29 +608,7 @@ def _table(scenario: str, records: list[dict[str, Any]], clients: Sequence[str],
                     _cell(col("retries"), ",.0f"),
                 ]
             )
-    if scenario == "shared":
-        headers = [
-            "client",
-            "wall s",
-            "client CPU s",
-            "achieved / ideal rate",
-            "served east / west",
-            "429s east / west",
-            "retries (server)",
-            "failed",
-        ]
-    else:
-        headers = [
-            "client",
-            "wall s",
-            "client CPU s",
-            "achieved / ideal rate",
-            "failed",
-            "sent to west after it died",
-            "served east / west",
-            "429s east / west",
-            "retries (server)",
-        ]
+    headers = _HEADERS[scenario]
     return markdown_table(headers, rows, right=tuple(range(1, len(headers))))
 
 

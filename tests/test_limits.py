@@ -7,6 +7,7 @@ import itertools
 import math
 import random
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -723,3 +724,39 @@ def test_property_no_window_ever_exceeds_either_limit(
     for lane in lanes.values():
         served = [i for i in lane if outcome[i] == "granted"]
         assert sorted(served, key=position.__getitem__) == served, f"lane served out of order: {served}"
+
+
+class _CountingLimiter(LocalLimiter):
+    __slots__ = ("grants",)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.grants = 0
+
+    def _grant(self, tokens: int, now: float) -> Any:
+        self.grants += 1
+        return super()._grant(tokens, now)
+
+
+def test_a_claim_shared_by_two_waits_is_granted_once() -> None:
+    """The router waits on every deployment of a group at once: when two limiters could
+    grant the same request in the same tick, only one does (no grant to hand back)."""
+    from sluice._limits import Claim
+
+    async def scenario() -> tuple[int, int]:
+        east, west = _CountingLimiter(requests=1, window=1.0), _CountingLimiter(requests=1, window=1.0)
+        (await east.acquire(1)).done()
+        (await west.acquire(1)).done()  # both paced: the next slot opens at the same instant on each
+        claim = Claim()
+        waits = [asyncio.ensure_future(limiter.acquire(1, claim=claim)) for limiter in (east, west)]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.sleep(0.5)
+        granted = sum(1 for w in waits if w.done() and not w.cancelled())
+        for w in waits:
+            w.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+        return granted, east.grants + west.grants
+
+    granted, grants = run_in_virtual_time(scenario())
+    assert granted == 1
+    assert grants == 3  # the two first requests and one shared grant, never a second one

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +39,7 @@ from ._errors import (
     ServerError,
     SluiceError,
 )
-from ._limits import Limiter, Reservation
+from ._limits import Claim, Limiter, LocalLimiter, Reservation
 from ._models import BUILTIN_PROVIDERS, Deployment
 
 if TYPE_CHECKING:
@@ -369,12 +369,15 @@ class Router:
     ) -> tuple[Route, Reservation] | None:
         """Wait on every candidate's limiter at once; the first grant wins, the rest are
         withdrawn (a grant that came in the same tick is refunded). None: the group changed."""
-        if len(candidates) == 1:
-            waits: dict[asyncio.Future[Any], Route] = {
-                asyncio.ensure_future(candidates[0].limiter.acquire(tokens, priority, seq)): candidates[0]
-            }
-        else:
-            waits = {asyncio.ensure_future(route.limiter.acquire(tokens, priority, seq)): route for route in candidates}
+        claim = Claim()  # the first grant takes it: the others then skip this request
+
+        def wait_on(route: Route) -> Awaitable[Reservation]:
+            limiter = route.limiter
+            if isinstance(limiter, LocalLimiter):
+                return limiter.acquire(tokens, priority, seq, claim=claim)
+            return limiter.acquire(tokens, priority, seq)
+
+        waits: dict[asyncio.Future[Any], Route] = {asyncio.ensure_future(wait_on(r)): r for r in candidates}
         try:
             done, _ = await asyncio.wait([*waits, watcher], return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
