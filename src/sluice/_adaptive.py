@@ -26,13 +26,26 @@ __all__ = ["Adaptive"]
 class Adaptive:
     """AIMD on one deployment's in-flight cap (see the module docstring)."""
 
-    __slots__ = ("_ceiling", "_congested", "_floor", "_halved", "_on", "_samples", "_slow_start", "cap", "limiter")
+    __slots__ = (
+        "_ceiling",
+        "_congested",
+        "_floor",
+        "_floor_seconds",
+        "_halved",
+        "_on",
+        "_samples",
+        "_slow_start",
+        "cap",
+        "limiter",
+    )
 
     #: Latency this many times the best seen counts as congestion.
     RISE = 2.0
     #: In slow start (doubling) a smaller rise already ends the doubling: one more doubling
     #: past the server's capacity would overshoot it twice over.
     SLOW_START_RISE = 1.3
+    #: ...and this many seconds more than the best round, at least.
+    SLACK = 0.05
 
     def __init__(self, limiter: LocalLimiter, *, start: int = 8, ceiling: int = 4096) -> None:
         self.limiter = limiter
@@ -42,15 +55,16 @@ class Adaptive:
         self._slow_start = True
         self._congested = False
         self._halved = False
-        self._samples: list[float] = []
+        self._samples: list[tuple[float, float]] = []
         #: The least median latency of any round: the server without a queue. Kept for good
         #: (a baseline that forgot it would drift up with the queue and stop seeing it).
         self._floor = math.inf
+        self._floor_seconds = math.inf
         limiter.set_max_in_flight(start)
 
     def answered(self, latency: float, output_tokens: int) -> None:
         if self._still_active():
-            self._samples.append(latency / output_tokens if output_tokens > 0 else latency)
+            self._samples.append((latency / output_tokens if output_tokens > 0 else latency, latency))
             self._end_round_if_due()
 
     def failed(self) -> None:
@@ -59,20 +73,25 @@ class Adaptive:
             return
         if not self._halved:  # one halving per round, however many fail together
             self._halve()
-        self._samples.append(math.nan)
+        self._samples.append((math.nan, math.nan))
         self._end_round_if_due()
 
     def _end_round_if_due(self) -> None:
         if len(self._samples) < self.cap:
             return
-        answered = sorted(x for x in self._samples if not math.isnan(x))
+        answered = [x for x in self._samples if not math.isnan(x[0])]
         self._samples = []
         if answered:
-            median = answered[len(answered) // 2]
-            self._floor = min(self._floor, median)
-            if median > self.RISE * self._floor:  # answers come back slower: queueing
+            per_token = sorted(x[0] for x in answered)[len(answered) // 2]
+            seconds = sorted(x[1] for x in answered)[len(answered) // 2]
+            self._floor = min(self._floor, per_token)
+            self._floor_seconds = min(self._floor_seconds, seconds)
+            # a rise counts when it is large both relatively and in seconds: a fast server's
+            # answers (a millisecond) double with any noise, without any queue behind them
+            queued = seconds - self._floor_seconds
+            if per_token > self.RISE * self._floor and queued > self.SLACK:  # answers come back slower
                 self._congested = True
-            elif self._slow_start and median > self.SLOW_START_RISE * self._floor:
+            elif self._slow_start and per_token > self.SLOW_START_RISE * self._floor and queued > self.SLACK / 2:
                 self._slow_start = False  # near capacity: grow by one from here
         if self._congested and not self._halved:
             self._halve()
