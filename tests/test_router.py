@@ -236,10 +236,10 @@ api_key_env = "BACK_KEY"
 async def test_aimd_finds_a_self_hosted_servers_capacity(adaptive: bool) -> None:
     """A server that sends no limits (vLLM, Ollama) is driven at its capacity, not past it:
     beyond 8 at once its requests queue, and the adaptive cap settles near 8."""
-    async with FakeServer(api_key="sk-test", capacity=8, latency=0.02) as server:
+    async with FakeServer(api_key="sk-test", capacity=8, latency=0.1) as server:
         extra = {} if adaptive else {"max_in_flight": 256}  # an explicit cap turns adaptation off
         async with Engine(at(server, "vllm", **extra), retry=FAST) as engine:
-            results = await engine.run(prompts(600))
+            results = await engine.run(prompts(320 if adaptive else 260))
             route = engine.router.routes[0]
         assert all(r.ok for r in results)
         if not adaptive:  # the control: without adaptation everything queues at the server

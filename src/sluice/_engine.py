@@ -30,17 +30,12 @@ from ._budget import Budget, BudgetHold
 from ._coerce import RequestLike, coerce, make_request
 from ._errors import (
     AttemptTimeoutError,
-    AuthenticationError,
-    BadRequestError,
     CancelledError,
-    CapacityError,
     ConfigError,
     DeadlineExceededError,
     EngineClosedError,
     FatalProviderError,
     InvalidRequestError,
-    NotFoundError,
-    PermissionDeniedError,
     ProviderError,
     RateLimitError,
     SluiceError,
@@ -52,7 +47,17 @@ from ._limits import Limiter, LocalLimiter
 from ._models import Deployment, Priority, Request, Result, Timings, Usage, store_key
 from ._records import result_from_record
 from ._retry import RetryPolicy
-from ._router import Cooldown, Group, GroupExhausted, Health, Route, Router, RouteStatus
+from ._router import (
+    Cooldown,
+    Group,
+    GroupExhausted,
+    Health,
+    Route,
+    Router,
+    RouteStatus,
+    deployment_fault,
+    model_cannot_take,
+)
 from ._session import Session
 from ._slot import Slot, Tally, WaitingScope, stopped_note
 from ._spending import CheaperModel, Spending
@@ -821,10 +826,10 @@ class Engine:
         if job.guarded:
             job.tried.add(route)
         elsewhere = job.guarded and any(r not in job.tried for r in job.groups[job.step].routes)
-        if _model_cannot_take(error) and job.step + 1 < len(job.groups):
+        if model_cannot_take(error) and job.step + 1 < len(job.groups):
             self._fall_back(job)
             delay = 0.0
-        elif elsewhere and _deployment_fault(error):  # this deployment's key, model or setup
+        elif elsewhere and deployment_fault(error):  # this deployment's key, model or setup
             delay = 0.0
         elif not self.retry.should_retry(error, attempt):
             return None
@@ -900,28 +905,6 @@ class Engine:
 
 
 _NEVER_SENT = "cancelled while an identical request was in flight; it was never sent"
-
-#: Provider error codes (and words) that say the model cannot take this request at all.
-_CANNOT_TAKE = ("context_length_exceeded", "content_filter", "content_policy", "context window", "context length")
-_CANNOT_TAKE_WORDS = ("maximum context length", "prompt is too long", "context window", "content management policy")
-
-
-def _model_cannot_take(error: SluiceError) -> bool:
-    """A rejection of the request by this model (too long, against its content policy), or a
-    request its provider cannot express (raised before sending): another model may take it."""
-    if isinstance(error, InvalidRequestError) and not isinstance(error, CapacityError):
-        return True
-    if not isinstance(error, BadRequestError):
-        return False
-    code = (error.provider_type or "").lower()
-    message = error.message.lower()
-    return any(c in code for c in _CANNOT_TAKE) or any(w in message for w in _CANNOT_TAKE_WORDS)
-
-
-def _deployment_fault(error: SluiceError) -> bool:
-    """A failure of this deployment's setup (key, permission, model name, config), which
-    another deployment of the same model may not share."""
-    return isinstance(error, (AuthenticationError, PermissionDeniedError, NotFoundError, ConfigError))
 
 
 def _settle(hold: BudgetHold | None, charge: float) -> None:

@@ -30,11 +30,16 @@ from typing import TYPE_CHECKING, Any
 from ._adaptive import Adaptive
 from ._errors import (
     AttemptTimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    CapacityError,
     ConfigError,
     ConnectError,
     InvalidRequestError,
     MalformedResponseError,
+    NotFoundError,
     OverloadedError,
+    PermissionDeniedError,
     RateLimitError,
     ServerError,
     SluiceError,
@@ -45,7 +50,17 @@ from ._models import BUILTIN_PROVIDERS, Deployment
 if TYPE_CHECKING:
     from .providers import Provider
 
-__all__ = ["Cooldown", "Group", "GroupExhausted", "Health", "Route", "RouteStatus", "Router"]
+__all__ = [
+    "Cooldown",
+    "Group",
+    "GroupExhausted",
+    "Health",
+    "Route",
+    "RouteStatus",
+    "Router",
+    "deployment_fault",
+    "model_cannot_take",
+]
 
 #: Failures that say the deployment (not the request) is in trouble.
 _TROUBLE = (ServerError, OverloadedError, ConnectError, AttemptTimeoutError, MalformedResponseError, RateLimitError)
@@ -478,3 +493,26 @@ def _model_keys(deployment: Deployment) -> set[str]:
     if deployment.provider_name == "openai" and "/" not in deployment.model:
         keys.add(f"openai/{deployment.model}")  # "gpt-4o-mini" and "openai/gpt-4o-mini" are one model
     return keys
+
+
+#: Provider error codes (and words) that say the model cannot take this request at all.
+_CANNOT_TAKE = ("context_length_exceeded", "content_filter", "content_policy", "context window", "context length")
+_CANNOT_TAKE_WORDS = ("maximum context length", "prompt is too long", "context window", "content management policy")
+
+
+def model_cannot_take(error: SluiceError) -> bool:
+    """A rejection of the request by this model (too long, against its content policy), or a
+    request its provider cannot express (raised before sending): another model may take it."""
+    if isinstance(error, InvalidRequestError) and not isinstance(error, CapacityError):
+        return True
+    if not isinstance(error, BadRequestError):
+        return False
+    code = (error.provider_type or "").lower()
+    message = error.message.lower()
+    return any(c in code for c in _CANNOT_TAKE) or any(w in message for w in _CANNOT_TAKE_WORDS)
+
+
+def deployment_fault(error: SluiceError) -> bool:
+    """A failure of this deployment's setup (key, permission, model name, config), which
+    another deployment of the same model may not share."""
+    return isinstance(error, (AuthenticationError, PermissionDeniedError, NotFoundError, ConfigError))
