@@ -118,3 +118,28 @@ async def test_every_attempt_of_one_request_carries_the_same_idempotency_key(tmp
         assert key.startswith("sluice-")
         assert count == 3
     store.close()
+
+
+def test_the_fresh_state_filter_never_forgets_a_key_it_was_given() -> None:
+    """A first run skips the lookup for keys it never stored: no stored key may be missed."""
+    from sluice.store._sqlite import _KeyFilter
+
+    keys = [f"row-{i}\x1f{i:032x}" for i in range(20_000)]
+    seen = _KeyFilter()
+    for key in keys:
+        seen.add(key)
+    assert all(seen.may_hold(key) for key in keys)
+    strangers = sum(seen.may_hold(f"other-{i}") for i in range(20_000))
+    assert strangers < 20  # "maybe" for an absent key is rare (then the query decides)
+
+
+async def test_a_first_run_serves_an_identical_request_that_landed_earlier(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "state.db")
+    async with FakeServer(api_key="sk-test") as server:
+        async with Engine(_deployment(server), store=store) as engine:
+            first = await engine.complete(Request.from_prompt("openai/gpt-test", "same"))
+            again = await engine.complete(Request.from_prompt("openai/gpt-test", "same"))
+        assert first.ok
+        assert again.cached
+        assert server.stats.received == 1
+    store.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ __all__ = ["RequestLike", "aiterate", "coerce", "make_request"]
 #: or a SluiceError standing for a bad input record (it becomes that item's result).
 RequestLike = Request | Mapping[str, Any] | str | SluiceError
 
-_REQUEST_FIELDS = frozenset(Request.__dataclass_fields__)
+_REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(Request) if f.init)
 
 
 def make_request(

@@ -64,6 +64,8 @@ class Request:
     id: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     priority: int | None = None
+    #: Its store key, worked out once (a batch job needs it twice per request).
+    _key: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         problem = _request_problem(self)
@@ -129,8 +131,12 @@ def store_key(request: Request) -> str:
     Two lines with the same content and no ids share a key, so the second is served
     from the first; a changed line under the same id gets a new key, so it is sent.
     """
-    content = request_key(request)
-    return content if request.id is None else f"{request.id}\x1f{content}"
+    key = request._key
+    if key is None:
+        content = request_key(request)
+        key = content if request.id is None else f"{request.id}\x1f{content}"
+        object.__setattr__(request, "_key", key)  # frozen: set once, the same for its life
+    return key
 
 
 def _number(value: object) -> bool:

@@ -116,6 +116,7 @@ class SqliteStore:
     def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = Path(path)
         self._writer: Writer | None = None
+        self._fresh: _KeyFilter | None = None
         self._next_intent = 1
         try:
             if readonly:
@@ -127,6 +128,10 @@ class SqliteStore:
                 self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA busy_timeout=5000")
             _check_integrity(self._db, self.path)
+            empty = self._db.execute("SELECT NOT EXISTS (SELECT 1 FROM results)").fetchone()[0]
+            #: For a state with no results when opened, the keys put since (a lookup of any
+            #: other key needs no query: a first run asks for each request once).
+            self._fresh = _KeyFilter() if empty and not readonly else None
             row = self._db.execute("SELECT max(id) FROM intents").fetchone() if not readonly else None
             self._next_intent = (row[0] or 0) + 1 if row else 1
         except sqlite3.DatabaseError as exc:
@@ -142,6 +147,8 @@ class SqliteStore:
     # -- the Store protocol -----------------------------------------------------------
 
     def get(self, key: str) -> StoredResult | None:
+        if self._fresh is not None and not self._fresh.may_hold(key):
+            return None  # a state that had no results when opened, and no such key put since
         row = self._db.execute("SELECT ok, record FROM results WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
@@ -165,6 +172,8 @@ class SqliteStore:
 
     async def put(self, key: str, result: Result) -> None:
         """Record a finished result; returns when it is durable."""
+        if self._fresh is not None:
+            self._fresh.add(key)
         row = _result_row(key, result)
         await self._write().run(lambda db: db.execute(_PUT, row))
 
@@ -300,6 +309,32 @@ class SqliteStore:
 
 #: ``PRAGMA application_id`` of a sluice state file ("SLCE"): tells it from other databases.
 APPLICATION_ID = 0x534C4345
+
+
+class _KeyFilter:
+    """A Bloom filter of keys (8 MB, two bits a key): "certainly not here" or "maybe".
+
+    A set of a million keys would cost ~100 MB; at a million keys this answers "maybe"
+    for an absent key about once in a thousand lookups (then the query decides)."""
+
+    __slots__ = ("_bits",)
+
+    _SIZE_BITS = 1 << 26
+
+    def __init__(self) -> None:
+        self._bits = bytearray(self._SIZE_BITS // 8)
+
+    def _spots(self, key: str) -> tuple[int, int]:
+        h = hash(key) & 0xFFFFFFFFFFFFFFFF
+        mask = self._SIZE_BITS - 1
+        return h & mask, (h >> 32) & mask
+
+    def add(self, key: str) -> None:
+        for spot in self._spots(key):
+            self._bits[spot >> 3] |= 1 << (spot & 7)
+
+    def may_hold(self, key: str) -> bool:
+        return all(self._bits[spot >> 3] & (1 << (spot & 7)) for spot in self._spots(key))
 
 
 def _setup(db: sqlite3.Connection) -> None:

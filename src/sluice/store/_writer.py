@@ -70,8 +70,9 @@ class Writer:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self.submit(op, (loop, future))
-        # shield: a caller cancelled while waiting must not cancel what the thread will set
-        return await asyncio.shield(future)
+        # No shield (it costs a second future per write): a caller cancelled while waiting
+        # cancels only this future; the op still commits, and _resolve_many skips a done one.
+        return await future
 
     def run_sync(self, op: Op) -> Any:
         """Apply ``op`` and block until it is committed (startup and shutdown only)."""
