@@ -42,13 +42,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from . import _json
 from ._budget import Budget
 from ._errors import (
-    AttemptTimeoutError,
     BadRequestError,
     BudgetExhaustedError,
     CancelledError,
     CapacityError,
     EngineClosedError,
-    FatalProviderError,
     InvalidRequestError,
     MalformedResponseError,
     ProviderError,
@@ -66,7 +64,7 @@ from .store._vectors import StoredVector, VectorStore
 
 if TYPE_CHECKING:
     from ._engine import Engine, _Job
-    from ._router import Group
+    from ._router import Group, Route
 
 __all__ = ["EmbedItem", "EmbedPipeline", "EmbedSpec", "EmbeddingError", "EmbeddingResult", "embed", "embedding_key"]
 
@@ -783,55 +781,25 @@ class EmbedPipeline:
     async def _attempt(
         self, group: _Group, pack: _Pack, job: _Job, tally: Tally, deadline: float | None
     ) -> EmbedReply | SluiceError:
-        """One attempt, as ``Engine._attempt`` makes one (admission, the provider, the slot
+        """One attempt, made by ``Engine._attempt`` (admission, the provider, the slot
         settled whatever happens), sending the pack as one embeddings request."""
-        engine = self.engine
-        slot = await engine._admit(job, tally, deadline)
-        if isinstance(slot, SluiceError):
-            return slot
-        route = slot.route
-        provider = route.provider
-        assert isinstance(provider, EmbeddingProvider)
-        timeout = engine.retry.attempt_timeout
-        slot.sending()
-        if deadline is not None:
-            timeout = min(timeout or deadline - slot.sent_at, deadline - slot.sent_at)
-        charge: float | None = None  # None: it may have been billed, at its worst case
-        answered = cut_off = False
-        try:
-            async with asyncio.timeout(timeout):
-                reply = await provider.embed_batch(
-                    pack.texts(), route.deployment, params=group.spec.params, idempotency_key=job.idempotency_key
-                )
+
+        async def send(route: Route) -> EmbedReply:
+            provider = route.provider
+            assert isinstance(provider, EmbeddingProvider)
+            reply = await provider.embed_batch(
+                pack.texts(), route.deployment, params=group.spec.params, idempotency_key=job.idempotency_key
+            )
             if len(reply.vectors) != len(pack):
                 raise MalformedResponseError(
                     f"{route.deployment.label} sent {len(reply.vectors)} vectors for {len(pack)} texts",
                     maybe_billed=True,
                 )
-        except TimeoutError:
-            return AttemptTimeoutError(f"no answer from {route.deployment.label} within {timeout:g} s")
-        except ProviderError as exc:
-            if not exc.maybe_billed:
-                charge = 0.0
-            return exc
-        except SluiceError as exc:  # raised before anything went out
-            charge = 0.0
-            return exc
-        except asyncio.CancelledError:
-            cut_off = True
-            raise
-        except Exception as exc:  # a provider's own bug must not take the whole job down
-            return FatalProviderError(f"{type(exc).__name__} in provider {provider.name!r}: {exc}")
-        else:
-            if reply.ratelimit is not None:  # learn before the slot frees and wakes the next
-                route.limiter.observe(reply.ratelimit)
-            slot.reservation.reconcile(reply.usage.input_tokens or job.tokens)
-            charge = engine.spending.cost(route.deployment, reply.usage) or 0.0
-            answered = True
-            engine.router.succeeded(route)
             return reply
-        finally:
-            slot.settle(charge, answered=answered, cut_off=cut_off)
+
+        outcome = await self.engine._attempt(job, tally, deadline, send)
+        assert isinstance(outcome, (EmbedReply, SluiceError))  # made by the pack's own send
+        return outcome
 
     # -- outcomes ---------------------------------------------------------------------------
 

@@ -21,9 +21,9 @@ import functools
 import hashlib
 import itertools
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ._adaptive import Adaptive
 from ._budget import Budget, BudgetHold
@@ -43,7 +43,7 @@ from ._errors import (
 )
 from ._fanout import fan_out
 from ._gate import PriorityGate
-from ._limits import Limiter, LocalLimiter
+from ._limits import Limiter, LocalLimiter, RateLimitSnapshot
 from ._models import Deployment, Priority, Request, Result, Timings, Usage, store_key
 from ._records import result_from_record
 from ._retry import RetryPolicy
@@ -74,6 +74,19 @@ if TYPE_CHECKING:
 __all__ = ["Engine", "RequestLike", "RetryEvent"]
 
 _log = logging.getLogger("sluice")
+
+
+class _Answer(Protocol):
+    """What an attempt's reply carries for the engine: usage, and what the headers said."""
+
+    @property
+    def usage(self) -> Usage: ...
+
+    @property
+    def ratelimit(self) -> RateLimitSnapshot | None: ...
+
+
+_A = TypeVar("_A", bound=_Answer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -684,9 +697,14 @@ class Engine:
                 with self._waiting_while(batch):
                     await asyncio.sleep(delay)
 
-    async def _attempt(self, job: _Job, tally: Tally, deadline: float | None) -> Reply | SluiceError:
+    async def _attempt(
+        self, job: _Job, tally: Tally, deadline: float | None, send: Callable[[Route], Awaitable[_A]] | None = None
+    ) -> _A | Reply | SluiceError:
         """One attempt: admission (money, capacity, the intent), then the provider. What
-        the slot holds is settled before it returns, whatever happens."""
+        the slot holds is settled before it returns, whatever happens.
+
+        ``send`` sends the attempt to the deployment chosen for it (an embeddings pack
+        sends itself this way); by default the job's chat request."""
         slot = await self._admit(job, tally, deadline)
         if isinstance(slot, SluiceError):
             return slot
@@ -699,7 +717,12 @@ class Engine:
         answered = cut_off = False
         try:
             async with asyncio.timeout(timeout):
-                reply = await route.provider.send(job.request, route.deployment, idempotency_key=job.idempotency_key)
+                if send is None:
+                    reply: _A | Reply = await route.provider.send(
+                        job.request, route.deployment, idempotency_key=job.idempotency_key
+                    )
+                else:
+                    reply = await send(route)
         except TimeoutError:
             return AttemptTimeoutError(f"no answer from {route.deployment.label} within {timeout:g} s")
         except ProviderError as exc:
