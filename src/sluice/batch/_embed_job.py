@@ -18,9 +18,7 @@ a list; base64 float32 when the line asked ``encoding_format: "base64"``), ``err
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import itertools
 import sys
 from array import array
@@ -34,9 +32,9 @@ from .._records import error_record, usage_record
 from ..store import SqliteStore
 from ._embed_inputs import EmbeddingInput, embedding_hash
 from ._inputs import InputItem, read_inputs
-from ._job import FailFast, JobProgress, JobSpec
+from ._job import JobProgress, JobSpec
 from ._output import DoneLines, OutputFile
-from ._runner import _note_deployments, _Output, _tick, engine_for
+from ._runner import _Output, engine_for, running
 
 __all__ = ["CHAT_IN_EMBEDDING_JOB", "stream_embeddings"]
 
@@ -201,32 +199,16 @@ async def stream_embeddings(
 
     pipeline = EmbedPipeline(engine, priority=Priority.BATCH, ordered=spec.ordered)
     output = _Output(file, progress)
-    fail_fast = FailFast(progress.total)
-    ticker = asyncio.get_running_loop().create_task(_tick(output, on_tick, lambda: _note_deployments(store, engine)))
-    try:
-        async with engine:
-            async for result in pipeline.results(items()):
-                line, position = owners.pop(result.index)
-                if not line.add(position, result):
-                    continue
-                if line.cancelled:
-                    progress.not_done += 1  # not written: the rerun does it
-                    continue
-                if not output.write(line.record()):
-                    continue
-                outcome = line.outcome()
-                progress.count(outcome)
-                verdict = fail_fast.observe(outcome)
-                if verdict is not None and progress.fatal is None:
-                    progress.fatal = verdict
-                    progress.stop()
-    finally:
-        ticker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticker
-        output.close()
-        if engine.store_error is not None:
-            progress.store_error = engine.store_error.message
-        else:
-            _note_deployments(store, engine)
-        on_tick()
+    async with running(engine, store, output, progress, on_tick) as watch:
+        async for result in pipeline.results(items()):
+            line, position = owners.pop(result.index)
+            if not line.add(position, result):
+                continue
+            if line.cancelled:
+                progress.not_done += 1  # not written: the rerun does it
+                continue
+            if not output.write(line.record()):
+                continue
+            outcome = line.outcome()
+            progress.count(outcome)
+            watch(outcome)

@@ -17,12 +17,12 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 from .._engine import Engine
 from .._errors import CancelledError, ConfigError, InvalidInputError, SluiceError, StoreError
-from .._models import Request
+from .._models import Request, Result
 from ..store import SqliteStore
 from ._embed_inputs import embedding_hash
 from ._inputs import InputItem, count_records, read_inputs
@@ -265,24 +265,40 @@ async def _stream(
         progress.source_exhausted = True
 
     output = _Output(file, progress)
+    async with running(engine, store, output, progress, on_tick) as watch:
+        async for result in engine.map(source(), ordered=spec.ordered):
+            assert result.index is not None
+            item = pending.pop(result.index)
+            if isinstance(result.error, CancelledError):
+                progress.not_done += 1  # not written: the rerun does it
+                continue
+            sent = _request_of(item, spec.cache) if item.request is not None else None
+            if not output.write(output_record(item, result, sent)):
+                continue
+            progress.count(result, sent)
+            watch(result)
+
+
+@contextlib.asynccontextmanager
+async def running(
+    engine: Engine, store: SqliteStore, output: _Output, progress: JobProgress, on_tick: Callable[[], None]
+) -> AsyncIterator[Callable[[Result], None]]:
+    """The engine at work for a job: progress ticking and the output flushed meanwhile;
+    afterwards the output closed, the store's failure (if any) noted, each deployment's
+    state saved for ``sluice report``. Yields the check each written result goes through
+    (a job whose first requests all fail the same way stops early)."""
     fail_fast = FailFast(progress.total)
+
+    def watch(result: Result) -> None:
+        verdict = fail_fast.observe(result)
+        if verdict is not None and progress.fatal is None:
+            progress.fatal = verdict
+            progress.stop()
+
     ticker = asyncio.get_running_loop().create_task(_tick(output, on_tick, lambda: _note_deployments(store, engine)))
     try:
         async with engine:
-            async for result in engine.map(source(), ordered=spec.ordered):
-                assert result.index is not None
-                item = pending.pop(result.index)
-                if isinstance(result.error, CancelledError):
-                    progress.not_done += 1  # not written: the rerun does it
-                    continue
-                sent = _request_of(item, spec.cache) if item.request is not None else None
-                if not output.write(output_record(item, result, sent)):
-                    continue
-                progress.count(result, sent)
-                verdict = fail_fast.observe(result)
-                if verdict is not None and progress.fatal is None:
-                    progress.fatal = verdict
-                    progress.stop()
+            yield watch
     finally:
         ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
