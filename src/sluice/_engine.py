@@ -540,7 +540,8 @@ class Engine:
         route = groups[0].routes[0]
         request, worst = self.spending.prepare(request, route.deployment, budget)
         tokens = route.provider.estimate_tokens(request, route.deployment)
-        route.limiter.check(tokens)
+        if not any(r.fits(tokens) for group in groups for r in group.routes):
+            route.limiter.check(tokens)  # no deployment it may use can ever take it: its CapacityError
         self.stats.submitted += 1
         loop = asyncio.get_running_loop()
         job = _Job(request, route, tokens, priority, next(self._seq), loop.time(), index, key, budget, worst)
@@ -744,10 +745,12 @@ class Engine:
             charge = self.spending.cost(route.deployment, reply.usage) or 0.0
             answered = True
             latency = asyncio.get_running_loop().time() - slot.sent_at
-            self.router.succeeded(route, latency, reply.usage.output_tokens)
+            self.router.succeeded(route, latency, reply.usage.output_tokens, slot.placed_at)
             return reply
         finally:
             slot.settle(charge, answered=answered, cut_off=cut_off)
+            if cut_off:  # cancelled at the provider: no verdict on the deployment (a probe is freed)
+                self.router.released(route)
 
     async def _admit(self, job: _Job, tally: Tally, deadline: float | None) -> Slot | SluiceError:
         """Money, then capacity, then (with a store) the durable intent: a Slot ready to
@@ -802,7 +805,11 @@ class Engine:
         slot = Slot(route, reservation, hold, tally, self.stats, worst, store, self._store_failed)
         if store is not None:
             assert job.key is not None
-            failed = await slot.note(job.key)
+            try:
+                failed = await slot.note(job.key)
+            except BaseException:
+                router.released(route)
+                raise
             if failed is not None:
                 router.released(route)
                 self._store_failed(failed)
@@ -848,9 +855,12 @@ class Engine:
         self.router.failed(route, error, guarded=job.guarded)
         if job.guarded:
             job.tried.add(route)
+        if attempt >= self.retry.max_attempts:
+            return None
         elsewhere = job.guarded and any(r not in job.tried for r in job.groups[job.step].routes)
-        if model_cannot_take(error) and job.step + 1 < len(job.groups):
-            self._fall_back(job)
+        can_fall_back = job.step + 1 < len(job.groups)
+        if can_fall_back and (model_cannot_take(error) or (deployment_fault(error) and not elsewhere)):
+            self._fall_back(job)  # this model cannot take it, or none of its deployments can be used
             delay = 0.0
         elif elsewhere and deployment_fault(error):  # this deployment's key, model or setup
             delay = 0.0
@@ -858,8 +868,6 @@ class Engine:
             return None
         else:
             delay = 0.0 if elsewhere else self.retry.delay(error, attempt)
-        if attempt >= self.retry.max_attempts:
-            return None
         now = asyncio.get_running_loop().time()
         if deadline is not None and now + delay >= deadline:
             return None

@@ -64,7 +64,7 @@ class Request:
     id: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     priority: int | None = None
-    #: Its store key, worked out once (a batch job needs it twice per request).
+    #: Its store key, kept by :func:`seal` on a request only sluice holds (see there).
     _key: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -135,8 +135,16 @@ def store_key(request: Request) -> str:
     if key is None:
         content = request_key(request)
         key = content if request.id is None else f"{request.id}\x1f{content}"
-        object.__setattr__(request, "_key", key)  # frozen: set once, the same for its life
     return key
+
+
+def seal(request: Request) -> Request:
+    """Work out a request's store key once and keep it on the request: only for a request
+    nobody else holds (a batch job's own, made from an input line), since its messages and
+    params are plain containers that their owner could still change."""
+    if request._key is None:
+        object.__setattr__(request, "_key", store_key(request))
+    return request
 
 
 def _number(value: object) -> bool:

@@ -99,7 +99,17 @@ class Health:
     """A deployment's circuit breaker: closed (in use), open (cooling down until
     ``until``), half-open (one probe in flight decides)."""
 
-    __slots__ = ("cooldown", "failures", "last_error", "max_cooldown", "opens", "probing", "threshold", "until")
+    __slots__ = (
+        "cooldown",
+        "epoch",
+        "failures",
+        "last_error",
+        "max_cooldown",
+        "opens",
+        "probing",
+        "threshold",
+        "until",
+    )
 
     def __init__(self, policy: Cooldown | None = None) -> None:
         policy = policy or Cooldown()
@@ -108,6 +118,9 @@ class Health:
         self.max_cooldown = policy.max_seconds
         self.failures = 0  # consecutive
         self.opens = 0  # consecutive cooldowns without a success between them
+        #: Counts cooldowns ever begun: an attempt placed before the latest one began cannot
+        #: end it by succeeding (it says nothing of the deployment since).
+        self.epoch = 0
         self.until = -math.inf
         self.probing = False
         self.last_error: str | None = None
@@ -122,16 +135,22 @@ class Health:
         """Seconds left of the cooldown (0 when not cooling)."""
         return max(0.0, self.until - now) if self.opens else 0.0
 
-    def taken(self) -> None:
-        """An attempt was placed here; after a cooldown it is the probe."""
+    def taken(self) -> int:
+        """An attempt was placed here (after a cooldown, it is the probe); the epoch to give
+        back with its answer."""
         if self.opens:
             self.probing = True
+        return self.epoch
 
     def released(self) -> None:
         """The placed attempt was never sent: the probe slot is free again."""
         self.probing = False
 
-    def succeeded(self) -> None:
+    def succeeded(self, placed_at: int | None = None) -> None:
+        """An answer. ``placed_at``: the epoch when the attempt was placed; one placed before
+        the latest cooldown began does not end it."""
+        if self.opens and placed_at is not None and placed_at < self.epoch:
+            return
         self.failures = 0
         self.opens = 0
         self.probing = False
@@ -148,6 +167,7 @@ class Health:
             return False
         self.probing = False
         self.opens += 1
+        self.epoch += 1
         length = min(self.max_cooldown, self.cooldown * 2.0 ** (self.opens - 1))
         if retry_after is not None and 0 <= retry_after <= self.max_cooldown:
             length = max(length, retry_after)  # the server said when it will have room
@@ -171,6 +191,14 @@ class Route:
     @property
     def label(self) -> str:
         return self.deployment.label
+
+    def fits(self, tokens: int) -> bool:
+        """Could this deployment ever take a request of ``tokens`` (its limits allow it)?"""
+        try:
+            self.limiter.check(tokens)
+        except SluiceError:
+            return False
+        return True
 
     def load(self) -> float:
         """In flight for its weight: the lower, the more headroom."""
@@ -305,7 +333,7 @@ class Router:
             granted = route.limiter.try_acquire(tokens)
             return None if granted is None else (route, granted)
         try:
-            candidates = self._candidates(group, avoid, guarded, can_fall_back)
+            candidates = self._candidates(group, avoid, guarded, can_fall_back, tokens)
         except GroupExhausted:
             return None  # the waiting path says so
         for route in sorted(candidates, key=Route.load) if len(candidates) > 1 else candidates:
@@ -336,7 +364,7 @@ class Router:
             return route, await route.limiter.acquire(tokens, priority, seq)
         loop = asyncio.get_running_loop()
         while True:
-            candidates = self._candidates(group, avoid, guarded, can_fall_back)
+            candidates = self._candidates(group, avoid, guarded, can_fall_back, tokens)
             watcher: asyncio.Future[None] = loop.create_future()
             group.watchers.append(watcher)
             timer = None
@@ -352,18 +380,28 @@ class Router:
             finally:
                 if timer is not None:
                     timer.cancel()
+                if not watcher.done():  # not left behind in the group's list (a million waits)
+                    with contextlib.suppress(ValueError):
+                        group.watchers.remove(watcher)
             if won is not None:
                 won[0].health.taken()
                 return won
 
-    def _candidates(self, group: Group, avoid: Iterable[Route], guarded: bool, can_fall_back: bool) -> list[Route]:
+    def _candidates(
+        self, group: Group, avoid: Iterable[Route], guarded: bool, can_fall_back: bool, tokens: int = 0
+    ) -> list[Route]:
         """Where the attempt may go: deployments not cooling down that have not failed this
         request; failing that, those that have (a retry), or none (wait for a probe).
         Raises :class:`GroupExhausted` when none is left and the request can fall back."""
         if not guarded:
             return list(group.routes)
         now = asyncio.get_running_loop().time()
-        usable = [r for r in group.routes if r.health.usable(now)]
+        fitting = [r for r in group.routes if r.fits(tokens)]
+        if not fitting:  # no deployment of the model can ever take it
+            if can_fall_back:
+                raise GroupExhausted(f"no deployment of {group.model!r} can take a request of {tokens} tokens")
+            group.routes[0].limiter.check(tokens)  # raises its CapacityError
+        usable = [r for r in fitting if r.health.usable(now)]
         tried = set(avoid)
         fresh = [r for r in usable if r not in tried]
         if fresh:
@@ -405,17 +443,25 @@ class Router:
             if failed is not None:
                 raise failed.exception()  # type: ignore[misc]  # e.g. CapacityError
             return None
-        await _withdraw(waits, keep=winner)
+        try:
+            await _withdraw(waits, keep=winner)
+        except BaseException:  # cancelled while the losers were withdrawn: the winner's grant too
+            winner.result().refund()
+            raise
         return waits[winner], winner.result()
 
     # -- learning ----------------------------------------------------------------------
 
-    def succeeded(self, route: Route, latency: float = 0.0, output_tokens: int = 0) -> None:
+    def succeeded(
+        self, route: Route, latency: float | None = None, output_tokens: int = 0, placed_at: int | None = None
+    ) -> None:
+        """An answer from ``route``: ``latency`` (None: not known) teaches AIMD; ``placed_at``
+        (the health epoch when the attempt was placed) decides whether it may end a cooldown."""
         route.answered += 1
-        if route.adaptive is not None:
+        if route.adaptive is not None and latency is not None:
             route.adaptive.answered(latency, output_tokens)
         was_cooling = route.health.opens > 0
-        route.health.succeeded()
+        route.health.succeeded(placed_at)
         if was_cooling:
             self._group_changed(route)
 
@@ -476,16 +522,21 @@ class Router:
 
 
 async def _withdraw(waits: Mapping[asyncio.Future[Any], Route], keep: asyncio.Future[Any] | None) -> None:
-    """Cancel the losing waits; refund any that were granted in the same tick."""
-    for future in waits:
-        if future is not keep and not future.done():
+    """Cancel the losing waits; refund any that were granted in the same tick.
+
+    ``asyncio.wait`` (not awaiting each) so that a cancellation of the caller's own task is
+    not swallowed here: it propagates, and the refunds still happen."""
+    losers = [f for f in waits if f is not keep]
+    for future in losers:
+        if not future.done():
             future.cancel()
-    for future in waits:
-        if future is keep:
-            continue
-        with contextlib.suppress(asyncio.CancelledError, SluiceError):
-            granted = await future
-            granted.refund()
+    try:
+        if losers:
+            await asyncio.wait(losers)
+    finally:
+        for future in losers:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                future.result().refund()
 
 
 def _model_keys(deployment: Deployment) -> set[str]:

@@ -59,6 +59,7 @@ class Slot:
         "_stats",
         "_store",
         "_worst",
+        "placed_at",
         "reservation",
         "route",
         "tally",
@@ -77,6 +78,8 @@ class Slot:
     ) -> None:
         #: Where this attempt goes (the engine's route: deployment, limiter, provider).
         self.route = route
+        #: The deployment's health epoch when it was placed (see ``Health.succeeded``).
+        self.placed_at: int | None = getattr(getattr(route, "health", None), "epoch", None)
         self.reservation = reservation
         self.tally = tally
         self._hold = hold

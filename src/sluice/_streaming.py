@@ -358,7 +358,9 @@ class Stream:
         if usage is not None:
             slot.reservation.reconcile(usage.total_tokens or job.tokens)
             charge = engine.spending.cost(route.deployment, usage) or 0.0
-        engine.router.succeeded(route)
+        latency = self._waited  # time waiting on the provider, not the consumer's own time
+        output = usage.output_tokens if usage is not None else 0
+        engine.router.succeeded(route, latency, output, slot.placed_at)
         slot.settle(charge, answered=True, cut_off=False)
         text = "".join(self._text) if self._text or not self._calls else None
         raw = self._raw(text, usage or Usage(), route.deployment.model_name)
@@ -374,6 +376,7 @@ class Stream:
                 await self._close_events()
             finally:  # settled even if cancelled again while closing
                 slot.settle(None, answered=False, cut_off=False)
+                self._engine.router.released(slot.route)  # leaving early says nothing of the deployment
             note = "it was sent and may have been billed"
         else:
             note = "its earlier attempts failed and it was not sent again" if self._tally.sent else "it was never sent"

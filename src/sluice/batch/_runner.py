@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .._engine import Engine
 from .._errors import CancelledError, ConfigError, InvalidInputError, SluiceError, StoreError
-from .._models import Request, Result
+from .._models import Request, Result, seal
 from ..store import SqliteStore
 from ._embed_inputs import embedding_hash
 from ._inputs import InputItem, count_records, read_inputs
@@ -139,7 +139,7 @@ def _claim_output(store: SqliteStore, spec: JobSpec, progress: JobProgress, outp
 
 
 async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], None]) -> None:
-    store = SqliteStore(spec.state)
+    store = SqliteStore(spec.state, exclusive=True)  # _exclusive() holds the state's lock
     output: OutputFile | None = None
     try:
         _claim_state(store, spec)
@@ -361,7 +361,7 @@ def _request_of(item: InputItem, cache: bool) -> Request:
     """With --no-cache a record is keyed by its line, so identical lines are not shared."""
     assert item.request is not None
     if cache or item.request.id is not None:
-        return item.request
+        return seal(item.request)  # its key is needed twice: by the engine and for request_hash
     return dataclasses.replace(item.request, id=f"line-{item.line}")
 
 

@@ -113,7 +113,9 @@ class Recovered:
 class SqliteStore:
     """A :class:`~sluice.store.Store` in one SQLite file (created if missing)."""
 
-    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
+    def __init__(self, path: str | Path, *, readonly: bool = False, exclusive: bool = False) -> None:
+        """``exclusive``: this store is the only writer of the file while it is open (a batch
+        job holds a lock on it), so lookups of keys it never stored can skip the query."""
         self.path = Path(path)
         self._writer: Writer | None = None
         self._fresh: _KeyFilter | None = None
@@ -131,7 +133,7 @@ class SqliteStore:
             empty = self._db.execute("SELECT NOT EXISTS (SELECT 1 FROM results)").fetchone()[0]
             #: For a state with no results when opened, the keys put since (a lookup of any
             #: other key needs no query: a first run asks for each request once).
-            self._fresh = _KeyFilter() if empty and not readonly else None
+            self._fresh = _KeyFilter() if empty and exclusive and not readonly else None
             row = self._db.execute("SELECT max(id) FROM intents").fetchone() if not readonly else None
             self._next_intent = (row[0] or 0) + 1 if row else 1
         except sqlite3.DatabaseError as exc:
