@@ -30,8 +30,6 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .. import _json
 from .._errors import (
-    AttemptTimeoutError,
-    ConnectError,
     InvalidRequestError,
     MalformedResponseError,
 )
@@ -202,14 +200,8 @@ async def post_embeddings(
             payload = await response.read()
             status = response.status
             response_headers: Mapping[str, str] = response.headers
-    except TimeoutError:
-        raise AttemptTimeoutError(f"{deployment.label} sent nothing within the idle timeout") from None
-    except aiohttp.ClientPayloadError as exc:
-        raise MalformedResponseError(f"truncated response body from {deployment.label}: {exc}") from None
-    except aiohttp.ClientConnectorError as exc:
-        raise ConnectError(f"cannot connect to {deployment.label}: {exc}", maybe_billed=False) from None
-    except aiohttp.ClientError as exc:
-        raise ConnectError(f"{type(exc).__name__} talking to {deployment.label}: {exc}") from None
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise provider._transport.failure(exc, deployment.label) or exc from None
     request_id = response_headers.get(provider.request_id_header)
     ratelimit = provider.parse_ratelimit(response_headers)
     if status != 200:

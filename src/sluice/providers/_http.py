@@ -117,6 +117,29 @@ class HttpTransport:
             )
         return self._session
 
+    def failure(self, exc: BaseException, label: str, *, streaming: bool = False) -> ProviderError | None:
+        """The ProviderError for what went wrong on the way to ``label`` (a socket gone idle,
+        a body cut short, a refused or dropped connection), or None if ``exc`` is not the
+        transport's. One mapping for plain sends, streams and embeddings requests."""
+        import aiohttp
+
+        if isinstance(exc, TimeoutError):  # the idle timeout (aiohttp's sock_read); the engine times attempts
+            idle = self.idle_timeout
+            return AttemptTimeoutError(
+                f"{label} sent nothing for {idle:g} s (idle timeout)"
+                if idle is not None
+                else f"socket timeout talking to {label}"
+            )
+        if isinstance(exc, aiohttp.ClientPayloadError):
+            if streaming:
+                return ConnectError(f"the stream from {label} was cut off: {exc}")
+            return MalformedResponseError(f"truncated response body from {label}: {exc}")
+        if isinstance(exc, aiohttp.ClientConnectorError):  # never connected: nothing was sent
+            return ConnectError(f"cannot connect to {label}: {exc}", maybe_billed=False)
+        if isinstance(exc, aiohttp.ClientError):
+            return ConnectError(f"{type(exc).__name__} talking to {label}: {exc}")
+        return None
+
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
@@ -211,19 +234,8 @@ class HttpProvider(ABC):
                 payload = await response.read()
                 status = response.status
                 response_headers: Mapping[str, str] = response.headers
-        except TimeoutError:  # the idle timeout (aiohttp's sock_read); the engine times whole attempts
-            idle = self._transport.idle_timeout
-            raise AttemptTimeoutError(
-                f"{deployment.label} sent nothing for {idle:g} s (idle timeout)"
-                if idle is not None
-                else f"socket timeout talking to {deployment.label}"
-            ) from None
-        except aiohttp.ClientPayloadError as exc:
-            raise MalformedResponseError(f"truncated response body from {deployment.label}: {exc}") from None
-        except aiohttp.ClientConnectorError as exc:  # never connected: nothing was sent
-            raise ConnectError(f"cannot connect to {deployment.label}: {exc}", maybe_billed=False) from None
-        except aiohttp.ClientError as exc:
-            raise ConnectError(f"{type(exc).__name__} talking to {deployment.label}: {exc}") from None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise self._transport.failure(exc, deployment.label) or exc from None
         request_id = response_headers.get(self.request_id_header)
         ratelimit = self.parse_ratelimit(response_headers)
         if status != 200:
@@ -310,13 +322,8 @@ class HttpProvider(ABC):
             for item in decoder.close():
                 yield item
             whole = True
-        except TimeoutError:  # the idle timeout (aiohttp's sock_read)
-            idle = self._transport.idle_timeout
-            raise AttemptTimeoutError(
-                f"{label} sent nothing for {idle:g} s (idle timeout)"
-                if idle is not None
-                else f"socket timeout talking to {label}"
-            ) from None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise self._transport.failure(exc, label, streaming=True) or exc from None
         except SseError as exc:
             raise MalformedResponseError(f"{label} sent a broken event stream: {exc}") from None
         except ValueError as exc:  # an event of the wrong shape (absurd usage counts...)
@@ -325,12 +332,6 @@ class HttpProvider(ABC):
             exc.message = self._redact(exc.message, deployment)
             exc.args = (exc.message,)
             raise
-        except aiohttp.ClientPayloadError as exc:
-            raise ConnectError(f"the stream from {label} was cut off: {exc}") from None
-        except aiohttp.ClientConnectorError as exc:  # never connected: nothing was sent
-            raise ConnectError(f"cannot connect to {label}: {exc}", maybe_billed=False) from None
-        except aiohttp.ClientError as exc:
-            raise ConnectError(f"{type(exc).__name__} talking to {label}: {exc}") from None
         finally:
             if response is not None:
                 if whole:
