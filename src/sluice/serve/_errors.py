@@ -19,7 +19,7 @@ def openai_error(
     status: int,
     message: str,
     *,
-    type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
+    type: str = "invalid_request_error",  # OpenAI's field name
     code: str | None = None,
     param: str | None = None,
     headers: Mapping[str, str] | None = None,
