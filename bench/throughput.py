@@ -16,16 +16,20 @@ CPU time goes.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import cProfile
 import gc
+import os
 import pstats
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from _clients import CLIENTS, LABELS, REQUIRES, NotInstalledError, Settings, make_client
 from _common import (
@@ -40,6 +44,7 @@ from _common import (
     run_worker,
     save_results,
     versions_line,
+    worker_env,
     worker_main,
 )
 
@@ -130,15 +135,16 @@ def _rounds(args: argparse.Namespace, clients: Sequence[str]) -> dict[str, list[
     """Run every client ``rounds`` times, interleaved; the per-round records by client."""
     server_cpus, client_cpus = cpu_plan()
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    server = FakeServerProcess(["--latency", "0", "--output-tokens", str(args.max_tokens)], cpus=server_cpus)
+    server = _server_for(args, server_cpus)
     try:
         server.start()
-        print(f"fake server pid {server.pid} at {server.url}", file=sys.stderr)
+        print(f"{args.server} server pid {server.pid} at {server.url}", file=sys.stderr)
         for round_no in range(args.rounds):
             for client in _round_order(clients, round_no):
                 if not module_available(REQUIRES[client]):
                     runs[client].append({"status": "not installed", "round": round_no})
                     continue
+                server_cpu = process_cpu_seconds(server.pid)
                 outcome = run_worker(
                     SCRIPT,
                     _worker_args(args, client, server.openai_url),
@@ -146,6 +152,10 @@ def _rounds(args: argparse.Namespace, clients: Sequence[str]) -> dict[str, list[
                     cpus=client_cpus,
                 )
                 record = outcome.result or {"status": "failed", "detail": outcome.error}
+                if server_cpu is not None and outcome.result is not None:
+                    after = process_cpu_seconds(server.pid)
+                    if after is not None:  # warm-up calls included: the server answered those too
+                        record["server_cpu_per_call"] = (after - server_cpu) / (args.n + args.warmup)
                 if outcome.result is None:
                     record["stderr"] = outcome.stderr_tail
                 record["round"] = round_no
@@ -159,6 +169,125 @@ def _rounds(args: argparse.Namespace, clients: Sequence[str]) -> dict[str, list[
 #: Clients fast enough to run back to back with raw aiohttp, so their per-round ratio
 #: compares runs made seconds apart (this machine's speed drifts from run to run).
 FAST = ("raw-aiohttp", "sluice", "sluice-gather")
+
+
+# -- the minimal server (``--server minimal``) ------------------------------------------------
+
+#: One canned chat completion: every client accepts it (the openai SDK and LiteLLM parse it).
+_CANNED = (
+    b'{"id":"chatcmpl-bench","object":"chat.completion","created":1796041168,"model":"bench",'
+    b'"choices":[{"index":0,"message":{"role":"assistant","content":"A sluice gate controls the flow of water."},'
+    b'"finish_reason":"stop"}],"usage":{"prompt_tokens":20,"completion_tokens":16,"total_tokens":36}}'
+)
+_ANSWER = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-request-id: req-bench\r\n"
+    b"content-length: " + str(len(_CANNED)).encode() + b"\r\n\r\n" + _CANNED
+)
+
+
+class _MinimalHttp(asyncio.Protocol):
+    """HTTP/1.1 keep-alive that answers every request with ``_ANSWER``, and nothing else.
+
+    Written by hand on purpose: the benchmark needs a server whose cost per call is far
+    below any client's (``python -m sluice.testing`` counts, bills and enforces limits,
+    ~0.06 ms a call, which caps it at ~1.6 x raw aiohttp's rate on this machine)."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer + data
+        answers = 0
+        while True:
+            head_end = buffer.find(b"\r\n\r\n")
+            if head_end < 0:
+                break
+            head = buffer[:head_end].lower()
+            at = head.find(b"content-length:")
+            length = 0
+            if at >= 0:
+                line_end = head.find(b"\r\n", at)
+                length = int(head[at + 15 : line_end if line_end >= 0 else len(head)])
+            end = head_end + 4 + length
+            if len(buffer) < end:
+                break
+            buffer = buffer[end:]
+            answers += 1
+        self._buffer = buffer
+        if answers and self._transport is not None:
+            self._transport.write(_ANSWER * answers)
+
+
+async def _serve_minimal() -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_MinimalHttp, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    print(f"listening on http://127.0.0.1:{port}", flush=True)
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with server:
+        await stop.wait()
+
+
+class MinimalServerProcess(FakeServerProcess):
+    """This script's ``--serve-minimal`` in a subprocess (started and stopped as the fake is)."""
+
+    def start(self) -> Self:
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
+        command = [sys.executable, str(SCRIPT), "--serve-minimal"]
+        self._proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            stdin=subprocess.DEVNULL,
+            env=worker_env(),
+            preexec_fn=(lambda: pin_self(self.cpus)) if self.cpus is not None else None,
+        )
+        try:
+            self.url = self._read_url()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+
+def _server_for(args: argparse.Namespace, cpus: set[int] | None) -> FakeServerProcess:
+    if args.server == "minimal":
+        return MinimalServerProcess(cpus=cpus)
+    return FakeServerProcess(["--latency", "0", "--output-tokens", str(args.max_tokens)], cpus=cpus)
+
+
+def process_cpu_seconds(pid: int | None) -> float | None:
+    """CPU seconds (user + system) a process has used so far, from ``/proc`` (Linux)."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_line(runs: dict[str, list[dict[str, Any]]], rows: list[dict[str, Any]]) -> str | None:
+    """The fake server's own CPU per call and the rate that caps it at (one core), against
+    the fastest client's: the benchmark measures clients only while this is well above."""
+    per_call = [r["server_cpu_per_call"] for rs in runs.values() for r in rs if r.get("server_cpu_per_call")]
+    rates = [row["rate"] for row in rows if row.get("status") == "ok"]
+    if not per_call or not rates:
+        return None
+    cost = median(per_call)
+    ceiling = 1 / cost if cost > 0 else float("inf")
+    return (
+        f"server: {cost * 1000:.3f} ms of its core per call (median of {len(per_call)} runs; "
+        f"{min(per_call) * 1000:.3f}–{max(per_call) * 1000:.3f}), so a ceiling of ~{ceiling:,.0f} req/s: "
+        f"{ceiling / max(rates):.1f} x the fastest client's median rate ({max(rates):,.0f} req/s)"
+    )
 
 
 def _round_order(clients: Sequence[str], round_no: int) -> list[str]:
@@ -266,7 +395,7 @@ def _profile(args: argparse.Namespace, top: int) -> None:
     server_cpus, client_cpus = cpu_plan()
     profiles: dict[str, tuple[pstats.Stats, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as folder:
-        server = FakeServerProcess(["--latency", "0", "--output-tokens", str(args.max_tokens)], cpus=server_cpus)
+        server = _server_for(args, server_cpus)
         try:
             server.start()
             for client in ("raw-aiohttp", "sluice"):
@@ -344,6 +473,9 @@ def print_profile(profiles: dict[str, tuple[pstats.Stats, dict[str, Any]]], top:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.serve_minimal:
+        asyncio.run(_serve_minimal())
+        return 0
     if args.worker:
         return worker(args)
     clients = [c.strip() for c in args.clients.split(",") if c.strip()]
@@ -360,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     imports, import_details = _imports(args, clients) if args.import_repeats else ({}, [])
     print(f"\n## Throughput — {started}; {machine_line()}\n\n{versions}.\n")
     print(
-        f"Zero-latency fake server in its own process; {args.n:,} calls per run, concurrency "
+        f"Zero-latency {args.server} server in its own process; {args.n:,} calls per run, concurrency "
         f"{args.concurrency}, {args.warmup} warm-up calls first; {args.rounds} interleaved rounds, "
         "median shown. x raw aiohttp: median of the per-round req/s ratios; x raw (CPU per call): "
         "median of the per-round ratios of raw aiohttp's CPU per call to the client's (steadier when "
@@ -381,6 +513,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     else:
         print(" — not measured")
+    line = server_line(runs, rows)
+    if line is not None:
+        print(f"\n{line}")
     if import_details:
         print(f"\nImport time (fresh interpreter, median of {args.import_repeats}):\n")
         print(markdown_table(["statement", "seconds"], import_details, right=(1,)))
@@ -409,10 +544,18 @@ def _parser() -> argparse.ArgumentParser:
     add("--clients", default=",".join(CLIENTS), help=f"comma-separated, from {', '.join(CLIENTS)}")
     add("--timeout", type=float, default=300.0, help="seconds before a client's run is killed (default 300)")
     add("--import-repeats", type=int, default=5, help="fresh interpreters per import figure; 0 skips them")
+    add(
+        "--server",
+        choices=["fake", "minimal"],
+        default="fake",
+        help="fake: python -m sluice.testing (the default); minimal: a canned-answer HTTP server in this "
+        "script, ~10 x cheaper per call",
+    )
     add("--profile", action="store_true", help="also profile the sluice client with cProfile")
     add("--profile-top", type=int, default=20, help="rows in each profile table (default 20)")
     # Worker mode (internal): one client, one run, a JSON line on stdout.
     add("--worker", action="store_true", help=argparse.SUPPRESS)
+    add("--serve-minimal", action="store_true", help=argparse.SUPPRESS)
     add("--client", default="", help=argparse.SUPPRESS)
     add("--url", default="", help=argparse.SUPPRESS)
     add("--profile-out", default="", help=argparse.SUPPRESS)

@@ -20,10 +20,39 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from typing import Protocol
 
 from ._errors import BudgetExhaustedError, ConfigError, UnknownPriceError
 
-__all__ = ["Budget", "BudgetExhaustedError", "BudgetHold", "BudgetLedger", "UnknownPriceError"]
+__all__ = [
+    "Budget",
+    "BudgetExhaustedError",
+    "BudgetHold",
+    "BudgetLedger",
+    "SharedBudget",
+    "SharedHold",
+    "UnknownPriceError",
+]
+
+
+class SharedHold(Protocol):
+    """A hold on a budget other processes share; ``commit`` must not block (it may settle
+    in the background)."""
+
+    def commit(self, actual: float) -> None: ...
+
+
+class SharedBudget(Protocol):
+    """A budget shared with other processes (``sluice.redis.RedisBudget``): reserve the
+    worst case before sending, commit the actual cost after (see ``Spending.reserve``)."""
+
+    name: str
+    limit: float
+
+    async def reserve(self, amount: float) -> SharedHold: ...
+
+    async def flush(self) -> None:
+        """Wait until every commit made so far has reached the shared store."""
 
 
 class Budget:
@@ -74,19 +103,23 @@ class Budget:
 class BudgetHold:
     """One request's reservation, settled exactly once."""
 
-    __slots__ = ("_ledger", "_open", "amount", "chain")
+    __slots__ = ("_ledger", "_open", "amount", "chain", "shared")
 
     def __init__(self, ledger: BudgetLedger, chain: list[Budget], amount: float) -> None:
         self._ledger = ledger
         self.chain = chain
         self.amount = amount
         self._open = True
+        #: The same request's hold on a shared budget, settled with this one.
+        self.shared: SharedHold | None = None
 
     def commit(self, actual: float) -> None:
         """The request cost ``actual``: count it, return the rest of the reservation."""
         if self._open:
             self._open = False
             self._ledger._settle(self, actual)
+            if self.shared is not None:
+                self.shared.commit(actual)
 
     def release(self) -> None:
         """The request cost nothing (failed, or never sent)."""

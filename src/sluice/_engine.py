@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import hashlib
 import itertools
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from ._adaptive import Adaptive
-from ._budget import Budget, BudgetHold
+from ._budget import Budget, BudgetHold, SharedBudget
 from ._coerce import RequestLike, coerce, make_request
 from ._errors import (
     AttemptTimeoutError,
@@ -59,7 +58,7 @@ from ._router import (
     model_cannot_take,
 )
 from ._session import Session
-from ._slot import Slot, Tally, WaitingScope, stopped_note
+from ._slot import AttemptTimer, Slot, Tally, WaitingScope, settle_unsettled, stopped_note
 from ._spending import CheaperModel, Spending
 from ._stats import Stats
 from ._streaming import Stream
@@ -69,7 +68,7 @@ if TYPE_CHECKING:
     from array import array
 
     from ._embeddings import EmbeddingResult
-    from .store import Store
+    from .store import SettlingStore, Store
 
 __all__ = ["Engine", "RequestLike", "RetryEvent"]
 
@@ -119,8 +118,9 @@ class _Job:
     groups: tuple[Group, ...] = ()
     #: Which of ``groups`` it is on now.
     step: int = 0
-    #: Deployments that failed this request (a retry goes elsewhere when it can).
-    tried: set[Route] = field(default_factory=set)
+    #: Deployments that failed this request (a retry goes elsewhere when it can); a shared
+    #: empty frozenset until the first one (no set per request on the hot path).
+    tried: set[Route] | frozenset[Route] = frozenset()
     #: Cooldowns apply: the request has somewhere else to go.
     guarded: bool = False
     #: Its task began to run (a task cancelled before that still holds a gate slot).
@@ -191,6 +191,7 @@ class Engine:
         store: Store | None = None,
         retry_failed: bool = False,
         budget_usd: float | None = None,
+        shared_budget: SharedBudget | None = None,
         allow_unpriced: bool = False,
         cheaper: CheaperModel | None = None,
         defaults: Mapping[str, Any] | None = None,
@@ -211,7 +212,7 @@ class Engine:
         self.on_retry = on_retry
         self.store = store
         self.retry_failed = retry_failed
-        self.spending = Spending(budget_usd, allow_unpriced=allow_unpriced, cheaper=cheaper)
+        self.spending = Spending(budget_usd, allow_unpriced=allow_unpriced, cheaper=cheaper, shared=shared_budget)
         self.stats = Stats()
         #: Why the store stopped taking writes, once it has; the engine stopped admitting then.
         self.store_error: StoreError | None = None
@@ -243,6 +244,10 @@ class Engine:
         self._waiting: set[asyncio.Task[Any]] = set()
         self._stop_cancelled: set[asyncio.Task[Any]] = set()
         self._grace_timer: asyncio.TimerHandle | None = None
+        self._timer = AttemptTimer()
+        self._worst_of = self._worst  # bound once: every Slot calls it with its job
+        #: The store writes a result and settles its last attempt's intent in one op.
+        self._settling = callable(getattr(store, "put_settled", None))  # not isinstance: no sqlite3 import here
 
     # -- configuration -------------------------------------------------------------------
 
@@ -521,6 +526,7 @@ class Engine:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._grace_timer is not None:
             self._grace_timer.cancel()
+        await self.spending.flush()  # a shared budget's settles reach it before we say we are done
         await self._providers.aclose()
 
     def _maybe_idle(self) -> None:
@@ -540,7 +546,8 @@ class Engine:
         route = groups[0].routes[0]
         request, worst = self.spending.prepare(request, route.deployment, budget)
         tokens = route.provider.estimate_tokens(request, route.deployment)
-        if not any(r.fits(tokens) for group in groups for r in group.routes):
+        fits = route.fits(tokens) or any(r.fits(tokens) for group in groups for r in group.routes)
+        if not fits:
             route.limiter.check(tokens)  # no deployment it may use can ever take it: its CapacityError
         self.stats.submitted += 1
         loop = asyncio.get_running_loop()
@@ -564,7 +571,7 @@ class Engine:
         if job.step + 1 >= len(job.groups):
             return False
         job.step += 1
-        job.tried.clear()
+        job.tried = frozenset()
         route = job.groups[job.step].routes[0]
         job.tokens = route.provider.estimate_tokens(job.request, route.deployment)
         if job.budget is not None:
@@ -600,6 +607,8 @@ class Engine:
     async def _admitted(self, job: _Job) -> Result:
         job.started = True  # from here the finally below gives the gate's slot back
         try:
+            if job.key is None:  # nothing to share or serve from a store: one coroutine less
+                return await self._attempts(job)
             return await self._execute(job)
         finally:
             self._gate.release()
@@ -654,9 +663,30 @@ class Engine:
         """Attempt until an outcome, then record it (durably, with a store) and report it."""
         loop = asyncio.get_running_loop()
         tally = Tally(loop.time())
+        deadline = tally.started + self.retry.deadline if self.retry.deadline is not None else None
+        batch = job.index is not None
+        outcome: Reply | SluiceError
         try:
-            outcome = await self._until_outcome(job, tally)
+            # Attempt until success, a final error, the attempt budget, the deadline or a stop
+            # (inline, not a coroutine of its own: one object and one frame less per request).
+            while True:
+                if self._stopping and batch:  # not sent (again): the rerun does it
+                    outcome = CancelledError(stopped_note(tally))
+                    break
+                outcome = await self._attempt(job, tally, deadline, hand_over=self._settling)
+                if not isinstance(outcome, SluiceError):
+                    break
+                if not tally.sent_this_time:  # budget, capacity, deadline, store or stop: final
+                    break
+                delay = self._after_failure(job, outcome, tally.attempts, deadline)
+                if delay is None:
+                    break
+                settle_unsettled(tally, self.store, self._store_failed)  # it goes again: no result to ride with
+                if delay > 0 and not isinstance(outcome, RateLimitError):  # a 429's pause is the limiter's
+                    with self._waiting_while(batch):
+                        await asyncio.sleep(delay)
         except asyncio.CancelledError:
+            settle_unsettled(tally, self.store, self._store_failed)
             task = asyncio.current_task()
             if task is None or task not in self._stop_cancelled:
                 note = "it was sent and may have been answered" if tally.sent else "it was never sent"
@@ -666,64 +696,70 @@ class Engine:
             task.uncancel()
             outcome = CancelledError(stopped_note(tally))
         result = self._result(job, tally, outcome)
-        if (
-            job.key is not None
-            and self.store is not None
-            and tally.attempts
-            and not isinstance(outcome, CancelledError)
-        ):
+        store = self.store
+        if job.key is not None and store is not None and tally.attempts and not isinstance(outcome, CancelledError):
+            unsettled, tally.unsettled = tally.unsettled, None
             try:
-                await self.store.put(job.key, result)  # durable before anyone is told
+                # durable before anyone is told; with the last attempt's intent settled in the same write
+                if unsettled is not None and self._settling:
+                    intent, charge, answered = unsettled
+                    settling = cast("SettlingStore", store)
+                    await settling.put_settled(job.key, result, intent, charge, answered=answered)
+                else:
+                    if unsettled is not None:
+                        store.settle(*unsettled[:2], answered=unsettled[2])
+                    await store.put(job.key, result)
             except StoreError as exc:
                 self._store_failed(exc)  # the answer still goes out: the output may keep it
+        else:
+            settle_unsettled(tally, store, self._store_failed)
         self._emit(result)
         return result
 
-    async def _until_outcome(self, job: _Job, tally: Tally) -> Reply | SluiceError:
-        """Attempt until success, a final error, the attempt budget, the deadline or a stop."""
-        deadline = tally.started + self.retry.deadline if self.retry.deadline is not None else None
-        batch = job.index is not None
-        while True:
-            if self._stopping and batch:  # not sent (again): the rerun does it
-                return CancelledError(stopped_note(tally))
-            outcome = await self._attempt(job, tally, deadline)
-            if not isinstance(outcome, SluiceError):
-                return outcome
-            if not tally.sent_this_time:  # budget, capacity, deadline, store or stop: final
-                return outcome
-            delay = self._after_failure(job, outcome, tally.attempts, deadline)
-            if delay is None:
-                return outcome
-            if delay > 0 and not isinstance(outcome, RateLimitError):  # a 429's pause is the limiter's
-                with self._waiting_while(batch):
-                    await asyncio.sleep(delay)
-
     async def _attempt(
-        self, job: _Job, tally: Tally, deadline: float | None, send: Callable[[Route], Awaitable[_A]] | None = None
+        self,
+        job: _Job,
+        tally: Tally,
+        deadline: float | None,
+        send: Callable[[Route], Awaitable[_A]] | None = None,
+        *,
+        hand_over: bool = False,
     ) -> _A | Reply | SluiceError:
         """One attempt: admission (money, capacity, the intent), then the provider. What
         the slot holds is settled before it returns, whatever happens.
 
         ``send`` sends the attempt to the deployment chosen for it (an embeddings pack
-        sends itself this way); by default the job's chat request."""
+        sends itself this way); by default the job's chat request. ``hand_over``: the
+        intent's settlement is left in ``tally.unsettled``, for the caller to write with
+        the result (one store write per answer)."""
         slot = await self._admit(job, tally, deadline)
         if isinstance(slot, SluiceError):
             return slot
         route: Route = slot.route
         timeout = self.retry.attempt_timeout
-        slot.sending()
+        loop = asyncio.get_running_loop()
+        slot.sending(loop)
         if deadline is not None:
             timeout = min(timeout or deadline - slot.sent_at, deadline - slot.sent_at)
         charge: float | None = None  # None: it may have been billed, at its worst case
-        answered = cut_off = False
+        answered = cut_off = timed_out = False
+        # one shared timer for every attempt's timeout, not an asyncio.timeout() each
+        watch = self._timer.arm(loop, slot.sent_at + timeout) if timeout is not None else None
         try:
-            async with asyncio.timeout(timeout):
+            try:
                 if send is None:
                     reply: _A | Reply = await route.provider.send(
                         job.request, route.deployment, idempotency_key=job.idempotency_key
                     )
                 else:
                     reply = await send(route)
+            finally:
+                timed_out = self._timer.disarm(watch)
+        except asyncio.CancelledError:
+            if timed_out:  # the timer's own cancellation: a timeout
+                return AttemptTimeoutError(f"no answer from {route.deployment.label} within {timeout:g} s")
+            cut_off = True
+            raise
         except TimeoutError:
             return AttemptTimeoutError(f"no answer from {route.deployment.label} within {timeout:g} s")
         except ProviderError as exc:
@@ -733,9 +769,6 @@ class Engine:
         except SluiceError as exc:  # raised before anything went out (a missing key, say)
             charge = 0.0
             return exc
-        except asyncio.CancelledError:
-            cut_off = True
-            raise
         except Exception as exc:  # a provider's own bug must not take the whole job down
             return FatalProviderError(f"{type(exc).__name__} in provider {route.provider.name!r}: {exc}")
         else:
@@ -748,7 +781,7 @@ class Engine:
             self.router.succeeded(route, latency, reply.usage.output_tokens, slot.placed_at)
             return reply
         finally:
-            slot.settle(charge, answered=answered, cut_off=cut_off)
+            slot.settle(charge, answered=answered, cut_off=cut_off, hand_over=hand_over)
             if cut_off:  # cancelled at the provider: no verdict on the deployment (a probe is freed)
                 self.router.released(route)
 
@@ -801,8 +834,7 @@ class Engine:
         finally:
             tally.waited += loop.time() - waited_from
         store = self.store if job.key is not None else None
-        worst = functools.partial(self._worst, job)
-        slot = Slot(route, reservation, hold, tally, self.stats, worst, store, self._store_failed)
+        slot = Slot(route, reservation, hold, tally, self.stats, self._worst_of, job, store, self._store_failed)
         if store is not None:
             assert job.key is not None
             try:
@@ -824,7 +856,10 @@ class Engine:
         """What an attempt counts for when it may have been billed unseen: its worst case."""
         if job.budget is not None or job.own_worst:
             return job.worst_cost
-        return self.spending.worst_cost(job.request, job.route.deployment)
+        deployment = job.route.deployment
+        if not self.spending.pricing.has_price(deployment):
+            return 0.0  # what worst_cost says for an unknown price, without counting the prompt's bytes
+        return self.spending.worst_cost(job.request, deployment)
 
     def _store_failed(self, error: StoreError) -> None:
         """The state cannot be written: stop admitting; what is in flight still finishes."""
@@ -854,7 +889,7 @@ class Engine:
             route.limiter.penalize(self.retry.pause(error, attempt))
         self.router.failed(route, error, guarded=job.guarded)
         if job.guarded:
-            job.tried.add(route)
+            job.tried = {*job.tried, route}
         if attempt >= self.retry.max_attempts:
             return None
         elsewhere = job.guarded and any(r not in job.tried for r in job.groups[job.step].routes)

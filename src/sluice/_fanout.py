@@ -41,7 +41,7 @@ async def fan_out(
         raise EngineClosedError("the engine is closed")
     loop = asyncio.get_running_loop()
     finished: asyncio.Queue[tuple[int, Result] | BaseException | None] = asyncio.Queue()
-    room = asyncio.Semaphore(engine.buffer)
+    room = _Room(engine.buffer)
     tasks: set[asyncio.Task[Result]] = set()
     taken = 0
     producer_done = False
@@ -67,7 +67,7 @@ async def fan_out(
         nonlocal taken
         try:
             async for item in aiterate(requests):
-                await room.acquire()
+                await room.take()
                 index = taken
                 taken += 1
                 prepared = engine._prepare_item(item, index, model, priority, budget)
@@ -108,14 +108,14 @@ async def fan_out(
             received += 1
             index, result = item
             if not ordered:
-                room.release()
+                room.give()
                 yield result
                 continue
             waiting[index] = result
             while next_index in waiting:
                 ready = waiting.pop(next_index)
                 next_index += 1
-                room.release()
+                room.give()
                 yield ready
         if producer.cancelled():
             raise EngineClosedError("the engine was closed while map() was still reading its source")
@@ -127,3 +127,30 @@ async def fan_out(
         for task in tasks:
             task.cancel()
         await asyncio.gather(producer, *tasks, return_exceptions=True)
+
+
+class _Room:
+    """Results the consumer may still be handed before the source is read further: a
+    semaphore for one waiter (the producer). ``asyncio.Semaphore.acquire`` builds a
+    generator over its waiters on every call; this is a counter and, when full, a future."""
+
+    __slots__ = ("_free", "_waiter")
+
+    def __init__(self, size: int) -> None:
+        self._free = size
+        self._waiter: asyncio.Future[None] | None = None
+
+    async def take(self) -> None:
+        while self._free <= 0:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        self._free -= 1
+
+    def give(self) -> None:
+        self._free += 1
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)

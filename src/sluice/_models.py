@@ -81,32 +81,35 @@ class Request:
 
 def _request_problem(r: Request) -> str | None:
     """What is wrong with a request, in words, or None."""
+    # ``type(x) is list/dict`` first: the ABC isinstance checks cost ~0.3 µs each, per request
     if not isinstance(r.model, str) or not r.model.strip():
         return f"model must be a non-empty string, got {r.model!r}"
-    if isinstance(r.messages, (str, bytes)) or not isinstance(r.messages, Sequence):
-        return f"messages must be a list of {{'role': ..., 'content': ...}}, got {type(r.messages).__name__}"
-    if not r.messages:
+    messages = r.messages
+    if type(messages) is not list and (isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence)):
+        return f"messages must be a list of {{'role': ..., 'content': ...}}, got {type(messages).__name__}"
+    if not messages:
         return "messages is empty; give at least one message"
-    for i, message in enumerate(r.messages):
-        if not isinstance(message, Mapping):
+    for i, message in enumerate(messages):
+        if type(message) is not dict and not isinstance(message, Mapping):
             return f"messages[{i}] must be an object, got {type(message).__name__}"
         role = message.get("role")
-        if not isinstance(role, str) or not role:
+        if not role or (type(role) is not str and not isinstance(role, str)):
             return f"messages[{i}] needs a 'role' string"
         content = message.get("content")
-        if content is not None and not isinstance(content, (str, list)):
+        if content is None:
+            if "tool_calls" not in message:
+                return f"messages[{i}] has no 'content'"
+        elif type(content) is not str and not isinstance(content, (str, list)):
             return f"messages[{i}].content must be a string or a list of parts, got {type(content).__name__}"
-        if content is None and "tool_calls" not in message:
-            return f"messages[{i}] has no 'content'"
     if r.max_tokens is not None and (
         isinstance(r.max_tokens, bool) or not isinstance(r.max_tokens, int) or r.max_tokens < 1
     ):
         return f"max_tokens must be a positive integer, got {r.max_tokens!r}"
     if r.temperature is not None and not (_number(r.temperature) and r.temperature >= 0):
         return f"temperature must be a number >= 0, got {r.temperature!r}"
-    if not isinstance(r.params, Mapping):
+    if type(r.params) is not dict and not isinstance(r.params, Mapping):
         return f"params must be a mapping, got {type(r.params).__name__}"
-    if not isinstance(r.metadata, Mapping):
+    if type(r.metadata) is not dict and not isinstance(r.metadata, Mapping):
         return f"metadata must be a mapping, got {type(r.metadata).__name__}"
     if r.id is not None and not isinstance(r.id, str):
         return f"id must be a string, got {type(r.id).__name__}"

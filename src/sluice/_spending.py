@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ._budget import Budget, BudgetHold, BudgetLedger, UnknownPriceError
+from ._budget import Budget, BudgetExhaustedError, BudgetHold, BudgetLedger, SharedBudget, UnknownPriceError
 from ._errors import ConfigError
 from ._models import Deployment, Request, Usage
 from ._pricing import Pricing
@@ -41,14 +41,30 @@ class CheaperModel:
 
 
 class Spending:
-    """Prices for every result; with a budget, reservations that cannot be overshot."""
+    """Prices for every result; with a budget, reservations that cannot be overshot.
 
-    __slots__ = ("allow_unpriced", "budget", "cheaper", "ledger", "pricing", "unpriced_models")
+    With a ``shared`` budget (one other processes use too, e.g. ``RedisBudget``) every
+    request under the engine's budget also holds its worst case there, after the local
+    hold, and settles both with the same cost. The local ``budget`` then stands for this
+    process's share of it: limited by ``budget_usd`` when given, else by the shared limit.
+    """
+
+    __slots__ = ("_follow", "allow_unpriced", "budget", "cheaper", "ledger", "pricing", "shared", "unpriced_models")
 
     def __init__(
-        self, budget_usd: float | None, *, allow_unpriced: bool = False, cheaper: CheaperModel | None = None
+        self,
+        budget_usd: float | None,
+        *,
+        allow_unpriced: bool = False,
+        cheaper: CheaperModel | None = None,
+        shared: SharedBudget | None = None,
     ) -> None:
         self.pricing = Pricing()
+        self.shared = shared
+        #: Without ``budget_usd`` the local budget follows the shared limit (it may change).
+        self._follow = budget_usd is None and shared is not None
+        if budget_usd is None and shared is not None:
+            budget_usd = shared.limit
         self.budget = Budget(budget_usd, name="the budget") if budget_usd is not None else None
         self.ledger = BudgetLedger()
         self.allow_unpriced = allow_unpriced
@@ -107,7 +123,27 @@ class Spending:
     async def reserve(self, budget: Budget | None, worst: float) -> BudgetHold | None:
         if budget is None:
             return None
-        return await self.ledger.reserve(budget, worst)
+        hold = await self.ledger.reserve(budget, worst)
+        if self.shared is None or self.budget not in hold.chain:
+            return hold
+        try:
+            hold.shared = await self.shared.reserve(worst)
+        except BudgetExhaustedError:
+            self.ledger.exhausted = True
+            hold.release()
+            raise
+        except BaseException:
+            hold.release()
+            raise
+        finally:
+            if self._follow and self.budget is not None:
+                self.budget.limit = self.shared.limit
+        return hold
+
+    async def flush(self) -> None:
+        """Wait until every settle of a shared budget has reached it (at close)."""
+        if self.shared is not None:
+            await self.shared.flush()
 
     def cost(self, deployment: Deployment, usage: Usage) -> float | None:
         cost = self.pricing.cost(deployment, usage)

@@ -9,7 +9,7 @@ never sent again, and the requests in flight when a process died are known by th
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from .._errors import StoreError
 from .._models import Result
@@ -18,6 +18,7 @@ from ._vectors import StoredVector, VectorStore
 
 __all__ = [
     "Recovered",
+    "SettlingStore",
     "Spend",
     "SqliteStore",
     "Store",
@@ -53,3 +54,14 @@ class Store(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class SettlingStore(Store, Protocol):
+    """A store that can also record a result and settle the intent of the attempt that
+    produced it in one write (the engine uses it when a store offers it: one op and one
+    commit per answer instead of two)."""
+
+    async def put_settled(self, key: str, result: Result, intent: int, charged_usd: float, *, answered: bool) -> None:
+        """:meth:`Store.put` and :meth:`Store.settle` together; durable before returning."""
+        ...

@@ -179,6 +179,22 @@ class SqliteStore:
         row = _result_row(key, result)
         await self._write().run(lambda db: db.execute(_PUT, row))
 
+    async def put_settled(self, key: str, result: Result, intent: int, charged_usd: float, *, answered: bool) -> None:
+        """:meth:`put` and the :meth:`settle` of the attempt that ended with ``result``, as one
+        write in one transaction (a result costs one op, not two); returns when durable."""
+        if self._fresh is not None:
+            self._fresh.add(key)
+        row = _result_row(key, result)
+        charge = (key, charged_usd, 0.0) if answered else (key, 0.0, charged_usd)
+
+        def op(db: sqlite3.Connection) -> None:
+            removed = db.execute("DELETE FROM intents WHERE id = ?", (intent,)).rowcount
+            if removed and (charge[1] or charge[2]):
+                db.execute(_CHARGE, charge)
+            db.execute(_PUT, row)
+
+        await self._write().run(op)
+
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()

@@ -6,10 +6,13 @@ network mount) would freeze the whole loop. So writes go to a thread with its ow
 connection. It takes everything queued since its last commit and commits it as one
 transaction: under load one commit covers many results; when idle it commits at once.
 
-A caller that must know its write is durable (an intent before a send, an answer before
-it is handed out) awaits it; the thread resolves the futures of a whole batch with one
-``call_soon_threadsafe`` per event loop. When a commit fails (disk full, read-only,
-locked) the writer is *broken*: that batch and every later write fail with the same
+Writes submitted from an event loop are handed to the thread once per loop iteration, as
+one batch: at a thousand results a second the thread then wakes (and commits) once per
+tick instead of once per write, and the loop does not lose the core to it for every
+write on a machine with few cores. A caller that must know its write is durable (an
+intent before a send, an answer before it is handed out) awaits it; the thread resolves
+the futures of a whole batch with one ``call_soon_threadsafe`` per event loop. When a
+commit fails (disk full, read-only, locked) the writer is *broken*: that batch and every later write fail with the same
 :class:`~sluice.StoreError`, so a job stops on the first failure instead of limping on.
 """
 
@@ -34,7 +37,8 @@ Op = Callable[[sqlite3.Connection], Any]
 Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]"] | concurrent.futures.Future[Any] | None
 
 _STOP = object()
-#: Ops per transaction at most: bounds the time a burst holds the write lock.
+#: Ops per transaction, about (a loop iteration's batch is not split): bounds the time a
+#: burst holds the write lock.
 _MAX_BATCH = 2048
 
 
@@ -50,7 +54,12 @@ class Writer:
     def __init__(self, path: Path, setup: Op) -> None:
         self.path = path
         self.error: StoreError | None = None
+        #: Items: a list of (op, waiter) to apply in order, or _STOP.
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        #: Ops submitted on an event loop this iteration, handed over at its end.
+        self._pending: list[tuple[Op, Waiter]] = []
+        self._pending_loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._run, args=(setup,), name=f"sluice-store {path.name}", daemon=True)
         self._thread.start()
@@ -63,7 +72,35 @@ class Writer:
             self.error = self.error or StoreError(f"the state file's writer stopped ({self.path})")
             _resolve_one(waiter, None, self.error)
             return
-        self._queue.put((op, waiter))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop in this thread: straight to the writer, after what is pending
+            self._hand_over()
+            self._queue.put([(op, waiter)])
+            return
+        with self._lock:
+            pending = self._pending
+            if pending and self._pending_loop is loop:
+                pending.append((op, waiter))
+                return
+        self._hand_over()  # another loop's batch (rare): keep the order
+        with self._lock:
+            self._pending.append((op, waiter))
+            self._pending_loop = loop
+        loop.call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        """This iteration's writes go to the thread as one batch."""
+        with self._lock:
+            batch, self._pending, self._pending_loop = self._pending, [], None
+        if not batch:
+            return
+        if self.error is not None or not self._thread.is_alive():
+            error = self.error or StoreError(f"the state file's writer stopped ({self.path})")
+            for _, waiter in batch:
+                _resolve_one(waiter, None, error)
+            return
+        self._queue.put(batch)
 
     async def run(self, op: Op) -> Any:
         """Apply ``op`` and wait until it is committed; its return value."""
@@ -77,7 +114,11 @@ class Writer:
     def run_sync(self, op: Op) -> Any:
         """Apply ``op`` and block until it is committed (startup and shutdown only)."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self.submit(op, future)
+        if self.error is not None or not self._thread.is_alive():
+            self.submit(op, future)  # fails it
+        else:
+            self._hand_over()  # after what this loop queued before it
+            self._queue.put([(op, future)])
         while True:
             try:
                 return future.result(timeout=1.0)
@@ -88,6 +129,7 @@ class Writer:
     def close(self) -> None:
         """Commit what is queued, then stop the thread."""
         if self._thread.is_alive():
+            self._hand_over()
             self._queue.put(_STOP)
             self._thread.join()
 
@@ -111,18 +153,23 @@ class Writer:
             db.close()
 
     def _loop(self, db: sqlite3.Connection) -> None:
-        while True:
-            batch = [self._queue.get()]
-            while len(batch) < _MAX_BATCH:
+        stop = False
+        while not stop:
+            item = self._queue.get()
+            ops: list[tuple[Op, Waiter]] = []
+            while True:
+                if item is _STOP:
+                    stop = True
+                    break
+                ops += item
+                if len(ops) >= _MAX_BATCH:
+                    break
                 try:
-                    batch.append(self._queue.get_nowait())
+                    item = self._queue.get_nowait()
                 except queue.Empty:
                     break
-            ops = [item for item in batch if item is not _STOP]
             if ops:
                 self._apply(db, ops)
-            if len(ops) != len(batch):
-                break
 
     def _fail_pending(self) -> None:
         while True:
@@ -131,7 +178,8 @@ class Writer:
             except queue.Empty:
                 return
             if item is not _STOP:
-                _resolve_one(item[1], None, self.error)
+                for _, waiter in item:
+                    _resolve_one(waiter, None, self.error)
 
     def _apply(self, db: sqlite3.Connection, ops: list[tuple[Op, Waiter]]) -> None:
         values: list[Any] = []

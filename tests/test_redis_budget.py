@@ -1,0 +1,231 @@
+"""A budget shared in Redis: never exceeded as the provider bills it, across processes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+
+import pytest
+from redis_server import RedisServer
+from test_redis_limits import KEY, run_clients
+
+from sluice import BudgetExhaustedError, Deployment, Engine, Price, Request
+from sluice.redis import RedisBudget
+from sluice.testing import FakeServer
+
+pytestmark = pytest.mark.timeout(60)
+
+PRICE = 1000.0  # USD per million tokens, in and out: a cent a request, so a dollar runs out fast
+
+
+async def test_three_processes_never_overspend_a_shared_budget(redis_server: RedisServer) -> None:
+    budget, n = 1.00, 30
+    async with FakeServer(api_key=KEY, prices={"*": (PRICE, PRICE)}, latency=0.02) as server:
+        base = {
+            "redis": redis_server.url,
+            "url": server.url,
+            "key": KEY,
+            "n": n,
+            "budget": budget,
+            "budget_name": "job-1",
+            "price": [PRICE, PRICE],
+        }
+        summaries = await run_clients([{**base, "tag": tag} for tag in "abc"])
+        billed = server.total_billed_usd
+        assert billed <= budget + 1e-9  # as the provider bills it
+        answered = sum(s["ok"] for s in summaries)
+        assert 0 < answered < 3 * n  # some ran, the rest were refused
+        assert all(s["errors"] in ([], ["BudgetExhaustedError"]) for s in summaries), summaries
+        assert sum(s["errors"] == ["BudgetExhaustedError"] for s in summaries) >= 1
+        assert answered == server.stats.accepted
+        # what the clients counted is what the provider billed, and Redis has it all
+        assert sum(s["cost"] for s in summaries) == pytest.approx(billed, abs=1e-6 * answered)
+        async with RedisBudget(redis_server.url, "job-1", budget) as shared:
+            totals = await shared.totals()
+        assert totals.reserved == 0
+        assert totals.spent == pytest.approx(billed, abs=1e-6 * (answered + 1))
+        # it stopped because the next worst case did not fit, not long before
+        assert totals.remaining < 0.1
+
+
+async def test_holds_are_atomic_and_a_spent_budget_refuses(redis_server: RedisServer) -> None:
+    one, two = RedisBudget(redis_server.url, "b", 1.0), RedisBudget(redis_server.url, "b", 1.0)
+    tasks = [asyncio.ensure_future((one if i % 2 else two).reserve(0.1)) for i in range(20)]
+    await asyncio.sleep(0.5)
+    granted = [t.result() for t in tasks if t.done()]
+    assert len(granted) == 10  # exactly what fits; the others wait for the holds
+    totals = await one.totals()
+    assert totals.reserved == pytest.approx(1.0)
+    for hold in granted:
+        hold.commit(0.1)  # every cent of it spent
+    await one.flush()
+    await two.flush()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    refused = [r for r in results if isinstance(r, BudgetExhaustedError)]
+    assert len(refused) == 10
+    assert "shared budget 'b'" in str(refused[0])
+    totals = await two.totals()
+    assert (totals.spent, totals.reserved) == (pytest.approx(1.0), 0)
+    await one.close()
+    await two.close()
+
+
+async def test_a_waiter_is_woken_by_a_settle_not_by_polling(redis_server: RedisServer) -> None:
+    one, two = RedisBudget(redis_server.url, "w", 1.0), RedisBudget(redis_server.url, "w", 1.0)
+    hold = await one.reserve(0.8)
+    waiting = asyncio.ensure_future(two.reserve(0.5))
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    started = time.monotonic()
+    hold.commit(0.2)  # 0.6 returns
+    async with asyncio.timeout(2):  # the hold's lease is 30 s: only the settle's message wakes it
+        (await waiting).commit(0.0)
+    assert time.monotonic() - started < 1.0
+    await one.close()
+    await two.close()
+
+
+async def test_a_dead_holder_s_hold_counts_as_spent_at_its_worst_case(redis_server: RedisServer) -> None:
+    holder = r"""
+import asyncio, sys
+from sluice.redis import RedisBudget
+async def main():
+    budget = RedisBudget(sys.argv[1], "d", 1.0, lease_seconds=0.5)
+    await budget.reserve(0.6)
+    print("held", flush=True)
+    await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", holder, redis_server.url, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        async with asyncio.timeout(20):
+            assert (await proc.stdout.readline()).strip() == b"held"
+        budget = RedisBudget(redis_server.url, "d", 1.0)
+        await asyncio.sleep(1.0)  # alive: it refreshes its hold past its lease
+        assert (await budget.totals()).reserved == pytest.approx(0.6)
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await asyncio.sleep(0.8)
+        totals = await budget.totals()
+        # it may have been billed before it died: counted as spent, never handed back
+        assert (totals.spent, totals.reserved, totals.expired) == (pytest.approx(0.6), 0, pytest.approx(0.6))
+        with pytest.raises(BudgetExhaustedError):
+            await budget.reserve(0.5)
+        (await budget.reserve(0.4)).commit(0.0)
+        await budget.close()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_one_limit_per_name_and_earlier_spending_counted_once(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = RedisBudget(redis_server.url, "job-2", 1.0)
+    (await first.reserve(0.1)).commit(0.1)
+    other = RedisBudget(redis_server.url, "job-2", 2.0)
+    with caplog.at_level(logging.WARNING, logger="sluice.redis"):
+        (await other.reserve(0.1)).commit(0.0)
+        (await other.reserve(0.1)).commit(0.0)
+    assert other.limit == 1.0  # the first process set it; a second one asking more uses it
+    assert caplog.text.count("has a limit of $1.00") == 1
+    with pytest.raises(BudgetExhaustedError):
+        await other.reserve(1.5)
+    await other.set_limit(2.0)  # a coordinator raises it, on purpose, for everyone
+    (await other.reserve(1.5)).commit(0.0)
+    assert (await first.totals()).limit == 2.0
+    (await first.reserve(0.1)).commit(0.0)
+    assert first.limit == 2.0
+    # what an earlier run spent, from the coordinator's own records: a maximum, not a sum
+    await other.flush()
+    await other.count_spent_before(0.5)
+    await other.count_spent_before(0.5)
+    assert (await other.totals()).spent == pytest.approx(0.5)
+    await first.flush()
+    await first.close()
+    await other.close()
+
+
+async def test_redis_down_holds_nothing_and_resumes(redis_server: RedisServer) -> None:
+    budget = RedisBudget(redis_server.url, "r", 1.0)
+    (await budget.reserve(0.1)).commit(0.1)
+    await budget.flush()
+    await asyncio.to_thread(redis_server.stop)
+    waiting = asyncio.ensure_future(budget.reserve(0.1))
+    await asyncio.sleep(0.5)
+    assert not waiting.done()
+    assert budget.problem is not None
+    await asyncio.to_thread(redis_server.start)  # AOF: what was spent survives the restart
+    async with asyncio.timeout(10):
+        (await waiting).commit(0.0)
+    await budget.flush()
+    assert (await budget.totals()).spent == pytest.approx(0.1)
+    await budget.close()
+
+
+async def test_a_paused_holder_s_late_settle_corrects_the_count(redis_server: RedisServer) -> None:
+    # A holder that could not refresh (stopped, partitioned) is counted at its worst case;
+    # when it comes back and settles, the count becomes what the request cost.
+    holder = r"""
+import asyncio, sys
+from sluice.redis import RedisBudget
+async def main():
+    budget = RedisBudget(sys.argv[1], "p", 1.0, lease_seconds=0.3)
+    hold = await budget.reserve(0.6)
+    print("held", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    hold.commit(0.1)
+    await budget.flush()
+    print("settled", flush=True)
+    await budget.close()
+asyncio.run(main())
+"""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", holder, redis_server.url, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(20):
+            assert (await proc.stdout.readline()).strip() == b"held"
+        budget = RedisBudget(redis_server.url, "p", 1.0)
+        proc.send_signal(signal.SIGSTOP)
+        await asyncio.sleep(0.8)
+        totals = await budget.totals()
+        assert (totals.spent, totals.expired) == (pytest.approx(0.6), pytest.approx(0.6))
+        proc.send_signal(signal.SIGCONT)
+        proc.stdin.write(b"go\n")
+        await proc.stdin.drain()
+        async with asyncio.timeout(20):
+            assert (await proc.stdout.readline()).strip() == b"settled"
+        totals = await budget.totals()
+        assert (totals.spent, totals.reserved, totals.expired) == (pytest.approx(0.1), 0, 0)
+        await budget.close()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_an_engine_s_own_budget_counts_against_the_shared_one(redis_server: RedisServer) -> None:
+    async with FakeServer(api_key=KEY, prices={"*": (PRICE, PRICE)}) as server:
+        deployment = Deployment("openai/gpt-test", base_url=server.url, api_key=KEY, price=Price(PRICE, PRICE))
+        shared = RedisBudget(redis_server.url, "team", 1.0)
+        requests = [Request.from_prompt("openai/gpt-test", f"q{i}", id=f"q{i}", max_tokens=16) for i in range(30)]
+        async with Engine(deployment, budget_usd=0.2, shared_budget=shared) as engine:
+            results = await engine.run(requests)
+        await shared.flush()
+        totals = await shared.totals()
+        await shared.close()
+    billed = server.total_billed_usd
+    assert 0 < billed <= 0.2  # the engine's own cap binds first
+    assert any(isinstance(r.error, BudgetExhaustedError) for r in results)
+    assert totals.spent == pytest.approx(billed, abs=1e-5)  # and every cent is in the shared one
+    assert totals.reserved == 0
