@@ -16,10 +16,25 @@ if TYPE_CHECKING:
     from ..cli._config import JobConfig
     from ._inputs import InputOptions
 
-__all__ = ["FailFast", "JobProgress", "JobSpec", "Outcome"]
+__all__ = ["Distributed", "FailFast", "JobProgress", "JobSpec", "Outcome"]
 
 #: How a job ended, for the exit status: see ``JobProgress.outcome``.
 Outcome = str
+
+
+@dataclass(frozen=True, slots=True)
+class Distributed:
+    """``sluice run --redis``: the job is spread over workers through Redis."""
+
+    url: str
+    #: Limits only (the job queue never fails open): admit without Redis when it is away.
+    fail_open: bool = False
+    #: The coordinator works on the job too (so one ``sluice run --redis`` completes it).
+    local_worker: bool = True
+    #: Seconds an entry may sit idle with a worker before others take it (its worker died).
+    claim_after: float = 12.0
+    #: Deliveries of one request before it becomes a dead letter (an error record).
+    max_deliveries: int = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +55,8 @@ class JobSpec:
     adopt_output: bool = False
     #: Seconds in-flight requests get to finish after a stop (Ctrl-C, SIGTERM).
     grace: float | None = 20.0
+    #: Spread over workers through Redis (``--redis``); None runs it in this process.
+    distributed: Distributed | None = None
 
 
 @dataclass(slots=True)
@@ -88,6 +105,10 @@ class JobProgress:
     cut_at_cap: int = 0
     #: The whole input was read (not stopped early by --strict, Ctrl-C or an error).
     source_exhausted: bool = False
+    #: A distributed job (``--redis``): records answered by each worker (host:pid) this run,
+    #: and what they cost (the engine's figures are only this process's share).
+    workers: dict[str, int] = field(default_factory=dict)
+    workers_cost_usd: float = 0.0
 
     @property
     def complete(self) -> bool:

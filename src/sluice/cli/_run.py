@@ -48,7 +48,15 @@ def run_job_command(spec: JobSpec, *, log_every: float) -> int:
         aborted = True
     finally:
         view.stop()
-    table("sluice run", [*summary_rows(progress), ("output", str(spec.output)), ("state", str(spec.state))])
+    rows = [*summary_rows(progress), ("output", str(spec.output)), ("state", str(spec.state))]
+    if progress.workers:  # a distributed job (--redis): what every worker did
+        answered = sorted(progress.workers.items(), key=lambda item: (-item[1], item[0]))
+        rows.append(("answered by", ", ".join(f"{name} {count:,}" for name, count in answered)))
+        cost = progress.workers_cost_usd
+        if cost or progress.spent_before:  # else no answer had a known price
+            in_all = usd(progress.spent_before + cost)
+            rows.append(("cost (all workers)", f"{usd(cost)} this run; {in_all} with earlier runs"))
+    table("sluice run", rows)
     for line in closing_lines(progress, aborted=aborted):
         click.echo(f"sluice: {line}", err=True)
     return EXIT_CODES["interrupted"] if aborted else EXIT_CODES[progress.outcome]

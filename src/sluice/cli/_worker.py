@@ -1,0 +1,73 @@
+"""``sluice worker``: answer the requests of every distributed job running in Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import click
+
+from .._errors import ConfigError
+from ._config import load_config
+
+__all__ = ["run_worker"]
+
+
+def _say(message: str) -> None:
+    click.echo(f"sluice worker: {message}", err=True)
+
+
+def require_redis() -> None:
+    """A clear error, not an ImportError, when the [redis] extra is not installed."""
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        raise ConfigError("--redis needs the redis client: pip install 'llm-sluice[redis]'") from None
+
+
+def run_worker(
+    url: str,
+    *,
+    config_path: Path | None,
+    concurrency: int | None,
+    grace: float,
+    fail_open: bool,
+    name: str | None,
+) -> int:
+    """Work until SIGTERM or Ctrl-C (twice: at once); the exit status."""
+    require_redis()
+    from ..redis._connection import redis_target
+    from ..redis._job_worker import Worker
+
+    config = load_config(config_path)
+    worker = Worker(url, config, concurrency=concurrency, name=name, fail_open=fail_open, grace=grace, say=_say)
+    aborted = False
+
+    async def work() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        presses = 0
+
+        def on_signal() -> None:
+            nonlocal presses
+            presses += 1
+            if presses == 1:
+                _say(f"stopping: taking nothing new; requests in flight get {grace:g} s, then go back to the queue")
+                worker.stop()
+            elif task is not None:
+                task.cancel()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, on_signal)
+        await worker.run()
+
+    _say(f"{worker.name} on {redis_target(url)}, {worker.concurrency} at once; waiting for jobs")
+    try:
+        asyncio.run(work())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        aborted = True
+    answered = sum(worker.answered.values())
+    per_job = ", ".join(f"{job}: {count:,}" for job, count in sorted(worker.answered.items())) or "none"
+    _say(f"{worker.name} answered {answered:,} requests ({per_job})")
+    return 130 if aborted else 0

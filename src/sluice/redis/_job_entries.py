@@ -1,0 +1,114 @@
+"""What a job's entries carry between the coordinator and its workers: the request (as
+JSON, nothing secret), the deployments' limits the coordinator shares, and the error
+record of a dead letter. Pure functions, no Redis."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .. import _json
+from .._errors import SluiceError
+from .._models import Deployment, Price, Request
+from .._records import error_from_record
+
+__all__ = [
+    "SHARED_FIELDS",
+    "dead_letter",
+    "defaults_from_shared",
+    "deployment_from_shared",
+    "request_fields",
+    "request_from_fields",
+    "shared_defaults",
+    "shared_deployment",
+]
+
+#: Deployment fields a coordinator may publish to workers: limits and prices, never a key
+#: or a base URL.
+SHARED_FIELDS = (
+    "model",
+    "name",
+    "rpm",
+    "tpm",
+    "max_in_flight",
+    "window",
+    "burst_requests",
+    "burst_tokens",
+    "default_max_tokens",
+    "weight",
+    "price",
+)
+
+
+def request_fields(request: Request) -> str:
+    """The request as an entry carries it: what the provider needs, nothing secret."""
+    return _json.dumps_text(
+        {
+            "model": request.model,
+            "messages": request.messages,
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "params": request.params,
+            "id": request.id,
+            "metadata": request.metadata,
+        }
+    )
+
+
+def request_from_fields(body: str | bytes) -> Request:
+    data = json.loads(body)
+    return Request(
+        model=data["model"],
+        messages=data["messages"],
+        max_tokens=data.get("max_tokens"),
+        temperature=data.get("temperature"),
+        params=data.get("params") or {},
+        id=data.get("id"),
+        metadata=data.get("metadata") or {},
+    )
+
+
+def shared_deployment(deployment: Deployment) -> dict[str, Any]:
+    """What workers may learn of a coordinator's deployment (see SHARED_FIELDS)."""
+    fields: dict[str, Any] = {}
+    for name in SHARED_FIELDS:
+        value = getattr(deployment, name)
+        if isinstance(value, Price):
+            value = dataclasses.asdict(value)
+        fields[name] = value
+    return fields
+
+
+def shared_defaults(defaults: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: dataclasses.asdict(v) if isinstance(v, Price) else v for k, v in defaults.items() if k in SHARED_FIELDS}
+
+
+def deployment_from_shared(fields: Mapping[str, Any]) -> Deployment:
+    values = {k: v for k, v in fields.items() if k in SHARED_FIELDS and v is not None}
+    if isinstance(values.get("price"), Mapping):
+        values["price"] = Price(**values["price"])
+    return Deployment(**values)
+
+
+def defaults_from_shared(fields: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not fields:
+        return None
+    values = dict(fields)
+    if isinstance(values.get("price"), Mapping):
+        values["price"] = Price(**values["price"])
+    return values
+
+
+def dead_letter(deliveries: int, last: Mapping[str, Any] | None) -> SluiceError:
+    """The error record of a request no worker could answer."""
+    if last is None:
+        return SluiceError(
+            f"dead letter: delivered {deliveries} times and never answered (the workers that took it "
+            "stopped first); a rerun of the coordinator sends it again"
+        )
+    error = error_from_record(last)
+    error.message = f"dead letter: delivered {deliveries} times; last error: {error.message}"
+    error.args = (error.message,)
+    return error

@@ -1,0 +1,399 @@
+"""A worker of distributed batch jobs: joins every running job, answers its requests
+through an Engine with shared limits and the job's shared budget, and sends the answers
+back. ``sluice worker`` runs one; ``sluice run --redis`` runs one inside the coordinator.
+
+What a worker promises (see :mod:`._jobs` for the keys):
+
+* a request already answered (the job's done-set) is not sent again;
+* an answer is recorded in one transaction with the end of its entry, so a worker killed
+  at any moment loses at most the requests it had in flight, which another worker claims
+  (and may send a second time: duplicates are bounded by the dead worker's concurrency);
+* a failure that may be this worker's own (its key, its connection, the server's state)
+  is given back for another delivery; after ``max_deliveries`` the request becomes a
+  dead letter, an error record with the last error;
+* Redis away: it stops taking work, says so, retries; answers in hand wait to be sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from redis.exceptions import ResponseError
+
+from .. import _json
+from .._engine import Engine
+from .._errors import CancelledError, SluiceError
+from .._models import Priority, Result
+from .._records import error_record
+from ..batch._inputs import InputItem
+from ..batch._output import KEPT_KINDS, output_record
+from ._job_entries import dead_letter, defaults_from_shared, deployment_from_shared, request_from_fields
+from ._jobs import UNREACHABLE, Delivery, JobQueue, JobSettings, WorkerRegistry, connect, running_jobs
+
+if TYPE_CHECKING:
+    from ..cli._config import JobConfig
+
+__all__ = ["Worker", "default_worker_name"]
+
+T = TypeVar("T")
+
+#: Failures that are final wherever the request runs: record them, do not give them back.
+_FINAL_KINDS = KEPT_KINDS | {"budget_exhausted", "invalid_request", "invalid_input", "exceeds_capacity"}
+#: A job Redis no longer knows for this long is left (its coordinator is gone too).
+_FORGOTTEN_AFTER = 60.0
+_HEARTBEAT_EVERY = 3.0
+_HEARTBEAT_TTL = 10.0
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Worker:
+    """Answers requests of running jobs until stopped (or, with ``only_job``, until that
+    job is finished)."""
+
+    def __init__(
+        self,
+        url: str,
+        config: JobConfig,
+        *,
+        concurrency: int | None = None,
+        name: str | None = None,
+        namespace: str = "sluice",
+        only_job: str | None = None,
+        fail_open: bool = False,
+        grace: float | None = 20.0,
+        say: Callable[[str], None] = lambda message: None,
+    ) -> None:
+        self.url = url
+        self.config = config
+        self.concurrency = concurrency or config.concurrency
+        self.name = name or default_worker_name()
+        self.namespace = namespace
+        self.only_job = only_job
+        self.fail_open = fail_open
+        self.grace = grace
+        self.say = say
+        self.client = connect(url)
+        #: Answers (and dead letters) this worker recorded, per job.
+        self.answered: dict[str, int] = {}
+        #: The engine of the job it works on most recently (for progress and summaries).
+        self.engine: Engine | None = None
+        self._busy = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._stopping = asyncio.Event()
+        self._redis_problem: str | None = None
+        self._failures = 0
+        #: Jobs this worker cannot serve (its config lacks a key they need): not joined again.
+        self._refused: set[str] = set()
+
+    # -- life ------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Take nothing new; in-flight requests get ``grace`` seconds, then are given back."""
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def run(self) -> None:
+        jobs: dict[str, asyncio.Task[None]] = {}
+        beat = asyncio.get_running_loop().create_task(self._heartbeat())
+        try:
+            while not self.stopping:
+                try:
+                    ids = (
+                        [self.only_job]
+                        if self.only_job is not None
+                        else await running_jobs(self.client, self.namespace)
+                    )
+                    self._up()
+                except UNREACHABLE as exc:
+                    self._down(exc)
+                    ids = []
+                for job_id in ids:
+                    if job_id in self._refused:
+                        continue
+                    if job_id not in jobs or jobs[job_id].done():
+                        if job_id in jobs and self.only_job is not None:
+                            return  # its one job is over
+                        jobs[job_id] = asyncio.get_running_loop().create_task(self._work_on(job_id))
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), 1.0)
+        finally:
+            self._stopping.set()
+            if jobs:
+                await asyncio.gather(*jobs.values(), return_exceptions=True)
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+            with contextlib.suppress(*UNREACHABLE):
+                await asyncio.wait_for(WorkerRegistry(self.client, self.namespace).leave(self.name), 2)
+            with contextlib.suppress(Exception):
+                await self.client.aclose()
+
+    async def _heartbeat(self) -> None:
+        registry = WorkerRegistry(self.client, self.namespace)
+        while True:
+            try:
+                await registry.beat(self.name, self.concurrency, _HEARTBEAT_TTL)
+                self._up()
+            except UNREACHABLE as exc:
+                self._down(exc)
+            await asyncio.sleep(_HEARTBEAT_EVERY)
+
+    def _down(self, exc: BaseException) -> None:
+        self._failures += 1
+        if self._redis_problem is None:
+            from ._connection import redis_target
+
+            self._redis_problem = (
+                f"Redis at {redis_target(self.url)} cannot be reached ({type(exc).__name__}); "
+                "taking no work until it is back, retrying"
+            )
+            self.say(self._redis_problem)
+
+    def _up(self) -> None:
+        if self._redis_problem is not None:
+            self._redis_problem = None
+            self._failures = 0
+            self.say("Redis is back; taking work again")
+
+    def _backoff(self) -> float:
+        return float(min(2.0, 0.05 * 2 ** min(self._failures, 6)))
+
+    async def _until_done(self, call: Callable[[], Awaitable[T]], *, deadline: float | None = None) -> T | None:
+        """Run a Redis call until Redis takes it (None past ``deadline``, monotonic)."""
+        while True:
+            try:
+                result = await call()
+            except UNREACHABLE as exc:
+                self._down(exc)
+                if deadline is not None and time.monotonic() > deadline:
+                    return None
+                await asyncio.sleep(self._backoff())
+                continue
+            self._up()
+            return result
+
+    # -- one job ---------------------------------------------------------------------------
+
+    async def _work_on(self, job_id: str) -> None:
+        queue = JobQueue(connect(self.url), job_id, self.namespace)
+        shared: list[Any] = []
+        try:
+            settings = await self._until_done(queue.settings)
+            if settings is None:
+                return
+            try:
+                engine, shared = self._engine_for(job_id, settings)
+                self.engine = engine
+                self.say(f"joined job {job_id} ({settings.name})")
+                await self._run_engine(queue, settings, engine)
+            except SluiceError as exc:  # this machine cannot serve it (a key missing...): others may
+                self._refused.add(job_id)
+                self.say(f"cannot work on job {job_id}: {exc.message}; leaving it to other workers")
+                return
+            self.say(f"left job {job_id}: {self.answered.get(job_id, 0):,} answered here")
+        finally:
+            for part in shared:
+                with contextlib.suppress(Exception):
+                    await part.close()
+            with contextlib.suppress(Exception):
+                await queue.client.aclose()
+
+    async def _run_engine(self, queue: JobQueue, settings: JobSettings, engine: Engine) -> None:
+        """Read, answer and touch until the job is over or this worker stops; then what is
+        in flight gets the grace period and the rest goes back."""
+        held: dict[str, Delivery] = {}
+        handlers: set[asyncio.Task[None]] = set()
+        loop = asyncio.get_running_loop()
+        async with engine:
+            reader = loop.create_task(self._read(queue, settings, engine, held, handlers))
+            toucher = loop.create_task(self._touch(queue, settings, held))
+            try:
+                await self._job_over(queue)
+            finally:
+                engine.stop(grace=self.grace)
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+                if handlers:
+                    await asyncio.gather(*handlers, return_exceptions=True)
+                toucher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await toucher
+
+    async def _job_over(self, queue: JobQueue) -> None:
+        """Until this worker stops or the job is finished. A job Redis forgot (restarted
+        without its data) is waited for a while: its coordinator registers it again."""
+        missing_since: float | None = None
+        while not self.stopping:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), 1.0)
+            try:
+                status = await queue.status()
+            except UNREACHABLE as exc:
+                self._down(exc)
+                continue
+            if status == "finished":
+                return
+            if status is None and self.only_job is None:
+                missing_since = missing_since or time.monotonic()
+                if time.monotonic() - missing_since > _FORGOTTEN_AFTER:
+                    return
+            else:
+                missing_since = None
+
+    def _engine_for(self, job_id: str, settings: JobSettings) -> tuple[Engine, list[Any]]:
+        """The worker's own deployments (keys, base URLs), plus the limits the coordinator
+        gave for models this worker's config does not name; limits shared through Redis,
+        the job's budget shared by all its workers."""
+        config = self.config
+        own = {d.model for d in config.deployments} | {d.label for d in config.deployments}
+        deployments = list(config.deployments)
+        deployments += [deployment_from_shared(d) for d in settings.deployments if d.get("model") not in own]
+        from . import RedisBudget, RedisLimits
+
+        limits = RedisLimits(self.url, namespace=self.namespace, fail_open=self.fail_open)
+        shared: list[Any] = [limits]
+        options: dict[str, Any] = {"limiter_factory": limits.limiter_factory}
+        if settings.budget_usd is not None:
+            budget = RedisBudget(self.url, settings.budget_name or f"job:{job_id}", settings.budget_usd)
+            shared.append(budget)
+            options["shared_budget"] = budget
+        engine = Engine(
+            deployments,
+            retry=config.retry,
+            concurrency=self.concurrency,
+            budget_usd=None,  # the job's budget is the shared one
+            allow_unpriced=settings.allow_unpriced or config.allow_unpriced,
+            defaults=config.defaults or defaults_from_shared(settings.defaults),
+            fallbacks=config.fallbacks,
+            cooldown=config.cooldown,
+            grace=self.grace,
+            **options,
+        )
+        return engine, shared
+
+    async def _reserve(self) -> int:
+        """Wait for room; reserve all of it (the caller gives back what it does not use)."""
+        while self._busy >= self.concurrency:
+            self._room.clear()
+            await self._room.wait()
+        n = self.concurrency - self._busy
+        self._busy += n
+        return n
+
+    def _release(self, n: int = 1) -> None:
+        self._busy -= n
+        self._room.set()
+
+    async def _read(
+        self,
+        queue: JobQueue,
+        settings: JobSettings,
+        engine: Engine,
+        held: dict[str, Delivery],
+        handlers: set[asyncio.Task[None]],
+    ) -> None:
+        min_idle_ms = int(settings.claim_after * 1000)
+        claim_every = min(1.0, settings.claim_after / 4)
+        next_claim = 0.0
+        lost = False
+        loop = asyncio.get_running_loop()
+        while not self.stopping:
+            n = await self._reserve()
+            got: list[Delivery] = []
+            try:
+                if loop.time() >= next_claim:
+                    next_claim = loop.time() + claim_every
+                    got = await queue.claim(self.name, min(n, 100), min_idle_ms)
+                if not got:
+                    got = await queue.take(self.name, min(n, 100), 500)
+                self._up()
+                lost = False
+            except UNREACHABLE as exc:
+                self._down(exc)
+                await asyncio.sleep(self._backoff())
+                continue
+            except ResponseError as exc:  # NOGROUP: Redis lost the job; its coordinator makes it again
+                if not lost and "UNBLOCKED" not in str(exc):  # UNBLOCKED: the job just finished
+                    self.say(f"job {queue.job_id}: {exc}; waiting for its coordinator to make it again")
+                lost = True
+                await asyncio.sleep(1.0)
+                continue
+            finally:
+                self._release(n - len(got))  # the room not used (all of it on a failure)
+            for delivery in got:
+                held[delivery.entry_id] = delivery
+                task = loop.create_task(self._handle(queue, settings, engine, delivery, held))
+                handlers.add(task)
+                task.add_done_callback(handlers.discard)
+
+    async def _touch(self, queue: JobQueue, settings: JobSettings, held: dict[str, Delivery]) -> None:
+        every = max(0.2, settings.claim_after / 4)
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await queue.touch(self.name, list(held))
+                self._up()
+            except UNREACHABLE as exc:
+                self._down(exc)
+
+    async def _handle(
+        self, queue: JobQueue, settings: JobSettings, engine: Engine, delivery: Delivery, held: dict[str, Delivery]
+    ) -> None:
+        try:
+            await self._handle_one(queue, settings, engine, delivery)
+        except ResponseError as exc:  # the job's entry is gone (Redis lost it): its coordinator feeds it again
+            self.say(f"job {queue.job_id}, line {delivery.line}: {exc}")
+        finally:
+            held.pop(delivery.entry_id, None)
+            self._release()
+
+    async def _handle_one(self, queue: JobQueue, settings: JobSettings, engine: Engine, delivery: Delivery) -> None:
+        fields = delivery.fields
+        request = request_from_fields(fields[b"body"])
+        if await self._until_done(lambda: queue.is_done(delivery.line)):
+            await self._until_done(lambda: queue.skip(delivery))
+            return
+        dead = delivery.times > settings.max_deliveries
+        if dead:  # final, whatever its last error was
+            last = await self._until_done(lambda: queue.last_error(delivery.line))
+            result = Result(request, error=dead_letter(delivery.times - 1, last))
+        else:
+            try:
+                result = await engine.complete(request, priority=Priority.BATCH)
+            except SluiceError as exc:  # refused before sending (an invalid request)
+                result = Result(request, error=exc)
+        error = result.error
+        if not dead and (isinstance(error, CancelledError) or (error is not None and error.kind not in _FINAL_KINDS)):
+            note = None if isinstance(error, CancelledError) else error_record(error)
+            deadline = time.monotonic() + (self.grace or 0.0) + 5.0 if self.stopping else None
+            await self._until_done(lambda: queue.give_back(self.name, delivery, note), deadline=deadline)
+            return
+        custom_id = fields.get(b"cid")
+        item = InputItem(delivery.line, request=request, custom_id=custom_id.decode() if custom_id else None)
+        record = output_record(item, result, request)
+        payload: dict[str, str | int] = {
+            "line": delivery.line,
+            "key": fields[b"key"].decode(),
+            "worker": self.name,
+            "out": _json.dumps_text(record),
+            "request_id": result.request_id or "",
+        }
+        # Held until Redis takes it; a worker stopped meanwhile leaves the entry pending,
+        # for another worker to claim (and perhaps send again).
+        deadline = time.monotonic() + (self.grace or 0.0) + 30.0 if self.stopping else None
+        if await self._until_done(lambda: queue.answer(delivery, payload), deadline=deadline) is not None:
+            self.answered[queue.job_id] = self.answered.get(queue.job_id, 0) + 1

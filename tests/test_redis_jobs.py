@@ -1,0 +1,300 @@
+"""Distributed jobs (issue 10): ``sluice run --redis`` coordinates, ``sluice worker``s
+answer, against a real redis-server and the fake provider over loopback. Every line ends
+with exactly one record whatever dies or restarts; duplicates at the provider are bounded
+by what a dead worker had in flight; no API key ever reaches Redis."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from clitools import MODEL, questions, read_output, run_cli, start_cli, wait_until, write_jsonl
+from redis_server import RedisServer
+
+from sluice.testing import FakeServer
+
+KEY = "sk-test-distributed-9f3c"
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    with FakeServer(api_key=KEY).running_in_thread() as fake:
+        yield fake
+
+
+def _env(server: FakeServer) -> dict[str, str]:
+    from clitools import env_for
+
+    return env_for(server, OPENAI_API_KEY=KEY)
+
+
+def _worker(server: FakeServer, redis_server: RedisServer, *args: str) -> subprocess.Popen[str]:
+    return start_cli(server, "worker", "--redis", redis_server.url, *args, env=_env(server), stdout=subprocess.DEVNULL)
+
+
+def _stop(worker: subprocess.Popen[str]) -> tuple[int, str]:
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+    try:
+        _, err = worker.communicate(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    return worker.returncode, err or ""
+
+
+def _kill(process: subprocess.Popen[str]) -> None:
+    """SIGKILL (if still running), and its pipes closed."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=10)
+
+
+def _lines(path: Path) -> list[int]:
+    return sorted(record["line"] for record in read_output(path))
+
+
+def _duplicates(server: FakeServer) -> int:
+    """Requests the fake received beyond one per distinct request (every line differs)."""
+    return sum(count - 1 for count in server.stats.by_key.values())
+
+
+def _client(redis_server: RedisServer) -> redis.Redis:
+    return redis.Redis.from_url(redis_server.url)
+
+
+def _job_id(client: redis.Redis) -> str:
+    wait_until(lambda: bool(client.smembers("sluice:jobs")), timeout=20)
+    members: Any = client.smembers("sluice:jobs")
+    return str(next(iter(members)).decode())
+
+
+def _run_args(source: Path, out: Path, redis_server: RedisServer, *extra: str) -> list[str | Path]:
+    return ["run", source, "-o", out, "--model", MODEL, "--redis", redis_server.url, "--log-every", "1", *extra]
+
+
+def test_a_coordinator_and_two_workers_write_one_record_per_line_and_no_key_reaches_redis(
+    server: FakeServer, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    server.latency = 0.02
+    source = write_jsonl(tmp_path / "in.jsonl", questions(300))
+    out = tmp_path / "out.jsonl"
+    workers = [_worker(server, redis_server, "--concurrency", "4", "--name", f"w{i}") for i in (1, 2)]
+    try:
+        client = _client(redis_server)
+        wait_until(lambda: client.scard("sluice:workers") == 2, timeout=30)  # both up before the job
+        run = run_cli(server, *_run_args(source, out, redis_server, "--concurrency", "4"), env=_env(server))
+    finally:
+        stopped = [_stop(worker) for worker in workers]
+    assert run.returncode == 0, run.stderr
+    assert _lines(out) == list(range(1, 301))
+    assert all(record["ok"] for record in read_output(out))
+    assert server.stats.received <= 300  # nothing sent twice
+    assert [code for code, _ in stopped] == [0, 0], stopped
+    answered = next(line for line in run.stdout.splitlines() if "answered by" in line)
+    assert "w1 " in answered, answered  # both workers took part
+    assert "w2 " in answered, answered
+    client = _client(redis_server)
+    assert not client.smembers("sluice:jobs")  # finished: workers leave, its keys are gone
+    assert not client.keys("sluice:job:*:*")
+    # Every write Redis took is in its append-only file: the prompts went through, the key never.
+    written = b"".join(p.read_bytes() for p in redis_server.directory.rglob("*.aof"))
+    assert b"question 17" in written
+    assert KEY.encode() not in written
+    assert b"sk-test" not in written
+
+
+def test_the_request_stream_holds_at_most_a_window_of_the_input(
+    server: FakeServer, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Fed as it drains: with one worker taking 2 at once, at most max(16, 2 x 2) entries
+    are ever in Redis, however long the file."""
+    server.latency = 0.01
+    source = write_jsonl(tmp_path / "in.jsonl", questions(150))
+    out = tmp_path / "out.jsonl"
+    coordinator = start_cli(server, *_run_args(source, out, redis_server, "--no-local-worker"), env=_env(server))
+    worker = _worker(server, redis_server, "--concurrency", "2")
+    seen: list[int] = []
+    try:
+        client = _client(redis_server)
+        stream = f"sluice:job:{_job_id(client)}:requests"
+        while coordinator.poll() is None:
+            seen.append(client.xlen(stream))
+            time.sleep(0.005)
+        _, err = coordinator.communicate(timeout=60)
+    finally:
+        _kill(coordinator)
+        _stop(worker)
+    assert coordinator.returncode == 0, err
+    assert _lines(out) == list(range(1, 151))
+    assert 2 < max(seen) <= 16
+
+
+def test_a_worker_killed_mid_job_loses_nothing_and_duplicates_stay_within_its_in_flight(
+    server: FakeServer, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    server.latency = 0.5
+    source = write_jsonl(tmp_path / "in.jsonl", questions(40))
+    out = tmp_path / "out.jsonl"
+    args = _run_args(source, out, redis_server, "--no-local-worker", "--claim-after", "2")
+    coordinator = start_cli(server, *args, env=_env(server))
+    doomed = _worker(server, redis_server, "--concurrency", "8", "--name", "doomed")
+    survivor: subprocess.Popen[str] | None = None
+    try:
+        wait_until(lambda: server.in_flight >= 8, timeout=30)
+        _kill(doomed)  # eight requests at the provider, their entries pending with a dead worker
+        survivor = _worker(server, redis_server, "--concurrency", "8", "--name", "survivor")
+        _, err = coordinator.communicate(timeout=60)
+    finally:
+        for process in (coordinator, doomed):
+            _kill(process)
+        if survivor is not None:
+            _stop(survivor)
+    assert coordinator.returncode == 0, err
+    assert _lines(out) == list(range(1, 41))
+    assert 0 < _duplicates(server) <= 8  # only what the dead worker had in flight is sent again
+
+
+def test_a_line_already_answered_is_not_sent_again_when_redelivered(
+    server: FakeServer, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A worker answered a line (its result and the done-set say so) and died before
+    acknowledging the entry; the worker that claims the entry checks the done-set first."""
+    server.latency = 1.0  # the job is not over (and its stream gone) before the claim
+    source = write_jsonl(tmp_path / "in.jsonl", questions(10))  # all fed at once (the window is 16)
+    out = tmp_path / "out.jsonl"
+    args = _run_args(source, out, redis_server, "--no-local-worker", "--claim-after", "0.5")
+    coordinator = start_cli(server, *args, env=_env(server))
+    worker: subprocess.Popen[str] | None = None
+    try:
+        client = _client(redis_server)
+        base = f"sluice:job:{_job_id(client)}"
+        wait_until(lambda: client.xlen(f"{base}:requests") == 10, timeout=20)
+        reply: Any = client.xreadgroup("workers", "ghost", {f"{base}:requests": ">"}, count=1)
+        _, fields = reply[0][1][0]
+        line = int(fields[b"line"])
+        record = {"line": line, "id": "ghost", "ok": True, "text": "answered by the ghost", "error": None}
+        client.xadd(
+            f"{base}:results", {"line": line, "key": fields[b"key"], "worker": "ghost", "out": json.dumps(record)}
+        )
+        client.sadd(f"{base}:done", line)  # ... and died before its XACK
+        worker = _worker(server, redis_server, "--concurrency", "4")
+        _, err = coordinator.communicate(timeout=60)
+    finally:
+        _kill(coordinator)
+        if worker is not None:
+            _stop(worker)
+    assert coordinator.returncode == 0, err
+    assert _lines(out) == list(range(1, 11))
+    texts = {record["line"]: record["text"] for record in read_output(out)}
+    assert texts[line] == "answered by the ghost"
+    assert server.stats.received == 9  # every line but the ghost's, once
+
+
+def test_a_poison_request_becomes_a_dead_letter_with_its_last_error(
+    server: FakeServer, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A request that fails on every worker (here: its model's server refuses connections)
+    goes round the workers max_deliveries times, then is written as an error record."""
+    config = tmp_path / "sluice.toml"
+    config.write_text(
+        "[retry]\nmax_attempts = 1\n\n"
+        '[[deployment]]\nmodel = "openai/poison"\nbase_url = "http://127.0.0.1:9/v1"\napi_key_env = "OPENAI_API_KEY"\n'
+    )
+    records = questions(10)
+    records[3]["model"] = "openai/poison"
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    out = tmp_path / "out.jsonl"
+    args = _run_args(source, out, redis_server, "--config", config, "--claim-after", "0.5", "--max-deliveries", "3")
+    worker = _worker(server, redis_server, "--concurrency", "2", "--config", str(config))
+    try:
+        run = run_cli(server, *args, "--concurrency", "2", env=_env(server))
+    finally:
+        _stop(worker)
+    assert run.returncode == 1, run.stderr
+    by_line = {record["line"]: record for record in read_output(out)}
+    assert sorted(by_line) == list(range(1, 11))
+    poison = by_line[4]
+    assert poison["ok"] is False
+    assert poison["error"]["type"] == "connection_error"
+    assert "dead letter: delivered 3 times" in poison["error"]["message"]
+    assert all(record["ok"] for line, record in by_line.items() if line != 4)
+    assert server.stats.received == 9
+
+
+def test_a_coordinator_killed_and_rerun_resumes_without_sending_answered_lines_again(
+    server: FakeServer, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    server.latency = 0.2
+    source = write_jsonl(tmp_path / "in.jsonl", questions(80))
+    out = tmp_path / "out.jsonl"
+    args = _run_args(source, out, redis_server, "--concurrency", "4", "--claim-after", "1")
+    worker = _worker(server, redis_server, "--concurrency", "4", "--name", "steady")
+    try:
+        first = start_cli(server, *args, env=_env(server), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: out.exists() and len(out.read_bytes().splitlines()) >= 20, timeout=30)
+        _kill(first)
+        client = _client(redis_server)
+        base = f"sluice:job:{_job_id(client)}"
+        wait_until(lambda: client.xlen(f"{base}:results") >= 4, timeout=20)  # answers wait for the rerun
+        second = run_cli(server, *args, env=_env(server))
+    finally:
+        _stop(worker)
+    assert second.returncode == 0, second.stderr
+    assert _lines(out) == list(range(1, 81))
+    assert _duplicates(server) <= 4  # at most what the dead coordinator's own worker had in flight
+
+
+def test_redis_restarted_mid_job_loses_nothing(server: FakeServer, redis_server: RedisServer, tmp_path: Path) -> None:
+    server.latency = 0.05
+    source = write_jsonl(tmp_path / "in.jsonl", questions(200))
+    out = tmp_path / "out.jsonl"
+    coordinator = start_cli(server, *_run_args(source, out, redis_server, "--concurrency", "8"), env=_env(server))
+    try:
+        wait_until(lambda: out.exists() and len(out.read_bytes().splitlines()) >= 40, timeout=30)
+        redis_server.stop()
+        time.sleep(1.0)
+        redis_server.start()
+        _, err = coordinator.communicate(timeout=60)
+    finally:
+        _kill(coordinator)
+    assert coordinator.returncode == 0, err
+    assert "cannot be reached" in err
+    assert _lines(out) == list(range(1, 201))
+    assert _duplicates(server) <= 8
+
+
+def test_redis_that_lost_its_data_gets_the_job_again_and_it_completes(
+    server: FakeServer, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Restarted without persistence, Redis forgets the job: the coordinator registers it
+    again and feeds every line not written yet; still one record per line."""
+    server.latency = 0.05
+    source = write_jsonl(tmp_path / "in.jsonl", questions(200))
+    out = tmp_path / "out.jsonl"
+    log = (tmp_path / "err.log").open("w")
+    coordinator = start_cli(
+        server, *_run_args(source, out, redis_server, "--concurrency", "8"), env=_env(server), stderr=log
+    )
+    try:
+        wait_until(lambda: out.exists() and len(out.read_bytes().splitlines()) >= 40, timeout=30)
+        redis_server.kill()
+        shutil.rmtree(redis_server.directory)
+        redis_server.directory.mkdir()
+        redis_server.start()
+        coordinator.wait(timeout=60)
+    finally:
+        _kill(coordinator)
+        log.close()
+    err = (tmp_path / "err.log").read_text()
+    assert coordinator.returncode == 0, err
+    assert "Redis no longer knows the job" in err
+    assert _lines(out) == list(range(1, 201))
