@@ -268,6 +268,21 @@ def main() -> None:
     show_default=True,
     help="Seconds between progress lines when not on a terminal.",
 )
+@click.option(
+    "--redis",
+    "redis_url",
+    metavar="URL",
+    help="Spread the job over `sluice worker`s through Redis (this process works on it too); "
+    "limits and --budget are shared.",
+)
+@click.option(
+    "--redis-fail-open",
+    is_flag=True,
+    help="With --redis: when Redis is away, keep admitting under local limits (the job queue still waits).",
+)
+@click.option("--no-local-worker", is_flag=True, help="With --redis: only coordinate; workers answer everything.")
+@click.option("--claim-after", type=click.FloatRange(min=0.5), default=12.0, hidden=True)
+@click.option("--max-deliveries", type=click.IntRange(min=1), default=5, hidden=True)
 @_friendly
 def run(input_path: Path, output: Path, **flags: Any) -> None:
     """Stream INPUT (JSONL chat bodies, OpenAI Batch API lines, or CSV/JSONL rows with
@@ -302,8 +317,69 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
         overwrite=flags["overwrite"],
         adopt_output=flags["adopt_output"],
         grace=flags["grace"],
+        distributed=_distributed(flags),
     )
     sys.exit(run_job_command(spec, log_every=flags["log_every"]))
+
+
+def _distributed(flags: dict[str, Any]) -> Any:
+    """``--redis`` and its options, or None for a job run in this process."""
+    from ..batch._job import Distributed
+
+    url = flags["redis_url"]
+    if url is None:
+        for flag in ("redis_fail_open", "no_local_worker"):
+            if flags[flag]:
+                _fail(f"--{flag.replace('_', '-')} needs --redis URL")
+        return None
+    if flags["ordered"]:
+        _fail("--ordered is not available with --redis: records are written as the workers answer")
+    from ._worker import require_redis
+
+    require_redis()
+    return Distributed(
+        url,
+        fail_open=flags["redis_fail_open"],
+        local_worker=not flags["no_local_worker"],
+        claim_after=flags["claim_after"],
+        max_deliveries=flags["max_deliveries"],
+    )
+
+
+@main.command()
+@click.option("--redis", "redis_url", metavar="URL", required=True, help="The Redis the jobs run in.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    help="TOML config: this machine's deployments, keys and base URLs (default: ./sluice.toml, once trusted).",
+)
+@click.option("--concurrency", type=click.IntRange(min=1), help="Requests this worker sends at once (all jobs).")
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=20.0,
+    show_default=True,
+    help="Seconds requests in flight get after SIGTERM or Ctrl-C; then they go back to the queue.",
+)
+@click.option("--redis-fail-open", is_flag=True, help="When Redis is away, keep admitting under local limits.")
+@click.option("--name", help="The worker's name in summaries (default: HOST:PID).")
+@_friendly
+def worker(redis_url: str, **flags: Any) -> None:
+    """Answer the requests of every job `sluice run --redis` has in Redis (and of new ones),
+    with this machine's keys. Stops on SIGTERM or Ctrl-C, giving back what it holds."""
+    from ._worker import run_worker
+
+    sys.exit(
+        run_worker(
+            redis_url,
+            config_path=flags["config_path"],
+            concurrency=flags["concurrency"],
+            grace=flags["grace"],
+            fail_open=flags["redis_fail_open"],
+            name=flags["name"],
+        )
+    )
 
 
 @main.command()
@@ -422,6 +498,12 @@ def config_trust(path: Path, revoke: bool) -> None:
     for d in trusted.deployments:
         where = d.base_url or "the provider's default endpoint"
         click.echo(f"  {d.label}: requests go to {where}; key from {key_source(d)}")
+
+
+from ._serve import serve_command  # noqa: E402 - written in its own module, registered here
+
+serve_command.callback = _friendly(serve_command.callback) if serve_command.callback else None
+main.add_command(serve_command)
 
 
 def _print_table(title: str, rows: list[tuple[str, str]]) -> None:

@@ -71,6 +71,8 @@ _TOP_KEYS = {
     "deployments",
     "fallbacks",
     "cooldown",
+    "client",  # [[client]] and [serve]: read by sluice.serve._settings
+    "serve",
 }
 _COOLDOWN_KEYS = {f.name for f in dataclasses.fields(Cooldown)}
 _DEPLOYMENT_KEYS = {f.name for f in dataclasses.fields(Deployment)}

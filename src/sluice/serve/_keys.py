@@ -39,5 +39,6 @@ class ClientLike(Protocol):
 
 ENGINE: web.AppKey[Engine] = web.AppKey("sluice.engine")
 STATE_DIR: web.AppKey[Path] = web.AppKey("sluice.state_dir", Path)
-#: ``request[CLIENT]`` holds a :class:`ClientLike`.
-CLIENT = "sluice.client"
+#: ``request[CLIENT]`` holds a :class:`ClientLike` (a RequestKey, not a str: aiohttp
+#: warns about str keys in a request's storage, and tests run with warnings as errors).
+CLIENT: web.RequestKey[ClientLike] = web.RequestKey("sluice.client")

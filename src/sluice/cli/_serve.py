@@ -1,0 +1,101 @@
+"""``sluice serve``: the OpenAI-compatible server over the configured deployments.
+
+Without ``[[client]]`` entries nobody is asked for a key, so the server listens on loopback
+only: ``--host 0.0.0.0`` without client keys is refused (exit 2) rather than opening the
+deployments' keys and budget to the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import tomllib
+from pathlib import Path
+
+import click
+
+from .._errors import ConfigError
+
+__all__ = ["serve_command"]
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _read(path: Path | None) -> tuple[bytes, Path]:
+    """The config's bytes: ``path``, or ``./sluice.toml`` once trusted (as every command)."""
+    from ._config import DEFAULT_FILE, read_config_file, untrusted_message
+    from ._trust import check_trust
+
+    if path is not None:
+        return read_config_file(path), path
+    candidate = Path(DEFAULT_FILE)
+    if not candidate.is_file():
+        raise ConfigError(f"no --config given and no ./{DEFAULT_FILE} here; sluice serve needs its deployments")
+    raw = read_config_file(candidate)
+    check = check_trust(candidate, raw)
+    if check.state != "trusted":
+        raise ConfigError(untrusted_message(check.path, check.state))
+    return raw, candidate
+
+
+@click.command("serve")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    help="TOML config: deployments, [serve], [[client]] (default: ./sluice.toml, once trusted).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free one).")
+@click.option(
+    "--state",
+    "state_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".sluice-serve"),
+    show_default=True,
+    help="Directory for the server's state: client spend, the engine's store, files and batches.",
+)
+def serve_command(config_path: Path | None, host: str, port: int, state_dir: Path) -> None:
+    """Serve the OpenAI API (chat, embeddings, models, files, batches) through sluice's engine."""
+    from ._config import config_from_bytes, missing_keys
+
+    raw, path = _read(config_path)
+    config = config_from_bytes(raw, path)
+    from ..serve._settings import serve_tables
+
+    settings, clients = serve_tables(tomllib.loads(raw.decode("utf-8")), str(path))
+    if not clients and not _loopback(host):
+        raise ConfigError(
+            f"refusing to listen on {host} without client keys: anyone who can reach it could spend your "
+            "deployments' budget. Add [[client]] entries (name, key_env) to the config, or use --host 127.0.0.1"
+        )
+    problems = missing_keys(config)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    try:
+        from ..serve._app import build_app, serve
+    except ImportError as exc:  # prometheus-client is the [serve] extra
+        raise ConfigError(f"sluice serve needs the serve extra: pip install 'llm-sluice[serve]' ({exc})") from None
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.INFO)
+
+    async def main() -> None:
+        app = build_app(config, settings, clients, state_dir)
+        who = ", ".join(c.name for c in clients) if clients else "anyone on this machine (no [[client]] keys)"
+        await serve(
+            app,
+            host,
+            port,
+            ready=lambda url: click.echo(f"sluice serve: listening on {url} (base_url {url}/v1); clients: {who}"),
+        )
+
+    asyncio.run(main())

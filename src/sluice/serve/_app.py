@@ -1,0 +1,380 @@
+"""The ``sluice serve`` application: one engine, many clients, OpenAI's API.
+
+:func:`build_app` makes the aiohttp application from a parsed config; :func:`make_runner`
+runs it with the server-level guards (the header timeout); :func:`serve` is what the CLI
+runs. The middlewares, outermost first:
+
+* **errors**: whatever goes wrong becomes OpenAI's error JSON (aiohttp's own 404/405/413
+  included); an unexpected exception is logged and answered 500 with nothing of its text;
+* **auth**: ``Authorization: Bearer <key>`` names the client (``request[CLIENT]``); a
+  wrong or missing key is a 401 ``invalid_api_key``. Without ``[[client]]`` everyone is
+  ``default`` (the server then listens on loopback only). ``/health`` and ``/metrics``
+  need no key: they hold no secrets.
+
+Hostile clients: bodies are capped (``client_max_size``, 413), a body must arrive within
+``body_timeout_s`` of the headers (:func:`read_body`, 408 and the connection closed), and
+the headers within ``header_timeout_s`` of the connection (or of the previous response):
+aiohttp closes a connection whose request has not fully arrived when its keep-alive
+timer fires, so the timer doubles as the header timeout (see :func:`make_runner`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from .. import _json
+from .._engine import Engine
+from .._errors import ConfigError, SluiceError
+from ..cli._config import JobConfig
+from ..store import SqliteStore
+from ._batches import setup_batch_api
+from ._chat import chat_completions
+from ._clients import Client, Clients, SpendStore
+from ._context import CONTEXT, JSON_BODY, BadBody, Refused, ServeContext, client_of, model_names, upstream_secrets
+from ._embeddings import embeddings
+from ._errors import openai_error
+from ._keys import CLIENT, ENGINE, STATE_DIR
+from ._metrics import CONTENT_TYPE, Metrics
+from ._queue import Admission, serve_limiter
+from ._settings import ClientSpec, ServeSettings
+
+__all__ = ["BODY_TIMEOUT", "build_app", "make_runner", "read_body", "serve"]
+
+_log = logging.getLogger("sluice.serve")
+
+#: ``app[SETTINGS]``: the ``[serve]`` table the app was built with.
+SETTINGS: web.AppKey[ServeSettings] = web.AppKey("sluice.serve.settings", ServeSettings)
+#: Seconds a request's body may take to arrive once its headers are in (``read_body``).
+BODY_TIMEOUT: web.AppKey[float] = web.AppKey("sluice.serve.body_timeout", float)
+
+#: How often client spend is written even when no request of ours finished (batch work).
+_SAVE_EVERY = 2.0
+#: Seconds the rest of a refused body is read before the connection closes.
+_LINGER = 2.0
+_OPEN_PATHS = frozenset({"/health", "/metrics"})
+
+#: Who a refusal is counted against before the auth middleware named anyone.
+_NOBODY = Client("-")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class BodyTimeout(Exception):
+    pass
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The request's body, within the app's body timeout and size cap (raises
+    :class:`BodyTimeout` or aiohttp's 413): for every handler that reads one."""
+    try:
+        async with asyncio.timeout(request.app[BODY_TIMEOUT]):
+            return await request.read()
+    except TimeoutError:
+        raise BodyTimeout() from None
+
+
+async def read_json(request: web.Request) -> Any:
+    raw = await read_body(request)
+    if not raw:
+        raise BadBody("the request body is empty; send a JSON object")
+    try:
+        return _json.loads(raw)
+    except ValueError:
+        raise BadBody(
+            "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your "
+            "HTTP library correctly. The OpenAI API expects a JSON payload.)"
+        ) from None
+
+
+def build_app(
+    config: JobConfig,
+    settings: ServeSettings,
+    clients: Sequence[ClientSpec],
+    state_dir: Path,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> web.Application:
+    """The application: its engine is made here and started/closed with the app.
+
+    Raises ConfigError for a client whose key variable is unset (or keys shared)."""
+    names = model_names(config.deployments)
+    for spec in clients:
+        unknown = sorted(set(spec.models or ()) - set(names))
+        if unknown:
+            raise ConfigError(
+                f"client {spec.name!r}: models names {unknown}, which no [[deployment]] serves; known: {sorted(names)}"
+            )
+    state_dir.mkdir(parents=True, exist_ok=True)
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[_errors, _auth])
+    store = SqliteStore(state_dir / "engine.db")
+    metrics_box: list[Metrics] = []
+    engine = Engine(
+        config.deployments,
+        retry=config.retry,
+        concurrency=config.concurrency,
+        store=store,
+        budget_usd=config.budget_usd,
+        allow_unpriced=config.allow_unpriced,
+        defaults=config.defaults,
+        fallbacks=config.fallbacks,
+        cooldown=config.cooldown,
+        limiter_factory=serve_limiter,
+        on_retry=lambda event: metrics_box[0].retry(event) if metrics_box else None,
+    )
+    spend = SpendStore(state_dir / "clients.db")
+    try:
+        registry = Clients.from_specs(clients, engine, spend, environ)
+    except BaseException:
+        spend.close()
+        store.close()
+        raise
+    admission = Admission(settings.max_queue, settings.max_wait_s)
+    metrics = Metrics(engine, lambda: admission.waiting)
+    metrics_box.append(metrics)
+    ctx = ServeContext(
+        engine=engine,
+        clients=registry,
+        settings=settings,
+        admission=admission,
+        metrics=metrics,
+        models=names,
+        secrets=upstream_secrets(config.deployments),
+    )
+    app[ENGINE] = engine
+    app[STATE_DIR] = state_dir
+    app[CONTEXT] = ctx
+    app[SETTINGS] = settings
+    app[BODY_TIMEOUT] = settings.body_timeout_s
+    start, close = _lifetime(ctx, store, spend)
+    app.on_startup.append(start)  # before the Batch API's hooks: its batches resume on a started engine
+    setup_batch_api(app, client_named=registry.by_name.get)
+    app.on_cleanup.append(close)  # after them: batches stop feeding and record what is in flight first
+    app.router.add_post("/v1/chat/completions", _json_handler(chat_completions))
+    app.router.add_post("/v1/embeddings", _json_handler(embeddings))
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", retrieve_model)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics_handler)
+    return app
+
+
+def _lifetime(
+    ctx: ServeContext, store: SqliteStore, spend: SpendStore
+) -> tuple[Callable[[web.Application], Awaitable[None]], Callable[[web.Application], Awaitable[None]]]:
+    """The engine's start and close (plain hooks, not a cleanup context: aiohttp runs every
+    cleanup context before the other cleanup hooks, and the engine must close last)."""
+    saver: list[asyncio.Task[None]] = []
+
+    async def start(app: web.Application) -> None:
+        await ctx.engine.start()
+        saver.append(asyncio.create_task(_save_often(ctx.clients)))
+
+    async def close(app: web.Application) -> None:
+        for task in saver:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        try:
+            await ctx.engine.close()
+        finally:
+            ctx.clients.save()
+            spend.close()
+            store.close()
+
+    return start, close
+
+
+async def _save_often(clients: Clients) -> None:
+    while True:
+        await asyncio.sleep(_SAVE_EVERY)
+        try:
+            clients.save()
+        except Exception:
+            _log.exception("sluice serve: cannot write client spend; retrying")
+
+
+def _json_handler(handler: Handler) -> Handler:
+    """Read the body as JSON (within the body timeout) before ``handler`` runs."""
+
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        request[JSON_BODY] = await read_json(request)
+        return await handler(request)
+
+    return wrapped
+
+
+# -- middlewares ---------------------------------------------------------------------------------
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    ctx = request.app[CONTEXT]
+    client = request.get(CLIENT)
+    name = client.name if client is not None else "-"
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    endpoint = _endpoint(request)
+    response: web.StreamResponse
+    try:
+        response = await handler(request)
+    except BadBody as exc:
+        response = openai_error(400, exc.message, param=exc.param)
+    except Refused as exc:
+        response = exc.response
+    except BodyTimeout:
+        response = openai_error(
+            408, f"the request body did not arrive within {request.app[BODY_TIMEOUT]:g} s", code="timeout"
+        )
+        response.force_close()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        response = _http_error(request, exc)
+    except SluiceError as exc:  # raised by the engine before anything was sent (a request it can never run)
+        response = ctx.failure(request.get(CLIENT) or _NOBODY, exc)
+    except Exception:
+        _log.exception("sluice serve: internal error on %s %s", request.method, request.path)
+        response = openai_error(500, "The server had an error while processing your request.", type="server_error")
+    client = request.get(CLIENT)
+    name = client.name if client is not None else name
+    ctx.metrics.requests.labels(endpoint, name, str(response.status)).inc()
+    ctx.metrics.duration.labels(endpoint, name).observe(loop.time() - began)
+    return response
+
+
+def _endpoint(request: web.Request) -> str:
+    """The route's pattern (never the raw path: a scanner's junk would make labels without end)."""
+    route = request.match_info.route
+    resource = route.resource
+    return resource.canonical if resource is not None else "other"
+
+
+def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
+    if exc.status == 404:
+        return openai_error(404, f"Invalid URL ({request.method} {request.path[:200]})")
+    if exc.status == 405:
+        return openai_error(405, f"Method not allowed ({request.method} {request.path[:200]})")
+    if exc.status == 413:
+        limit = request.app[SETTINGS].max_body_mb
+        response = openai_error(413, f"the request body is larger than this server takes ({limit:g} MB)")
+        response.force_close()  # the rest of the body is not read
+        return response
+    return openai_error(exc.status, exc.reason)
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    clients = request.app[CONTEXT].clients
+    if request.path in _OPEN_PATHS:
+        return await handler(request)
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    client = clients.authenticate(key.strip() if scheme.lower() == "bearer" else None)
+    if client is None:
+        message = (
+            "You didn't provide an API key. You need to provide your API key in an Authorization header "
+            "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+            if not header
+            else "Incorrect API key provided. Ask the operator of this sluice server for your key."
+        )
+        return openai_error(401, message, code="invalid_api_key")
+    request[CLIENT] = client
+    return await handler(request)
+
+
+# -- small endpoints -------------------------------------------------------------------------------
+
+
+def _model(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "sluice"}
+
+
+async def list_models(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    names = ctx.visible_models(client_of(request))
+    return web.json_response({"object": "list", "data": [_model(n) for n in names]})
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    name = request.match_info["model"]
+    ctx.resolve(client_of(request), name)  # a 404 for a model it may not use
+    return web.json_response(_model(name))
+
+
+async def health(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    engine = ctx.engine
+    deployments = [
+        {
+            "deployment": s.deployment,
+            "model": s.model,
+            "state": s.state,
+            "seconds_left": round(s.seconds_left, 3),
+            "in_flight": s.in_flight,
+            "answered": s.answered,
+            "failed": s.failed,
+            "last_error": ctx.scrub(s.last_error) if s.last_error else None,
+        }
+        for s in engine.deployment_status()
+    ]
+    stopped = engine.store_error is not None
+    body = {
+        "status": "stopped" if stopped else "ok",
+        "deployments": deployments,
+        "queue": {"waiting": ctx.admission.waiting, "max": ctx.admission.max_queue},
+    }
+    return web.json_response(body, status=503 if stopped else 200)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    return web.Response(body=ctx.metrics.render(), headers={"content-type": CONTENT_TYPE})
+
+
+# -- running ----------------------------------------------------------------------------------------
+
+
+def make_runner(app: web.Application, *, access_log: bool = False) -> web.AppRunner:
+    """A runner for ``app`` whose keep-alive timer is the header timeout: aiohttp arms it when
+    a connection opens and after each response, and closes the connection if no complete
+    request has arrived when it fires (slowloris)."""
+    settings = app[SETTINGS]
+    kwargs: dict[str, Any] = {
+        "keepalive_timeout": settings.header_timeout_s,
+        # after an early answer (408, 413) aiohttp reads what is left of the body for this
+        # long (10 s by default) before closing: a trickling client must not keep it longer
+        "lingering_time": _LINGER,
+        "shutdown_timeout": 5.0,
+    }
+    if not access_log:
+        kwargs["access_log"] = None
+    return web.AppRunner(app, **kwargs)
+
+
+async def serve(app: web.Application, host: str, port: int, *, ready: Callable[[str], None]) -> None:
+    """Run until SIGINT or SIGTERM; ``ready`` is told the URL once it listens."""
+    runner = make_runner(app, access_log=True)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, backlog=1024)
+        await site.start()
+        address = runner.addresses[0]
+        shown = f"[{address[0]}]" if ":" in str(address[0]) else address[0]
+        ready(f"http://{shown}:{address[1]}")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,141 @@
+"""What the Files and Batches handlers share: the bookkeeping, the limits, the caller.
+
+Kept apart from the handlers so ``_files`` and ``_batches`` need not import each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from ._batch_db import BatchDB
+from ._keys import CLIENT, ClientLike
+
+if TYPE_CHECKING:
+    from .._budget import Budget
+
+__all__ = [
+    "BATCH_CTX",
+    "BatchContext",
+    "Caller",
+    "Limits",
+    "ModelCheck",
+    "caller",
+    "derived_id",
+    "new_id",
+    "query_int",
+]
+
+#: ``check(client, model)``: the engine's name for a model the client asked for, or None
+#: when the client may not use it (``sluice serve`` passes its ``[[client]] models`` check).
+ModelCheck = Callable[[ClientLike, str], "str | None"]
+
+#: Where uploads and outputs live: ``STATE_DIR/files/<file id>``.
+FILES_DIR = "files"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What an upload may be. OpenAI's own: 200 MB and 50,000 requests per batch file."""
+
+    max_file_bytes: int = 200 * 1024 * 1024
+    max_requests: int = 50_000
+    #: One request line (a long chat with images inlined as base64 can be large).
+    max_line_bytes: int = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The client a request comes from (``"default"``, with no budget, without auth)."""
+
+    name: str = "default"
+    budget: Budget | None = None
+
+
+class BatchContext:
+    """Made when the routes are added; opened at startup, once ``app[STATE_DIR]`` is known."""
+
+    def __init__(self, limits: Limits, resolve_model: ModelCheck | None = None) -> None:
+        self.limits = limits
+        self.resolve_model = resolve_model
+        self._db: BatchDB | None = None
+        self._state_dir: Path | None = None
+        #: The clients seen by the handlers, by name.
+        self.seen: dict[str, ClientLike] = {}
+        #: Batches resumed at startup whose client's budget is not known yet: they start
+        #: when the client is first seen (see ``setup_batch_api(client_named=)``).
+        self.parked: dict[str, list[Callable[[ClientLike], None]]] = {}
+
+    def open(self, state_dir: Path) -> None:
+        self._state_dir = state_dir
+        self._db = BatchDB(state_dir / "batches.db")
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    @property
+    def db(self) -> BatchDB:
+        if self._db is None:
+            raise RuntimeError("the Batch API is used before the app started")
+        return self._db
+
+    @property
+    def state_dir(self) -> Path:
+        if self._state_dir is None:
+            raise RuntimeError("the Batch API is used before the app started")
+        return self._state_dir
+
+    @property
+    def files_dir(self) -> Path:
+        return self.state_dir / FILES_DIR
+
+    def file_path(self, file_id: str) -> Path:
+        return self.files_dir / file_id
+
+
+BATCH_CTX: web.AppKey[BatchContext] = web.AppKey("sluice.batch_ctx", BatchContext)
+
+
+def caller(request: web.Request) -> ClientLike:
+    """``request[CLIENT]``, set by the auth middleware; without one, the anonymous client."""
+    client: ClientLike | None = request.get(CLIENT)
+    if client is None:
+        return Caller()
+    ctx = request.app[BATCH_CTX]
+    ctx.seen[client.name] = client
+    for resume in ctx.parked.pop(client.name, []):
+        resume(client)
+    return client
+
+
+def new_id(prefix: str, nbytes: int = 12) -> str:
+    return prefix + secrets.token_hex(nbytes)
+
+
+def derived_id(prefix: str, *parts: str, nbytes: int = 12) -> str:
+    """An id that is the same every time it is made from the same parts (a finalize that
+    is redone after a crash replaces its files instead of leaving orphans)."""
+    digest = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+    return prefix + digest[: nbytes * 2]
+
+
+def query_int(request: web.Request, name: str, default: int, lo: int, hi: int) -> int | str:
+    """A bounded integer query parameter, or the message saying what is wrong with it."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        return f"{name} must be an integer, got {raw!r}"
+    if not lo <= value <= hi:
+        return f"{name} must be between {lo} and {hi}, got {value}"
+    return value

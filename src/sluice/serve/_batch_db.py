@@ -1,0 +1,174 @@
+"""The Batch API's bookkeeping: file and batch objects in one SQLite file under the state dir.
+
+Rows are few and small (one per file, one per batch), written when an object is created or
+changes status, so plain synchronous ``sqlite3`` calls on the event loop cost microseconds;
+the per-line results of a running batch go elsewhere (a :class:`~sluice.store.SqliteStore`
+per batch, written off the loop: see ``_batch_run``). WAL with ``synchronous=NORMAL``
+survives a killed process, which is what a restart of ``sluice serve`` needs.
+
+Every lookup names the client: one client never sees another's files or batches.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._errors import StoreError
+
+__all__ = ["BatchDB", "FileRow"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    client TEXT NOT NULL,
+    filename TEXT NOT NULL,
+    purpose TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    lines INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS batches (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    client TEXT NOT NULL,
+    status TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+"""
+
+#: Statuses of a batch that still has work to do (resumed at startup).
+ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+
+
+@dataclass(frozen=True, slots=True)
+class FileRow:
+    id: str
+    client: str
+    filename: str
+    purpose: str
+    bytes: int
+    created_at: int
+    #: Requests in a ``batch`` file (counted when it was uploaded).
+    lines: int = 0
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "file",
+            "bytes": self.bytes,
+            "created_at": self.created_at,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "status_details": None,
+            "expires_at": None,
+        }
+
+
+class BatchDB:
+    """Files and batches, by client."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.executescript(_SCHEMA)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"cannot open the batch state {path}: {exc}") from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- files -------------------------------------------------------------------------------
+
+    def add_file(self, row: FileRow) -> None:
+        self._run(
+            "INSERT OR REPLACE INTO files (id, client, filename, purpose, bytes, created_at, lines)"
+            " VALUES (?,?,?,?,?,?,?)",
+            (row.id, row.client, row.filename, row.purpose, row.bytes, row.created_at, row.lines),
+        )
+
+    def file(self, client: str, file_id: str) -> FileRow | None:
+        rows = list(self._files("WHERE client = ? AND id = ?", (client, file_id)))
+        return rows[0] if rows else None
+
+    def files(
+        self, client: str, *, purpose: str | None, after: str | None, limit: int, descending: bool
+    ) -> list[FileRow]:
+        where = "WHERE client = ?"
+        args: list[Any] = [client]
+        if purpose is not None:
+            where += " AND purpose = ?"
+            args.append(purpose)
+        if after is not None:
+            cursor = self._db.execute("SELECT seq FROM files WHERE client = ? AND id = ?", (client, after)).fetchone()
+            if cursor is not None:
+                where += " AND seq < ?" if descending else " AND seq > ?"
+                args.append(cursor[0])
+        order = "DESC" if descending else "ASC"
+        return list(self._files(f"{where} ORDER BY seq {order} LIMIT ?", (*args, limit)))
+
+    def delete_file(self, client: str, file_id: str) -> bool:
+        cursor = self._run("DELETE FROM files WHERE client = ? AND id = ?", (client, file_id))
+        return cursor.rowcount > 0
+
+    def _files(self, clause: str, args: tuple[Any, ...]) -> Iterator[FileRow]:
+        query = f"SELECT id, client, filename, purpose, bytes, created_at, lines FROM files {clause}"
+        for row in self._db.execute(query, args):
+            yield FileRow(*row)
+
+    # -- batches -----------------------------------------------------------------------------
+
+    def save_batch(self, client: str, batch: dict[str, Any]) -> None:
+        """Insert or update a batch object (its row keeps its place in the listing)."""
+        body = json.dumps(batch)
+        cursor = self._run("UPDATE batches SET status = ?, body = ? WHERE id = ?", (batch["status"], body, batch["id"]))
+        if cursor.rowcount == 0:
+            self._run(
+                "INSERT INTO batches (id, client, status, body) VALUES (?,?,?,?)",
+                (batch["id"], client, batch["status"], body),
+            )
+
+    def batch(self, client: str, batch_id: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT body FROM batches WHERE client = ? AND id = ?", (client, batch_id)).fetchone()
+        return json.loads(row[0]) if row is not None else None
+
+    def batches(self, client: str, *, after: str | None, limit: int) -> list[dict[str, Any]]:
+        """Newest first, as OpenAI lists them; ``after`` a batch id (the previous page's last)."""
+        where = "WHERE client = ?"
+        args: list[Any] = [client]
+        if after is not None:
+            cursor = self._db.execute("SELECT seq FROM batches WHERE client = ? AND id = ?", (client, after)).fetchone()
+            if cursor is not None:
+                where += " AND seq < ?"
+                args.append(cursor[0])
+        query = f"SELECT body FROM batches {where} ORDER BY seq DESC LIMIT ?"
+        return [json.loads(row[0]) for row in self._db.execute(query, (*args, limit))]
+
+    def active(self) -> list[tuple[str, dict[str, Any]]]:
+        """(client, batch) of every batch with work left, oldest first."""
+        marks = ",".join("?" * len(ACTIVE))
+        query = f"SELECT client, body FROM batches WHERE status IN ({marks}) ORDER BY seq"
+        return [(row[0], json.loads(row[1])) for row in self._db.execute(query, ACTIVE)]
+
+    def using(self, client: str, file_id: str) -> list[str]:
+        """Ids of this client's batches with work left that read ``file_id``."""
+        return [
+            batch["id"] for owner, batch in self.active() if owner == client and batch.get("input_file_id") == file_id
+        ]
+
+    def _run(self, sql: str, args: tuple[Any, ...]) -> sqlite3.Cursor:
+        try:
+            return self._db.execute(sql, args)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write the batch state {self.path}: {exc}") from None

@@ -1,0 +1,252 @@
+"""``/v1/batches`` (create, retrieve, list, cancel) and ``/v1/files``, run by sluice.
+
+Code written for OpenAI's Batch API runs unchanged against ``sluice serve``: upload a JSONL
+file of requests (``purpose="batch"``), create a batch over it, poll it, download its
+output and error files. The batch is executed by the app's engine at ``Priority.BATCH``,
+against whatever deployments it has, under the calling client's budget, and it survives a
+restart of the server (see ``_batch_run``).
+
+:func:`setup_batch_api` adds the routes and the startup/cleanup hooks: at startup every
+batch with work left (validating, in progress, finalizing, cancelling) continues; at
+cleanup they stop feeding new lines, what is in flight gets ``grace`` seconds to finish
+and be recorded, and the batches stay ``in_progress`` for the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from ._batch_ctx import BATCH_CTX, BatchContext, Caller, Limits, ModelCheck, caller, new_id, query_int
+from ._batch_run import CHAT, EMBEDDINGS, BatchRun, public
+from ._errors import openai_error
+from ._files import add_file_routes
+from ._keys import ENGINE, STATE_DIR, ClientLike
+
+__all__ = ["Limits", "setup_batch_api"]
+
+_WINDOW = 24 * 3600
+#: The anonymous client's name (no ``[[client]]`` entries, or a bare app in tests).
+DEFAULT_CLIENT = "default"
+_ENDPOINTS = (CHAT, EMBEDDINGS)
+
+
+class _Runs:
+    """The batches at work in this process, by id."""
+
+    def __init__(self, client_named: Callable[[str], ClientLike | None] | None, grace: float) -> None:
+        self.client_named = client_named
+        self.grace = grace
+        self.by_id: dict[str, BatchRun] = {}
+
+
+_RUNS: web.AppKey[_Runs] = web.AppKey("sluice.batch_runs", _Runs)
+
+
+def setup_batch_api(
+    app: web.Application,
+    *,
+    client_named: Callable[[str], ClientLike | None] | None = None,
+    resolve_model: ModelCheck | None = None,
+    limits: Limits | None = None,
+    grace: float = 20.0,
+) -> None:
+    """Serve ``/v1/files`` and ``/v1/batches`` from ``app[ENGINE]``, keeping state in
+    ``app[STATE_DIR]``.
+
+    ``client_named(name)`` gives the configured client of that name (None once it is no
+    longer configured): a batch resumed at startup runs under its budget. Without it, a
+    resumed batch of a named client waits until that client next calls the Batch API.
+    ``resolve_model(client, model)``: the engine's name for the model a line asks for, or
+    None when the client may not use it (the line fails with ``model_not_found``); without
+    it, lines go to the engine with the model they name.
+    ``limits``: upload limits (200 MB, 50,000 requests per batch file by default).
+    ``grace``: seconds in-flight lines get to finish when the server stops.
+    """
+    app[BATCH_CTX] = BatchContext(limits or Limits(), resolve_model)
+    app[_RUNS] = _Runs(client_named, grace)
+    add_file_routes(app)
+    app.router.add_post("/v1/batches", create_batch)
+    app.router.add_get("/v1/batches", list_batches)
+    app.router.add_get("/v1/batches/{batch_id}", retrieve_batch)
+    app.router.add_post("/v1/batches/{batch_id}/cancel", cancel_batch)
+    app.on_startup.append(_resume)
+    app.on_cleanup.append(_stop)
+
+
+# -- lifecycle ---------------------------------------------------------------------------------
+
+
+async def _resume(app: web.Application) -> None:
+    ctx = app[BATCH_CTX]
+    ctx.open(app[STATE_DIR])
+    runs = app[_RUNS]
+    for owner, batch in ctx.db.active():
+        known = runs.client_named(owner) if runs.client_named is not None else ctx.seen.get(owner)
+        if known is None and owner == DEFAULT_CLIENT:
+            known = Caller()
+        if known is not None:
+            _start(app, known, batch)
+        elif runs.client_named is not None:  # no longer configured: nobody may pay for it
+            run = BatchRun(ctx, lambda: app[ENGINE], Caller(owner), batch)
+            run.fail("client_removed", f"the client {owner!r} is no longer configured on this server")
+        else:
+            ctx.parked.setdefault(owner, []).append(functools.partial(_start_for, app, batch))
+
+
+def _start_for(app: web.Application, batch: dict[str, Any], client: ClientLike) -> None:
+    _start(app, client, batch)
+
+
+def _start(app: web.Application, client: ClientLike, batch: dict[str, Any]) -> BatchRun:
+    run = BatchRun(app[BATCH_CTX], lambda: app[ENGINE], client, batch)
+    runs = app[_RUNS].by_id
+    runs[run.id] = run
+    run.start().add_done_callback(lambda _: runs.pop(run.id, None))
+    return run
+
+
+async def _stop(app: web.Application) -> None:
+    """Stop feeding; give what is in flight ``grace`` seconds to finish and be recorded."""
+    runs = app[_RUNS]
+    tasks = [run.task for run in runs.by_id.values() if run.task is not None]
+    for run in runs.by_id.values():
+        run.stop()
+    if tasks:
+        _, late = await asyncio.wait(tasks, timeout=runs.grace)
+        for task in late:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*late, return_exceptions=True)
+    app[BATCH_CTX].close()
+
+
+# -- handlers ----------------------------------------------------------------------------------
+
+
+async def create_batch(request: web.Request) -> web.Response:
+    ctx = request.app[BATCH_CTX]
+    client = caller(request)
+    try:
+        body = await request.json()
+    except ValueError:
+        return openai_error(400, "the request body is not valid JSON")
+    if not isinstance(body, dict):
+        return openai_error(400, "the request body must be a JSON object")
+    problem = _check_create(body)
+    if problem is not None:
+        return openai_error(400, problem[1], param=problem[0])
+    file_id = body["input_file_id"]
+    row = ctx.db.file(client.name, file_id)
+    if row is None:
+        return openai_error(404, f"No such File object: {file_id}", param="input_file_id")
+    if row.purpose != "batch":
+        message = f"{file_id} was uploaded with purpose {row.purpose!r}; a batch needs purpose 'batch'"
+        return openai_error(400, message, param="input_file_id")
+    now = int(time.time())
+    batch: dict[str, Any] = {
+        "id": new_id("batch_", 16),
+        "object": "batch",
+        "endpoint": body["endpoint"],
+        "model": None,
+        "errors": None,
+        "input_file_id": file_id,
+        "completion_window": body["completion_window"],
+        "status": "validating",
+        "output_file_id": None,
+        "error_file_id": None,
+        "created_at": now,
+        "in_progress_at": None,
+        "expires_at": now + _WINDOW,
+        "finalizing_at": None,
+        "completed_at": None,
+        "failed_at": None,
+        "expired_at": None,
+        "cancelling_at": None,
+        "cancelled_at": None,
+        "request_counts": {"total": row.lines, "completed": 0, "failed": 0},
+        "metadata": body.get("metadata"),
+    }
+    ctx.db.save_batch(client.name, batch)
+    _start(request.app, client, batch)
+    return web.json_response(public(batch))
+
+
+def _check_create(body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(param, message) for the first thing wrong with a create request, else None."""
+    if not isinstance(body.get("input_file_id"), str) or not body["input_file_id"]:
+        return "input_file_id", "missing required parameter: 'input_file_id'"
+    endpoint = body.get("endpoint")
+    if endpoint not in _ENDPOINTS:
+        return "endpoint", f"endpoint must be one of {', '.join(_ENDPOINTS)}, got {endpoint!r}"
+    if body.get("completion_window") != "24h":
+        return "completion_window", f"completion_window must be '24h', got {body.get('completion_window')!r}"
+    metadata = body.get("metadata")
+    if metadata is not None:
+        if not isinstance(metadata, dict) or len(metadata) > 16:
+            return "metadata", "metadata must be an object of at most 16 string pairs"
+        for key, value in metadata.items():
+            if not isinstance(value, str) or len(key) > 64 or len(value) > 512:
+                return "metadata", "metadata keys must be strings of at most 64 characters, values at most 512"
+    return None
+
+
+def _live(request: web.Request, batch: dict[str, Any]) -> dict[str, Any]:
+    """The running copy of a batch when it is at work here (its counts are fresher)."""
+    run = request.app[_RUNS].by_id.get(batch["id"])
+    return public(run.batch if run is not None else batch)
+
+
+def _own_batch(request: web.Request) -> dict[str, Any] | web.Response:
+    batch_id = request.match_info["batch_id"]
+    batch = request.app[BATCH_CTX].db.batch(caller(request).name, batch_id)
+    if batch is None:
+        return openai_error(404, f"No such Batch object: {batch_id}", param="batch_id")
+    return batch
+
+
+async def retrieve_batch(request: web.Request) -> web.Response:
+    batch = _own_batch(request)
+    return batch if isinstance(batch, web.Response) else web.json_response(_live(request, batch))
+
+
+async def list_batches(request: web.Request) -> web.Response:
+    client = caller(request)
+    limit = query_int(request, "limit", 20, 1, 100)
+    if isinstance(limit, str):
+        return openai_error(400, limit, param="limit")
+    rows = request.app[BATCH_CTX].db.batches(client.name, after=request.query.get("after"), limit=limit + 1)
+    page = [_live(request, batch) for batch in rows[:limit]]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(rows) > limit,
+        }
+    )
+
+
+async def cancel_batch(request: web.Request) -> web.Response:
+    batch = _own_batch(request)
+    if isinstance(batch, web.Response):
+        return batch
+    run = request.app[_RUNS].by_id.get(batch["id"])
+    status = (run.batch if run is not None else batch)["status"]
+    if status == "cancelling":
+        return web.json_response(_live(request, batch))
+    if status not in ("validating", "in_progress"):
+        return openai_error(409, f"cannot cancel batch {batch['id']}: it is {status}", param="batch_id")
+    if run is None:  # resumed at startup, waiting for its client: it finalizes as cancelled when it starts
+        batch.update(status="cancelling", cancelling_at=int(time.time()))
+        request.app[BATCH_CTX].db.save_batch(caller(request).name, batch)
+        return web.json_response(public(batch))
+    run.cancel()
+    return web.json_response(public(run.batch))

@@ -1,0 +1,288 @@
+"""``POST /v1/chat/completions``: plain, and ``stream: true`` as OpenAI streams it.
+
+A plain answer is the provider's own response body (the engine translates Anthropic's to
+OpenAI's shape). A stream is Server-Sent Events exactly as OpenAI sends them: a
+``chat.completion.chunk`` with the role, one per delta (text or tool-call pieces), one with
+the ``finish_reason``, with ``stream_options.include_usage`` a last one with empty
+``choices`` and the ``usage`` (and ``"usage": null`` on the others), then ``data: [DONE]``.
+An error before the first delta is an ordinary error response (its status, OpenAI's JSON);
+after it, OpenAI's way: ``data: {"error": {...}}`` and the stream ends without ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from .. import _json
+from .._errors import InvalidRequestError, SluiceError
+from .._models import Request, Result, Usage
+from .._streaming import Delta, Stream
+from ..providers._events import TextDelta
+from ._clients import Client
+from ._context import CONTEXT, JSON_BODY, BadBody, ServeContext, client_of
+
+__all__ = ["chat_completions", "parse_chat"]
+
+#: Fields of the body that are the Request's own; the rest goes to the provider as ``params``.
+_OWN = frozenset({"model", "messages", "max_tokens", "temperature", "stream", "stream_options"})
+
+
+def parse_chat(body: Any, model: str, *, unique: bool) -> tuple[Request, bool, bool]:
+    """(the Request, stream?, include usage?) from a chat body; BadBody names a wrong field."""
+    if not isinstance(body, Mapping):
+        raise BadBody("the request body must be a JSON object")
+    messages = body.get("messages")
+    if messages is None:
+        raise BadBody("you must provide a messages parameter", "messages")
+    if not isinstance(messages, list):
+        raise BadBody(f"messages must be an array of message objects, got {_kind(messages)}", "messages")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadBody(f"stream must be a boolean, got {_kind(stream)}", "stream")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, Mapping):
+            raise BadBody(f"stream_options must be an object, got {_kind(options)}", "stream_options")
+        if not stream:
+            raise BadBody("stream_options is only allowed when stream is true", "stream_options")
+        include_usage = options.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise BadBody("stream_options.include_usage must be a boolean", "stream_options.include_usage")
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise BadBody(f"n must be an integer >= 1, got {_json.dumps_text(n)[:40]}", "n")
+    if stream and n is not None and n > 1:
+        raise BadBody("n > 1 is not supported with stream: true by sluice serve", "n")
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise BadBody(f"{name} must be an integer >= 1, got {_json.dumps_text(value)[:40]}", name)
+    temperature = body.get("temperature")
+    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))):
+        raise BadBody(f"temperature must be a number, got {_kind(temperature)}", "temperature")
+    params = {k: v for k, v in body.items() if k not in _OWN}
+    try:
+        request = Request(
+            model=model,
+            messages=messages,
+            max_tokens=body.get("max_tokens"),
+            temperature=temperature,
+            params=params,
+            id=f"serve-{uuid.uuid4().hex}" if unique else None,
+        )
+    except InvalidRequestError as exc:
+        message = exc.message.removeprefix("request: ")
+        raise BadBody(message, message.split(" ", 1)[0].split("[", 1)[0] or None) from None
+    return request, stream, include_usage
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    ctx = request.app[CONTEXT]
+    client = client_of(request)
+    body = request[JSON_BODY]
+    if not isinstance(body, Mapping):
+        raise BadBody("the request body must be a JSON object")
+    model = ctx.resolve(client, body.get("model"))
+    chat, stream, include_usage = parse_chat(body, model, unique=not ctx.settings.cache)
+    engine = ctx.engine
+    tokens, limiters = ctx.estimated_tokens(model, lambda d: _estimate(ctx, chat, d))
+    if not stream:
+        result = await ctx.admit(
+            client, request, tokens, limiters, lambda: engine.complete(chat, budget=client.budget), _used
+        )
+        _settled(ctx, client, result)
+        if result.error is not None:
+            return ctx.failure(client, result.error)
+        return web.Response(body=_json.dumps(_completion(result, body["model"])), content_type="application/json")
+    opened = await ctx.admit(
+        client, request, tokens, limiters, lambda: _open(engine.stream(chat, budget=client.budget))
+    )
+    return await _stream(ctx, client, request, opened, body["model"], include_usage)
+
+
+def _used(result: Result) -> int | None:
+    """Tokens a result took from its client's tpm (None: nothing was sent)."""
+    if not result.attempts or result.cached:
+        return None
+    return result.usage.total_tokens
+
+
+def _estimate(ctx: ServeContext, request: Request, deployment: Any) -> int:
+    route = ctx.engine.router.route_named(deployment.label)
+    if route is None:
+        return 0
+    return int(route.provider.estimate_tokens(request, deployment))
+
+
+def _settled(ctx: ServeContext, client: Client, result: Result) -> None:
+    ctx.metrics.result(client.name, result)
+    if client.budget is not None or ctx.clients.engine_budget is not None:
+        ctx.clients.save()
+
+
+def _completion(result: Result, model: str) -> dict[str, Any]:
+    """The provider's body (the engine's OpenAI shape for other providers), or one made
+    from the Result when there is none, or it is not a chat completion (the simulated
+    provider's and a callable's notes)."""
+    if result.raw is not None and isinstance(result.raw.get("choices"), list):
+        body = dict(result.raw)
+        body.pop("streamed", None)
+        if body.get("id") is None:
+            body["id"] = f"chatcmpl-{uuid.uuid4().hex}"
+        return body
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": result.model or model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": result.text},
+                "finish_reason": result.finish_reason or "stop",
+            }
+        ],
+        "usage": _usage(result.usage),
+    }
+
+
+def _usage(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.input_tokens,
+        "completion_tokens": usage.output_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_input_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+    }
+
+
+# -- streaming --------------------------------------------------------------------------------
+
+
+class _Opened:
+    """A stream entered, and its first delta (None: it ended before one came)."""
+
+    __slots__ = ("deltas", "first", "stream")
+
+    def __init__(self, stream: Stream, deltas: AsyncIterator[Delta], first: Delta | None) -> None:
+        self.stream = stream
+        self.deltas = deltas
+        self.first = first
+
+
+async def _open(stream: Stream) -> _Opened:
+    """Enter the stream and wait for its first delta (the wait for capacity is in here)."""
+    await stream.__aenter__()
+    try:
+        deltas = stream.events()
+        first = await anext(deltas, None)
+    except BaseException as exc:
+        await stream.__aexit__(type(exc), exc, exc.__traceback__)
+        raise
+    return _Opened(stream, deltas, first)
+
+
+async def _stream(
+    ctx: ServeContext, client: Client, request: web.Request, opened: _Opened, model: str, include_usage: bool
+) -> web.StreamResponse:
+    stream = opened.stream
+    try:
+        if opened.first is None:  # ended before any delta: an error is an ordinary error response
+            result = stream.result
+            if result.error is not None:
+                return ctx.failure(client, result.error)
+        chunks = _Chunks(model, include_usage)
+        response = web.StreamResponse(
+            headers={"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
+        )
+        await response.prepare(request)
+        await response.write(chunks.role())
+        delta = opened.first
+        while delta is not None:
+            await response.write(chunks.delta(delta))
+            delta = await anext(opened.deltas, None)
+        result = stream.result
+        if result.error is not None:
+            status, type_, code = _error_fields(ctx, client, result.error)
+            error = {"message": status, "type": type_, "param": None, "code": code}
+            await response.write(b"data: " + _json.dumps({"error": error}) + b"\n\n")
+        else:
+            await response.write(chunks.finish(result.finish_reason or "stop"))
+            if include_usage:
+                await response.write(chunks.usage(result.usage))
+            await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+    finally:
+        await stream.__aexit__(None, None, None)
+        if stream.done:
+            _settled(ctx, client, stream.result)
+
+
+def _error_fields(ctx: ServeContext, client: Client, error: SluiceError) -> tuple[str, str, str | None]:
+    """An error after the first delta, as the ``error`` object OpenAI sends mid-stream."""
+    response = ctx.failure(client, error)
+    assert isinstance(response.body, bytes)
+    payload = _json.loads(response.body)["error"]
+    return payload["message"], payload["type"], payload["code"]
+
+
+class _Chunks:
+    """``chat.completion.chunk`` events of one stream, as SSE bytes."""
+
+    __slots__ = ("_base", "_include_usage")
+
+    def __init__(self, model: str, include_usage: bool) -> None:
+        self._include_usage = include_usage
+        self._base = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+            "system_fingerprint": None,
+        }
+
+    def _event(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+        chunk: dict[str, Any] = {**self._base, "choices": choices}
+        if self._include_usage:
+            chunk["usage"] = usage
+        return b"data: " + _json.dumps(chunk) + b"\n\n"
+
+    def _choice(self, delta: dict[str, Any], finish: str | None = None) -> list[dict[str, Any]]:
+        return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+
+    def role(self) -> bytes:
+        return self._event(self._choice({"role": "assistant", "content": "", "refusal": None}))
+
+    def delta(self, delta: Delta) -> bytes:
+        if isinstance(delta, TextDelta):
+            return self._event(self._choice({"content": delta.text}))
+        call: dict[str, Any] = {"index": delta.index}
+        if delta.id is not None:
+            call["id"] = delta.id
+            call["type"] = "function"
+        function: dict[str, Any] = {"arguments": delta.arguments}
+        if delta.name is not None:
+            function["name"] = delta.name
+        call["function"] = function
+        return self._event(self._choice({"tool_calls": [call]}))
+
+    def finish(self, reason: str) -> bytes:
+        return self._event(self._choice({}, reason))
+
+    def usage(self, usage: Usage) -> bytes:
+        return self._event([], _usage(usage))

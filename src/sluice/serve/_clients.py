@@ -1,0 +1,169 @@
+"""Who may call the server: ``[[client]]`` keys, budgets and limits, and their spend on disk.
+
+Keys are read from the environment at startup, kept as digests, compared in constant time
+(:func:`hmac.compare_digest` against every client, so the time taken says nothing about
+which key nearly matched) and never logged. A client's budget is a session budget of the
+one engine (``engine.session``), so it counts against the server's own budget too; what it
+spent is written to ``clients.db`` in the state directory after every request (and every
+few seconds, for the Batch API's work) and added back at startup: a restart resets nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .._budget import Budget
+from .._errors import ConfigError, StoreError
+from ._queue import ServeLimiter
+from ._settings import ClientSpec
+
+if TYPE_CHECKING:
+    from .._engine import Engine
+
+__all__ = ["DEFAULT_CLIENT", "Client", "Clients", "SpendStore"]
+
+DEFAULT_CLIENT = "default"
+#: The row that keeps the engine's own (server-wide) spend.
+_ENGINE_ROW = ":engine"
+
+
+@dataclass(eq=False, slots=True)
+class Client:
+    """An authenticated caller (the :class:`~sluice.serve._keys.ClientLike` of ``request[CLIENT]``)."""
+
+    name: str
+    budget: Budget | None = None
+    #: Its own rpm/tpm, in front of the engine (None: only the deployments' limits apply).
+    limiter: ServeLimiter | None = None
+    #: Model or deployment names it may use (None: every configured one).
+    models: frozenset[str] | None = None
+    _digest: bytes = field(default=b"", repr=False)
+
+    def __repr__(self) -> str:
+        return f"<Client {self.name}>"
+
+
+class SpendStore:
+    """Each client's dollars spent, in SQLite (a row per client; a write is one upsert)."""
+
+    __slots__ = ("_db", "path")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit is durable against a crash of the process
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.execute("CREATE TABLE IF NOT EXISTS spend (client TEXT PRIMARY KEY, usd REAL NOT NULL)")
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"cannot open the client spend file {path}: {exc}") from None
+
+    def load(self, name: str) -> float:
+        row = self._db.execute("SELECT usd FROM spend WHERE client = ?", (name,)).fetchone()
+        return float(row[0]) if row else 0.0
+
+    def save(self, rows: Iterable[tuple[str, float]]) -> None:
+        try:
+            self._db.executemany(
+                "INSERT INTO spend (client, usd) VALUES (?, ?) ON CONFLICT(client) DO UPDATE SET usd = excluded.usd",
+                list(rows),
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write the client spend file {self.path}: {exc}") from None
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+class Clients:
+    """The configured clients (or the one loopback ``default`` client when there are none)."""
+
+    __slots__ = ("_saved", "anonymous", "by_name", "engine_budget", "spend")
+
+    def __init__(self, clients: Sequence[Client], spend: SpendStore, engine_budget: Budget | None) -> None:
+        self.by_name = {c.name: c for c in clients}
+        #: No [[client]] entries: no key is asked for, everyone is ``default``.
+        self.anonymous = len(clients) == 1 and not clients[0]._digest
+        self.spend = spend
+        self.engine_budget = engine_budget
+        self._saved: dict[str, float] = {}
+
+    @classmethod
+    def from_specs(
+        cls, specs: Sequence[ClientSpec], engine: Engine, spend: SpendStore, environ: Mapping[str, str] | None = None
+    ) -> Clients:
+        """Build the clients, reading each key from its variable (a missing one is a ConfigError)."""
+        env: Mapping[str, str] = os.environ if environ is None else environ
+        engine_budget = engine.spending.budget
+        if engine_budget is not None:
+            engine_budget.add_spent(spend.load(_ENGINE_ROW))
+        if not specs:
+            return cls([Client(DEFAULT_CLIENT)], spend, engine_budget)
+        clients: list[Client] = []
+        seen: dict[bytes, str] = {}
+        for spec in specs:
+            key = env.get(spec.key_env, "")
+            if not key:
+                raise ConfigError(f"client {spec.name!r}: its key variable ${spec.key_env} is not set")
+            if len(key) < 16:
+                raise ConfigError(f"client {spec.name!r}: the key in ${spec.key_env} is shorter than 16 characters")
+            digest = _digest(key)
+            if digest in seen:
+                raise ConfigError(f"clients {seen[digest]!r} and {spec.name!r} have the same key; give each its own")
+            seen[digest] = spec.name
+            budget = None
+            if spec.budget_usd is not None:
+                budget = engine.session(spec.budget_usd, name=f"client {spec.name}'s budget").budget
+                budget.add_spent(spend.load(spec.name))
+            limiter = None
+            if spec.rpm is not None or spec.tpm is not None:
+                # A client's rpm/tpm is a quota, not a pacing: the whole minute may go at once.
+                limiter = ServeLimiter(
+                    requests=spec.rpm,
+                    tokens=spec.tpm,
+                    burst_requests=spec.rpm or 0.0,
+                    burst_tokens=spec.tpm or 0.0,
+                    name=f"client {spec.name}",
+                )
+            models = frozenset(spec.models) if spec.models is not None else None
+            clients.append(Client(spec.name, budget, limiter, models, digest))
+        return cls(clients, spend, engine_budget)
+
+    def authenticate(self, key: str | None) -> Client | None:
+        """The client whose key this is (constant time over all of them), else None."""
+        if self.anonymous:
+            return self.by_name[DEFAULT_CLIENT]
+        if not key:
+            return None
+        digest = _digest(key)
+        found: Client | None = None
+        for client in self.by_name.values():  # every one is compared: no early exit to time
+            if hmac.compare_digest(digest, client._digest):
+                found = client
+        return found
+
+    def save(self) -> None:
+        """Write what changed since the last save (spend only ever grows)."""
+        rows: list[tuple[str, float]] = []
+        for client in self.by_name.values():
+            if client.budget is not None:
+                rows.append((client.name, client.budget.spent()))
+        if self.engine_budget is not None:
+            rows.append((_ENGINE_ROW, self.engine_budget.spent()))
+        changed = [(name, usd) for name, usd in rows if self._saved.get(name) != usd]
+        if changed:
+            self.spend.save(changed)
+            self._saved.update(changed)

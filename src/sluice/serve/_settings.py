@@ -1,0 +1,145 @@
+"""``sluice serve``'s own tables in ``sluice.toml``: ``[serve]`` and ``[[client]]``.
+
+::
+
+    [serve]
+    max_queue = 256          # requests waiting for capacity at once; past it: 429
+    max_wait_s = 30          # the longest a request waits for capacity; past it: 429
+    header_timeout_s = 10    # a client must send its headers within this (slowloris)
+    body_timeout_s = 30      # ... and its body within this once the headers are in
+    max_body_mb = 32         # larger bodies: 413
+    cache = true             # identical requests are answered from the state
+
+    [[client]]
+    name = "notebook"
+    key_env = "NOTEBOOK_SLUICE_KEY"   # the key stays in the environment
+    budget_usd = 5.0                  # kept in the state dir: a restart does not reset it
+    rpm = 60
+    tpm = 100000
+    models = ["openai/gpt-4o-mini"]   # model or deployment names it may use (default: all)
+
+The rest of the file (deployments, retries, budget) is read by :mod:`sluice.cli._config`;
+this module reads only these two tables from the same parsed TOML.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import ConfigError
+
+__all__ = ["ClientSpec", "ServeSettings", "serve_tables"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSettings:
+    """``[serve]``: the server's limits on waiting and on what clients may send."""
+
+    max_queue: int = 256
+    max_wait_s: float = 30.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_body_mb: float = 32.0
+    cache: bool = True
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * 1024 * 1024)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSpec:
+    """One ``[[client]]`` entry: who may call, with which key (named, not given), and within what."""
+
+    name: str
+    key_env: str
+    budget_usd: float | None = None
+    rpm: float | None = None
+    tpm: float | None = None
+    models: tuple[str, ...] | None = None
+
+
+_SERVE_NUMBERS = {
+    "max_queue": (1, True),
+    "max_wait_s": (0, False),
+    "header_timeout_s": (0, False),
+    "body_timeout_s": (0, False),
+    "max_body_mb": (0, False),
+}
+
+
+def serve_tables(data: Mapping[str, Any], where: str) -> tuple[ServeSettings, tuple[ClientSpec, ...]]:
+    """``[serve]`` and ``[[client]]`` from a parsed ``sluice.toml`` (``where`` names it in errors)."""
+    return _settings(data.get("serve", {}), where), _clients(data.get("client", []), where)
+
+
+def _settings(table: Any, where: str) -> ServeSettings:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: [serve] must be a table")
+    known = {*_SERVE_NUMBERS, "cache"}
+    extra = sorted(set(table) - known)
+    if extra:
+        raise ConfigError(f"{where}: [serve]: unknown key(s) {extra}; known: {sorted(known)}")
+    for key, (minimum, integer) in _SERVE_NUMBERS.items():
+        if key not in table:
+            continue
+        value = table[key]
+        kind = int if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value < minimum:
+            what = "an integer" if integer else "a number"
+            raise ConfigError(f"{where}: [serve] {key} must be {what} >= {minimum}, got {value!r}")
+    if "cache" in table and not isinstance(table["cache"], bool):
+        raise ConfigError(f"{where}: [serve] cache must be true or false, got {table['cache']!r}")
+    return ServeSettings(**table)
+
+
+def _clients(tables: Any, where: str) -> tuple[ClientSpec, ...]:
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError(f"{where}: clients are [[client]] tables")
+    specs = tuple(_client(t, f"{where}: [[client]] #{i + 1}") for i, t in enumerate(tables))
+    names = [s.name for s in specs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"{where}: several [[client]] tables are named {twice[0]!r}; give each its own name")
+    return specs
+
+
+def _client(table: Mapping[str, Any], where: str) -> ClientSpec:
+    known = {"name", "key_env", "budget_usd", "rpm", "tpm", "models"}
+    extra = sorted(set(table) - known)
+    if extra:
+        raise ConfigError(f"{where}: unknown key(s) {extra}; known: {sorted(known)}")
+    name, key_env = table.get("name"), table.get("key_env")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{where}: needs a name (a non-empty string)")
+    if not isinstance(key_env, str) or not key_env.strip():
+        raise ConfigError(
+            f"{where} ({name}): needs key_env, the environment variable holding its key (keys stay out of files)"
+        )
+    for key in ("budget_usd", "rpm", "tpm"):
+        value = table.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{where} ({name}): {key} must be a number, got {value!r}")
+        if value < 0 or (key != "budget_usd" and value < 1):
+            low = "0" if key == "budget_usd" else "1"
+            raise ConfigError(f"{where} ({name}): {key} must be >= {low}, got {value!r}")
+    models = table.get("models")
+    if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) and m for m in models)):
+        raise ConfigError(f"{where} ({name}): models must be a list of model or deployment names, got {models!r}")
+    return ClientSpec(
+        name=name,
+        key_env=key_env,
+        budget_usd=_float(table.get("budget_usd")),
+        rpm=_float(table.get("rpm")),
+        tpm=_float(table.get("tpm")),
+        models=tuple(models) if models is not None else None,
+    )
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
