@@ -760,3 +760,27 @@ def test_a_claim_shared_by_two_waits_is_granted_once() -> None:
     granted, grants = run_in_virtual_time(scenario())
     assert granted == 1
     assert grants == 3  # the two first requests and one shared grant, never a second one
+
+
+def test_grants_in_one_millisecond_share_a_ledger_entry_and_settle_apart() -> None:
+    """A fast server's grants are folded per millisecond (the ledger stays small for the
+    garbage collector), yet each grant's refund and reconcile move only its own part."""
+
+    async def scenario() -> tuple[int, int, int, int]:
+        limiter = LocalLimiter(requests=100, tokens=10_000, window=60.0, burst_requests=100, burst_tokens=10_000)
+        grants = [limiter.try_acquire(100) for _ in range(5)]
+        assert all(g is not None for g in grants)
+        entries = len(limiter._ledger)
+        a, b = grants[0], grants[1]
+        assert a is not None and b is not None
+        a.refund()
+        a.refund()  # twice: nothing more
+        b.reconcile(40)
+        b.reconcile(40)  # the same figure again: no change
+        return entries, limiter._used_requests, limiter._used_tokens, limiter.in_flight
+
+    entries, used_requests, used_tokens, in_flight = run_in_virtual_time(scenario())
+    assert entries == 1
+    assert used_requests == 4  # the refunded grant left; the other four stay counted
+    assert used_tokens == 3 * 100 + 40
+    assert in_flight == 4

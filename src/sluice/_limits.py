@@ -97,6 +97,12 @@ class Limiter(Protocol):
 #: server counts arrivals, and network jitter can bring a request to it a little early.
 WINDOW_MARGIN = 0.025  # measured grant-to-arrival on loopback under load: p99 5 ms, worst 13.5 ms
 
+#: Grants within this many seconds share one ledger entry, dated by the latest of them:
+#: each then leaves the window at most this much late (never early), and a fast server
+#: at 10,000 requests/s leaves ~60,000 entries in a minute's ledger instead of 600,000
+#: objects for every garbage collection to walk.
+LEDGER_TICK = 0.001
+
 #: How late a timer may fire and still keep the pacer's schedule (seconds). Event loops
 #: wake timers a millisecond or so late; restarting the schedule from "now" each time
 #: would lose that much per request (~5 % at 50/s). Idle longer than this, and the
@@ -136,7 +142,8 @@ def _per_window(value: float | None, window: float, own: float) -> float | None:
 
 
 class _Entry:
-    """One grant in the ledger; mutable so reconciliation can correct it in place."""
+    """Grants in the ledger (one, or several in the same millisecond: see ``LEDGER_TICK``);
+    mutable so reconciliation can correct it in place."""
 
     __slots__ = ("requests", "t", "tokens")
 
@@ -147,16 +154,21 @@ class _Entry:
 
 
 class _Grant:
-    __slots__ = ("_entry", "_limiter", "_open", "tokens")
+    __slots__ = ("_counted", "_entry", "_limiter", "_open", "tokens")
 
-    def __init__(self, limiter: LocalLimiter, entry: _Entry) -> None:
+    def __init__(self, limiter: LocalLimiter, entry: _Entry, tokens: int) -> None:
         self._limiter = limiter
         self._entry = entry
         self._open = True
-        self.tokens = entry.tokens
+        self.tokens = tokens
+        #: What this grant adds to its ledger entry (the entry may hold other grants too);
+        #: None once refunded.
+        self._counted: int | None = tokens
 
     def reconcile(self, actual_tokens: int) -> None:
-        self._limiter._adjust(self._entry, requests=0, tokens=actual_tokens - self._entry.tokens)
+        if self._counted is not None:
+            delta, self._counted = actual_tokens - self._counted, actual_tokens
+            self._limiter._adjust(self._entry, requests=0, tokens=delta)
 
     def done(self) -> None:
         if self._open:
@@ -164,11 +176,13 @@ class _Grant:
             self._limiter._release_slot()
 
     def refund(self) -> None:
-        self._limiter._adjust(self._entry, requests=-self._entry.requests, tokens=-self._entry.tokens)
+        if self._counted is not None:
+            counted, self._counted = self._counted, None
+            self._limiter._adjust(self._entry, requests=-1, tokens=-counted)
         self.done()
 
     def __repr__(self) -> str:
-        return f"Reservation(tokens={self._entry.tokens}, open={self._open})"
+        return f"Reservation(tokens={self.tokens}, open={self._open})"
 
 
 class Claim:
@@ -463,8 +477,15 @@ class LocalLimiter:
         )
 
     def _grant(self, tokens: int, now: float) -> _Grant:
-        entry = _Entry(now, tokens)
-        self._ledger.append(entry)
+        ledger = self._ledger
+        if ledger and now - ledger[-1].t <= LEDGER_TICK:
+            entry = ledger[-1]  # one entry per millisecond, its time the latest grant's
+            entry.t = now
+            entry.requests += 1
+            entry.tokens += tokens
+        else:
+            entry = _Entry(now, tokens)
+            ledger.append(entry)
         self._used_requests += 1
         self._used_tokens += tokens
         if self.requests_limit is not None:
@@ -472,7 +493,7 @@ class LocalLimiter:
         if self.tokens_limit is not None and tokens:
             self._tat_tokens = _next_slot(self._tat_tokens, now) + tokens * self.window / self.tokens_limit
         self._in_flight += 1
-        return _Grant(self, entry)
+        return _Grant(self, entry, tokens)
 
     def _adjust(self, entry: _Entry, *, requests: int, tokens: int) -> None:
         """Correct a grant after the fact (reconcile or refund) in ledger and pacer."""
