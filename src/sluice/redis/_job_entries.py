@@ -93,9 +93,13 @@ def deployment_from_shared(fields: Mapping[str, Any]) -> Deployment:
 
 
 def defaults_from_shared(fields: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Limits and prices only, as for deployments: whoever can write to Redis must not
+    give a worker a base URL, a key variable or headers (its key would go there)."""
     if not fields:
         return None
-    values = dict(fields)
+    values = {k: v for k, v in fields.items() if k in SHARED_FIELDS and k not in ("model", "name") and v is not None}
+    if not values:
+        return None
     if isinstance(values.get("price"), Mapping):
         values["price"] = Price(**values["price"])
     return values
