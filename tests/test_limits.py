@@ -772,7 +772,8 @@ def test_grants_in_one_millisecond_share_a_ledger_entry_and_settle_apart() -> No
         assert all(g is not None for g in grants)
         entries = len(limiter._ledger)
         a, b = grants[0], grants[1]
-        assert a is not None and b is not None
+        assert a is not None
+        assert b is not None
         a.refund()
         a.refund()  # twice: nothing more
         b.reconcile(40)

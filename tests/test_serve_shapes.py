@@ -22,4 +22,5 @@ async def test_a_provider_without_an_openai_body_still_answers_a_chat_completion
     assert reply.object == "chat.completion"
     assert reply.choices[0].message.role == "assistant"
     assert "hi" in (reply.choices[0].message.content or "")
-    assert reply.usage is not None and reply.usage.prompt_tokens > 0
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens > 0
