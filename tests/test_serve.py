@@ -484,8 +484,9 @@ async def test_upstream_errors_are_passed_on_without_keys_or_urls(tmp_path: Path
         wrong_key = Deployment("openai/gpt-test", base_url=upstream.url, api_key="sk-not-the-upstream-key-42")
         async with serving([wrong_key], tmp_path, retry=RetryPolicy(max_attempts=1)) as url:
             client = sdk(url)
-            with pytest.raises(openai.AuthenticationError) as caught:
+            with pytest.raises(openai.APIStatusError) as caught:  # the server's key, not the client's: a 502
                 await client.chat.completions.create(model="gpt-test", messages=MESSAGES)
+            assert caught.value.status_code == 502
             text = caught.value.response.text
             assert "upstream" in caught.value.message
             assert "sk-not-the-upstream-key-42" not in text

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from .._errors import (
     AttemptTimeoutError,
+    AuthenticationError,
     BudgetExhaustedError,
     CancelledError,
     CapacityError,
@@ -25,6 +26,7 @@ from .._errors import (
     InvalidRequestError,
     MalformedResponseError,
     NotFoundError,
+    PermissionDeniedError,
     ProviderError,
     RateLimitError,
     SluiceError,
@@ -249,9 +251,15 @@ class ServeContext:
             headers = _retry_headers(error.retry_after)
         if isinstance(error, BudgetExhaustedError):
             self.metrics.refused.labels(client.name, "budget").inc()
+            reason = error.message.split("; rerun with", 1)[0]  # the batch command's advice is not the client's
             message = (
-                f"You exceeded your current quota: {error.message}. "
+                f"You exceeded your current quota: {reason}. "
                 "Ask the server's operator to raise this client's budget_usd."
+            )
+        elif isinstance(error, (AuthenticationError, PermissionDeniedError)):
+            message = (
+                f"upstream refused the server's own credentials for this deployment ({error.status}): "
+                f"{error.message}; the server's operator must fix the deployment's key"
             )
         elif isinstance(error, ProviderError):
             message = f"upstream: {error.message}"
@@ -270,6 +278,10 @@ def error_for(error: SluiceError) -> tuple[int, str, str | None]:
         return 504, "server_error", "timeout"
     if isinstance(error, (ConnectError, MalformedResponseError)):
         return 502, "server_error", "bad_gateway"
+    if isinstance(error, (AuthenticationError, PermissionDeniedError)):
+        # The provider refused *the server's* key: a 401 would tell the client its own key
+        # is wrong (the SDKs raise AuthenticationError). It is a gateway failure.
+        return 502, "server_error", "upstream_auth_failed"
     if isinstance(error, NotFoundError):
         return 404, "invalid_request_error", error.provider_type or "model_not_found"
     if isinstance(error, ProviderError) and error.status is not None:
