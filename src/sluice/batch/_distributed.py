@@ -27,11 +27,12 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
-from redis.exceptions import ResponseError
+from redis.exceptions import AuthenticationError, AuthorizationError, ResponseError
 
 from .._errors import ConfigError, InvalidInputError, SluiceError, StoreError
-from .._models import Result, store_key
+from .._models import Deployment, Request, Result, store_key
 from .._records import result_from_record
+from .._spending import Spending
 from ..redis._job_entries import request_fields, shared_defaults, shared_deployment
 from ..redis._job_worker import Worker
 from ..redis._jobs import UNREACHABLE, JobQueue, JobSettings, WorkerRegistry, connect, job_id_for
@@ -110,6 +111,13 @@ class _Coordinator:
         self._forget: collections.deque[tuple[float, int]] = collections.deque()
         self._problem: str | None = None
         self._failures = 0
+        self._no_workers_said = False
+        #: Under a budget: each fed line's worst case, until its record is written.
+        self._worst: dict[int, float] = {}
+        #: Worst cases of lines in flight when Redis lost the job (their answers, and what
+        #: they cost, may have been lost with it): counted as spent, never forgotten.
+        self._lost_worst = 0.0
+        self._pricing = Spending(None)
 
     # -- Redis, retried ------------------------------------------------------------------
 
@@ -120,15 +128,22 @@ class _Coordinator:
             try:
                 result = await call()
             except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
+                # NOGROUP: the stream is gone; UNBLOCKED: it went while we were blocked on it
+                # (a flush, an eviction): either way Redis lost the job
+                if "NOGROUP" not in str(exc) and "UNBLOCKED" not in str(exc):
                     raise
                 await self._lost()
                 continue
             except UNREACHABLE as exc:
+                from ..redis._connection import redis_target
+
+                if isinstance(exc, (AuthenticationError, AuthorizationError)):  # not an outage
+                    raise ConfigError(
+                        f"Redis at {redis_target(self.options.url)} refused the credentials of the --redis URL "
+                        f"({type(exc).__name__}); check its user and password"
+                    ) from None
                 self._failures += 1
                 if self._problem is None:
-                    from ..redis._connection import redis_target
-
                     self._problem = (
                         f"Redis at {redis_target(self.options.url)} cannot be reached ({type(exc).__name__}); "
                         "feeding stopped, retrying (answers wait in Redis)"
@@ -219,6 +234,7 @@ class _Coordinator:
             "feeding the lines not answered yet again (answers that were waiting in Redis are lost; "
             "those requests are sent again)"
         )
+        self._lost_worst += sum(self._worst.get(line, 0.0) for line in self.inflight)
         await self._register()
         self.refeed = True
         self.fed_all = False
@@ -227,13 +243,17 @@ class _Coordinator:
 
     async def _shared_budget(self, name: str, usd: float) -> None:
         """The job's budget in Redis: this run's limit, and at least what the state says
-        earlier runs spent (what workers spent since is already there)."""
+        was spent (what workers spent since is already there; requests in flight when Redis
+        lost its data count when they settle)."""
         from ..redis import RedisBudget
 
         budget = RedisBudget(self.options.url, name, usd)
         try:
-            await self._redis(lambda: budget.set_limit(usd))
-            await self._redis(lambda: budget.count_spent_before(self.progress.spent_before))
+            # earlier runs, and this run's answers written so far: after Redis lost its data
+            # (a re-registration) that is all that counts what was spent; one atomic step, so
+            # no worker is granted against the limit before the spending is counted
+            known = self.progress.spent_before + self.progress.workers_cost_usd + self._lost_worst
+            await self._redis(lambda: budget.set_limit(usd, spent_at_least=known))
         finally:
             await budget.close()
 
@@ -250,10 +270,28 @@ class _Coordinator:
                 with contextlib.suppress(*UNREACHABLE):
                     capacity = await self.registry.capacity()
                     self.window = max(_MIN_WINDOW, _WINDOW_PER_SLOT * capacity)
+                    self._say_workers(capacity)
                     if not self.finished and not await self.queue.is_running():
                         await self._lost()
                 if self.worker is not None and self.worker.engine is not None:
                     _note_deployments(self.store, self.worker.engine)
+
+    def _say_workers(self, capacity: int) -> None:
+        """Without a local worker, say when no worker is there to answer (a job that
+        waits must not look hung), and when workers come."""
+        if self.worker is not None or (self.fed_all and not self.inflight):
+            return
+        if capacity == 0 and not self._no_workers_said:
+            self._no_workers_said = True
+            from ..redis._connection import redis_target
+
+            _say(
+                f"waiting for workers: none is connected to Redis at {redis_target(self.options.url)} "
+                "(start one with: sluice worker --redis URL)"
+            )
+        elif capacity > 0 and self._no_workers_said:
+            self._no_workers_said = False
+            _say(f"workers connected: {capacity} requests at once")
 
     # -- feeding -----------------------------------------------------------------------
 
@@ -297,6 +335,8 @@ class _Coordinator:
                 entry["cid"] = item.custom_id
             batch.append(entry)
             self.inflight.add(item.line)
+            if self.spec.config.budget_usd is not None:
+                self._worst[item.line] = self._worst_cost(request)
             if len(batch) >= room:
                 room = await self._flush(batch)
                 if room < 0:
@@ -321,6 +361,18 @@ class _Coordinator:
         if entries:
             await self._redis(lambda: self.queue.feed(entries))
         return max(0, room - len(entries))
+
+    def _worst_cost(self, request: Request) -> float:
+        """The most ``request`` can cost, priced as the coordinator's config would (0.0
+        when unknown here: a worker's own price then counts only in Redis)."""
+        config = self.spec.config
+        try:
+            deployment = next(
+                (d for d in config.deployments if request.model in (d.model, d.label)), None
+            ) or Deployment(request.model, **config.defaults)
+            return self._pricing.worst_cost(request, deployment)
+        except (SluiceError, TypeError, ValueError):
+            return 0.0
 
     def _write_here(self, item: InputItem, result: Result, sent: Any = None) -> None:
         """A record the coordinator knows without asking anyone (bad input, a stored answer)."""
@@ -383,6 +435,7 @@ class _Coordinator:
             if not self.output.write(record):
                 continue  # the output failed: the job stops; the answer is in the state
             self.inflight.discard(line)
+            self._worst.pop(line, None)
             self._forget.append((now, line))
             self._count(record, result, worker)
         await self._forget_old([entry_id for entry_id, _ in entries])

@@ -35,7 +35,12 @@ def run_worker(
     fail_open: bool,
     name: str | None,
 ) -> int:
-    """Work until SIGTERM or Ctrl-C (twice: at once); the exit status."""
+    """Work until SIGTERM or Ctrl-C (twice: at once); the exit status.
+
+    Redis unreachable (at start or later) is an outage: the worker says so once and keeps
+    retrying, so a worker may start before Redis does. Redis refusing the URL's
+    credentials is a configuration error: it says so and exits with status 2.
+    """
     require_redis()
     from ..redis._connection import redis_target
     from ..redis._job_worker import Worker
@@ -70,4 +75,6 @@ def run_worker(
     answered = sum(worker.answered.values())
     per_job = ", ".join(f"{job}: {count:,}" for job, count in sorted(worker.answered.items())) or "none"
     _say(f"{worker.name} answered {answered:,} requests ({per_job})")
+    if worker.fatal is not None:
+        return 2  # a configuration error (the --redis URL's credentials): retrying will not help
     return 130 if aborted else 0

@@ -19,6 +19,15 @@ when a hold is settled anywhere, or at the next hold's expiry (a timer, no polli
 one waiter per process talks to Redis at a time (FIFO). When nothing is held and it still
 does not fit, it is refused with :class:`~sluice.BudgetExhaustedError`.
 
+Redis losing its data (restarted without persistence, flushed, keys evicted) must not
+reset what was spent. A settle whose hold Redis lost counts its cost all the same; a
+process made with ``create=False`` (a job's workers) never re-creates a budget Redis no
+longer has: it waits until the owner sets it again, with what its records say was spent
+(``set_limit(usd, spent_at_least=...)``, one atomic step; a job's coordinator does this).
+What stays uncounted is what only Redis knew: answers that were waiting in Redis to be
+written (at most the job's feeding window); a bare ``RedisBudget`` whose every process
+creates starts again from $0 spent. Run Redis with persistence (AOF).
+
 Setting the limit: the first process to use a name sets its limit (``usd``); a process
 that asks a different ``usd`` for the same name uses the limit already in Redis and logs
 a warning once (a worker must not fail its requests because a coordinator's rerun
@@ -52,6 +61,12 @@ MICRO = 1_000_000
 
 def _micro_up(usd: float) -> int:
     return math.ceil(round(usd * MICRO, 6))
+
+
+def _micro_down(usd: float) -> int:
+    """A limit in micro-dollars: rounded down, as costs and holds are rounded up, so that
+    what is granted never exceeds the dollars asked, even by a fraction of a micro-dollar."""
+    return math.floor(round(usd * MICRO, 6))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +118,7 @@ class RedisBudget:
         namespace: str = "sluice",
         lease_seconds: float = 30.0,
         ttl_days: float = 30.0,
+        create: bool = True,
     ) -> None:
         if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not usd >= 0 or not math.isfinite(usd):
             raise ConfigError(f"the shared budget {name!r} must be a number of US dollars >= 0, got {usd!r}")
@@ -111,6 +127,9 @@ class RedisBudget:
         self.name = name
         self.limit = float(usd)
         self.lease_seconds = lease_seconds
+        #: False: this process only joins the budget; while Redis has no such budget (its
+        #: owner has not made it yet, or Redis lost it) reservations wait, none is granted.
+        self.create = create
         self.connection = Connection(url, namespace=namespace)
         prefix = f"{namespace}:budget:{{{name}}}:"
         self._keys = [prefix + "totals", prefix + "holds", prefix + "amounts", prefix + "expired"]
@@ -124,6 +143,7 @@ class RedisBudget:
         self._kick: asyncio.Event | None = None
         self._listening = False
         self._warned = False
+        self._said_missing = False
 
     @property
     def healthy(self) -> bool:
@@ -147,13 +167,18 @@ class RedisBudget:
         async with self._turn:  # FIFO: one waiter per process asks Redis at a time
             while True:
                 hold_id = f"{self._process}:{next(self._ids)}"
-                args = [hold_id, str(micro), repr(self.lease_seconds * 1000), self._ttl_ms, str(_micro_up(self.limit))]
+                asked = str(_micro_down(self.limit)) if self.create else "-1"
+                args = [hold_id, str(micro), repr(self.lease_seconds * 1000), self._ttl_ms, asked]
                 try:
                     reply = await self.connection.run("budget_reserve", _scripts.BUDGET_RESERVE, self._keys, args)
                 except RedisDown:
                     await self._sleep(self.connection.backoff())
                     continue
                 status, value = int(reply[0]), float(reply[1])
+                if float(reply[2]) < 0:  # a joiner, and Redis has no such budget (now)
+                    self._missing()
+                    await self._sleep(1.0)
+                    continue
                 self._adopt(float(reply[2]) / MICRO)
                 if status == 1:
                     self._held.add(hold_id)
@@ -167,9 +192,19 @@ class RedisBudget:
                     f"the shared budget {self.name!r} (${self.limit:.2f}); rerun with a larger budget to resume"
                 )
 
+    def _missing(self) -> None:
+        if not self._said_missing:
+            self._said_missing = True
+            log.warning(
+                "sluice: Redis at %s has no shared budget %r (its owner has not set it, or Redis lost its "
+                "data): nothing is admitted against it until it is set again",
+                self.connection.target,
+                self.name,
+            )
+
     def _adopt(self, stored: float) -> None:
         """The limit in Redis is the budget's: say so once if this process asked another."""
-        if abs(stored - self.limit) > 0.5 / MICRO:
+        if abs(stored - self.limit) >= 1 / MICRO:
             if not self._warned:
                 self._warned = True
                 log.warning(
@@ -186,10 +221,12 @@ class RedisBudget:
         """Limit, spent, reserved as Redis has them now (expired holds counted first)."""
         return await self._adjust("spent_at_least", 0)
 
-    async def set_limit(self, usd: float) -> BudgetTotals:
-        """Change the limit for every process (a coordinator's rerun with a larger budget)."""
+    async def set_limit(self, usd: float, *, spent_at_least: float | None = None) -> BudgetTotals:
+        """Change the limit for every process (a coordinator's rerun with a larger budget);
+        with ``spent_at_least``, also :meth:`count_spent_before` in the same atomic step."""
         self.limit = float(usd)
-        return await self._adjust("limit", _micro_up(usd))
+        floor = -1 if spent_at_least is None else _micro_up(spent_at_least)
+        return await self._adjust("limit", _micro_down(usd), floor)
 
     async def count_spent_before(self, usd: float) -> BudgetTotals:
         """Make ``spent`` at least ``usd`` (what earlier runs spent, by the caller's records).
@@ -216,15 +253,19 @@ class RedisBudget:
 
     # -- internals ------------------------------------------------------------------------
 
-    async def _adjust(self, op: str, micro: int) -> BudgetTotals:
+    async def _adjust(self, op: str, micro: int, floor: int = -1) -> BudgetTotals:
         reply = await self.connection.run(
-            "budget_adjust", _scripts.BUDGET_ADJUST, self._keys, [op, str(micro), self._ttl_ms, self._channel]
+            "budget_adjust",
+            _scripts.BUDGET_ADJUST,
+            self._keys,
+            [op, str(micro), self._ttl_ms, self._channel, str(floor)],
         )
-        limit, spent, reserved, expired = (float(v or 0) / MICRO for v in reply)
+        stored, spent, reserved, expired = (float(v or 0) / MICRO for v in reply)
         if op == "limit":
             self._warned = False
-        self.limit = limit
-        return BudgetTotals(limit=limit, spent=spent, reserved=reserved, expired=expired)
+        if reply[0] is not None:  # a budget nobody has set yet keeps the limit this process asks
+            self.limit = stored
+        return BudgetTotals(limit=self.limit, spent=spent, reserved=reserved, expired=expired)
 
     def _settle(self, hold: SharedBudgetHold, actual: float) -> None:
         self._held.discard(hold.id)

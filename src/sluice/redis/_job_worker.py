@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from redis.exceptions import ResponseError
+from redis.exceptions import AuthenticationError, AuthorizationError, ResponseError
 
 from .. import _json
 from .._engine import Engine
@@ -92,6 +92,10 @@ class Worker:
         self._stopping = asyncio.Event()
         self._redis_problem: str | None = None
         self._failures = 0
+        #: The engine calls in flight (cut off when a stop's grace period ends).
+        self._calls: set[asyncio.Future[Result]] = set()
+        #: Why this worker stopped by itself (Redis refused its credentials); None otherwise.
+        self.fatal: str | None = None
         #: Jobs this worker cannot serve (its config lacks a key they need): not joined again.
         self._refused: set[str] = set()
 
@@ -152,10 +156,20 @@ class Worker:
             await asyncio.sleep(_HEARTBEAT_EVERY)
 
     def _down(self, exc: BaseException) -> None:
+        from ._connection import redis_target
+
+        if isinstance(exc, (AuthenticationError, AuthorizationError)):
+            # Not an outage: waiting will not fix a wrong password; the operator must.
+            if self.fatal is None:
+                self.fatal = (
+                    f"Redis at {redis_target(self.url)} refused this worker's credentials ({type(exc).__name__}); "
+                    "check the user and password of the --redis URL; stopping"
+                )
+                self.say(self.fatal)
+            self.stop()
+            return
         self._failures += 1
         if self._redis_problem is None:
-            from ._connection import redis_target
-
             self._redis_problem = (
                 f"Redis at {redis_target(self.url)} cannot be reached ({type(exc).__name__}); "
                 "taking no work until it is back, retrying"
@@ -220,18 +234,29 @@ class Worker:
         async with engine:
             reader = loop.create_task(self._read(queue, settings, engine, held, handlers))
             toucher = loop.create_task(self._touch(queue, settings, held))
+            cut: asyncio.TimerHandle | None = None
             try:
                 await self._job_over(queue)
             finally:
                 engine.stop(grace=self.grace)
+                # The engine's grace covers its batch runs, not complete() calls: after
+                # the grace, the requests still at the provider are cut off here and go back.
+                if self.grace is not None and self.stopping:
+                    cut = loop.call_later(self.grace, self._cut_off)
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await reader
                 if handlers:
                     await asyncio.gather(*handlers, return_exceptions=True)
+                if cut is not None:
+                    cut.cancel()
                 toucher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await toucher
+
+    def _cut_off(self) -> None:
+        for call in list(self._calls):
+            call.cancel()
 
     async def _job_over(self, queue: JobQueue) -> None:
         """Until this worker stops or the job is finished. A job Redis forgot (restarted
@@ -268,7 +293,10 @@ class Worker:
         shared: list[Any] = [limits]
         options: dict[str, Any] = {"limiter_factory": limits.limiter_factory}
         if settings.budget_usd is not None:
-            budget = RedisBudget(self.url, settings.budget_name or f"job:{job_id}", settings.budget_usd)
+            # A joiner: only the coordinator makes the budget, so a Redis that lost its data
+            # admits nothing until the coordinator has counted again what the job spent.
+            name = settings.budget_name or f"job:{job_id}"
+            budget = RedisBudget(self.url, name, settings.budget_usd, namespace=self.namespace, create=False)
             shared.append(budget)
             options["shared_budget"] = budget
         engine = Engine(
@@ -372,10 +400,20 @@ class Worker:
             last = await self._until_done(lambda: queue.last_error(delivery.line))
             result = Result(request, error=dead_letter(delivery.times - 1, last))
         else:
+            call = asyncio.ensure_future(engine.complete(request, priority=Priority.BATCH))
+            self._calls.add(call)
             try:
-                result = await engine.complete(request, priority=Priority.BATCH)
+                result = await call
             except SluiceError as exc:  # refused before sending (an invalid request)
                 result = Result(request, error=exc)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not call.cancelled() or (task is not None and task.cancelling()):
+                    raise
+                # cut off by _cut_off after the grace period: given back below
+                result = Result(request, error=CancelledError("stopped after the grace period; given back"))
+            finally:
+                self._calls.discard(call)
         error = result.error
         if not dead and (isinstance(error, CancelledError) or (error is not None and error.kind not in _FINAL_KINDS)):
             note = None if isinstance(error, CancelledError) else error_record(error)

@@ -54,6 +54,8 @@ COORDINATOR_GROUP = "coordinator"
 COORDINATOR = "coordinator"
 #: An entry given back is marked this idle (ms) so that the next XAUTOCLAIM takes it at once.
 _GIVEN_BACK_IDLE_MS = 10**9
+#: The shortest idle time (s) after which a worker takes an entry another holds.
+MIN_CLAIM_AFTER = 0.5
 #: How long a finished job's hash stays, for workers that have not noticed yet.
 _FINISHED_TTL_S = 3600
 
@@ -141,8 +143,10 @@ class JobSettings:
             allow_unpriced=bool(data.get("allow_unpriced")),
             deployments=tuple(data.get("deployments") or ()),
             defaults=data.get("defaults") or None,
-            claim_after=float(data.get("claim_after", 12.0)),
-            max_deliveries=int(data.get("max_deliveries", 5)),
+            # Whoever writes these must not make workers steal each other's requests in
+            # flight (every steal may send one again): the CLI's own floor, and at least one delivery.
+            claim_after=max(MIN_CLAIM_AFTER, float(data.get("claim_after", 12.0))),
+            max_deliveries=max(1, int(data.get("max_deliveries", 5))),
             name=str(data.get("name", "")),
             budget_name=str(data.get("budget_name", "")),
         )

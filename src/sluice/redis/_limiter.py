@@ -17,6 +17,14 @@ In-flight slots are leases (a sorted set scored by expiry) that a live process k
 refreshing; a process that dies stops refreshing and its slots come back when its
 leases expire. A freed lease wakes waiters in other processes over pub/sub.
 
+What a lease cannot promise: a process paused longer than ``lease_seconds`` (SIGSTOP, a
+VM frozen, an event loop blocked) stops refreshing while its requests may still be at the
+provider; its slots are given to others meanwhile, so ``max_in_flight`` can be exceeded by
+what the paused process had in flight until those requests end. And a Redis that loses
+its data (restarted without persistence, flushed, keys evicted) forgets the window: for
+one window, up to twice the limit may be sent (the provider's 429s then pause everyone
+through ``penalize``). Run Redis with persistence (AOF) and ``maxmemory-policy noeviction``.
+
 When Redis cannot be reached nothing is granted: the head waiter retries with backoff
 and admission resumes when Redis answers (``fail_open=True``: a local limiter with the
 same limits grants meanwhile). A settle that cannot reach Redis is dropped, not raised:
@@ -38,6 +46,8 @@ from typing import Any
 from .._errors import CapacityError
 from .._limits import CATCH_UP, WINDOW_MARGIN, LocalLimiter, RateLimitSnapshot, _sane
 from .._models import Deployment, Secret
+from ..providers._anthropic import DEFAULT_BASE_URL as ANTHROPIC_BASE
+from ..providers._openai import DEFAULT_BASE_URL as OPENAI_BASE
 from . import _scripts
 from ._connection import Connection, RedisDown, RedisFailed
 
@@ -47,7 +57,9 @@ log = logging.getLogger("sluice.redis")
 
 #: The usual environment variable of each built-in provider's key (as its provider reads it).
 _KEY_ENV = {"openai": "OPENAI_API_KEY", "azure": "AZURE_OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
-_BASE_ENV = {"openai": "OPENAI_BASE_URL", "azure": "AZURE_OPENAI_ENDPOINT"}
+_BASE_ENV = {"openai": "OPENAI_BASE_URL", "azure": "AZURE_OPENAI_ENDPOINT", "anthropic": "ANTHROPIC_BASE_URL"}
+#: Where a built-in provider sends without a base URL: the same endpoint as one that names it.
+_DEFAULT_BASE = {"openai": OPENAI_BASE, "anthropic": ANTHROPIC_BASE}
 
 
 def _api_key(deployment: Deployment) -> str:
@@ -62,7 +74,7 @@ def deployment_fingerprint(deployment: Deployment) -> str:
     written anywhere; only 16 hex digits of a SHA-256 over all four)."""
     provider = deployment.provider_name
     base_env = _BASE_ENV.get(provider)
-    base = deployment.base_url or (os.environ.get(base_env, "") if base_env else "")
+    base = deployment.base_url or (os.environ.get(base_env, "") if base_env else "") or _DEFAULT_BASE.get(provider, "")
     material = "\0".join((provider, base.rstrip("/"), deployment.model_name, _api_key(deployment)))
     return hashlib.sha256(material.encode()).hexdigest()[:16]
 

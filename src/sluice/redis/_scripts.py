@@ -219,8 +219,10 @@ local window, span, ttl = tonumber(ARGV[9]), tonumber(ARGV[9]) + tonumber(ARGV[1
 local used_t = expire(span)
 local used_r = redis.call('ZCARD', grants)
 local new_r, new_t = arg(1), arg(2)
-if new_r and new_r < learnt(tonumber(ARGV[7]), 'lr') then redis.call('HSET', st, 'lr', fmt(new_r)) end
-if new_t and new_t < learnt(tonumber(ARGV[8]), 'lt') then redis.call('HSET', st, 'lt', fmt(new_t)) end
+-- learnt when lower than what binds now, or when nothing binds (-1: no limit configured)
+local function lower(new, current) return new and (current < 0 or new < current) end
+if lower(new_r, learnt(tonumber(ARGV[7]), 'lr')) then redis.call('HSET', st, 'lr', fmt(new_r)) end
+if lower(new_t, learnt(tonumber(ARGV[8]), 'lt')) then redis.call('HSET', st, 'lt', fmt(new_t)) end
 local lim_r, lim_t = learnt(tonumber(ARGV[7]), 'lr'), learnt(tonumber(ARGV[8]), 'lt')
 local rem_r, reset_r, rem_t, reset_t = arg(3), arg(4), arg(5), arg(6)
 if lim_r >= 0 and rem_r and reset_r then
@@ -272,10 +274,13 @@ BUDGET_RESERVE = (
 -- (set only if the budget has none: the first process to use a name sets its limit).
 -- Returns {1, 0, limit} granted; {0, ms until the next hold expires, limit} wait;
 -- {-1, left, limit} refused.
+-- A process that only joins the budget asks -1: it never creates one (after Redis lost
+-- its data, the budget's owner re-creates it with what was spent); {0, -1, -1}: wait.
 local id, amount, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local ttl, asked = tonumber(ARGV[4]), tonumber(ARGV[5])
-redis.call('HSETNX', totals, 'limit', asked)
+if asked >= 0 then redis.call('HSETNX', totals, 'limit', asked) end
 local limit = tonumber(redis.call('HGET', totals, 'limit'))
+if not limit then return {0, -1, -1} end
 expire()
 local spent = tonumber(redis.call('HGET', totals, 'spent')) or 0
 local reserved = tonumber(redis.call('HGET', totals, 'reserved')) or 0
@@ -304,7 +309,16 @@ expire()
 local amount = tonumber(redis.call('HGET', amounts, id))
 if not amount then
   local counted = tonumber(redis.call('HGET', KEYS[4], id))
-  if not counted then return 0 end
+  if not counted then
+    -- Redis lost the hold (restarted without its data): the money was spent all the
+    -- same. Counted, and noted apart so that an owner re-counting earlier spending
+    -- (spent_at_least) adds to it rather than hiding it under a maximum.
+    redis.call('HINCRBY', totals, 'spent', actual)
+    redis.call('HINCRBY', totals, 'orphaned', actual)
+    touch(ttl)
+    redis.call('PUBLISH', channel, 'settled')
+    return 3
+  end
   redis.call('HDEL', KEYS[4], id)
   redis.call('HINCRBY', totals, 'spent', actual - counted)
   redis.call('HINCRBY', totals, 'expired', -counted)
@@ -334,14 +348,21 @@ return n
 BUDGET_ADJUST = (
     _BUDGET_PRELUDE
     + """
--- ARGV: op ('limit' | 'spent_at_least'), micro-dollars, ttl ms, channel.
+-- ARGV: op ('limit' | 'spent_at_least'), micro-dollars, ttl ms, channel, and for 'limit'
+-- a floor for spent (-1: none), set in the same step: no process is granted anything
+-- between a re-created limit and the spending counted against it.
 local op, value, ttl, channel = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local floor = tonumber(ARGV[5] or '-1')
 expire()
 if op == 'limit' then
   redis.call('HSET', totals, 'limit', value)
 else
+  floor = value
+end
+if floor >= 0 then
   local spent = tonumber(redis.call('HGET', totals, 'spent')) or 0
-  if value > spent then redis.call('HSET', totals, 'spent', value) end
+  floor = floor + (tonumber(redis.call('HGET', totals, 'orphaned')) or 0)
+  if floor > spent then redis.call('HSET', totals, 'spent', floor) end
 end
 touch(ttl)
 redis.call('PUBLISH', channel, 'adjusted')
