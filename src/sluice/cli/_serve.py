@@ -69,6 +69,8 @@ def serve_command(config_path: Path | None, host: str, port: int, state_dir: Pat
 
     raw, path = _read(config_path)
     config = config_from_bytes(raw, path)
+    if not config.deployments:
+        raise ConfigError(f"{path} has no [[deployment]]: sluice serve would have no model to answer with")
     from ..serve._settings import serve_tables
 
     settings, clients = serve_tables(tomllib.loads(raw.decode("utf-8")), str(path))

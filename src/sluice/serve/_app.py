@@ -6,6 +6,7 @@ runs. The middlewares, outermost first:
 
 * **errors**: whatever goes wrong becomes OpenAI's error JSON (aiohttp's own 404/405/413
   included); an unexpected exception is logged and answered 500 with nothing of its text;
+* **plain body**: a compressed request body (``Content-Encoding``) is a 415, never inflated;
 * **auth**: ``Authorization: Bearer <key>`` names the client (``request[CLIENT]``); a
   wrong or missing key is a 401 ``invalid_api_key``. Without ``[[client]]`` everyone is
   ``default`` (the server then listens on loopback only). ``/health`` and ``/metrics``
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -30,20 +32,21 @@ from typing import Any
 
 from aiohttp import web
 
-from .. import _json
 from .._engine import Engine
 from .._errors import ConfigError, SluiceError
+from .._models import Deployment
 from ..cli._config import JobConfig
 from ..store import SqliteStore
 from ._batches import setup_batch_api
+from ._body import BODY_TIMEOUT, BodyTimeout, read_body, read_json, timed_out
 from ._chat import chat_completions
 from ._clients import Client, Clients, SpendStore
 from ._context import CONTEXT, JSON_BODY, BadBody, Refused, ServeContext, client_of, model_names, upstream_secrets
 from ._embeddings import embeddings
 from ._errors import openai_error
-from ._keys import CLIENT, ENGINE, STATE_DIR
+from ._keys import CLIENT, ENGINE, STATE_DIR, ClientLike
 from ._metrics import CONTENT_TYPE, Metrics
-from ._queue import Admission, serve_limiter
+from ._queue import Admission, ServeLimiter, serve_limiter
 from ._settings import ClientSpec, ServeSettings
 
 __all__ = ["BODY_TIMEOUT", "build_app", "make_runner", "read_body", "serve"]
@@ -52,8 +55,6 @@ _log = logging.getLogger("sluice.serve")
 
 #: ``app[SETTINGS]``: the ``[serve]`` table the app was built with.
 SETTINGS: web.AppKey[ServeSettings] = web.AppKey("sluice.serve.settings", ServeSettings)
-#: Seconds a request's body may take to arrive once its headers are in (``read_body``).
-BODY_TIMEOUT: web.AppKey[float] = web.AppKey("sluice.serve.body_timeout", float)
 
 #: How often client spend is written even when no request of ours finished (batch work).
 _SAVE_EVERY = 2.0
@@ -65,33 +66,6 @@ _OPEN_PATHS = frozenset({"/health", "/metrics"})
 _NOBODY = Client("-")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class BodyTimeout(Exception):
-    pass
-
-
-async def read_body(request: web.Request) -> bytes:
-    """The request's body, within the app's body timeout and size cap (raises
-    :class:`BodyTimeout` or aiohttp's 413): for every handler that reads one."""
-    try:
-        async with asyncio.timeout(request.app[BODY_TIMEOUT]):
-            return await request.read()
-    except TimeoutError:
-        raise BodyTimeout() from None
-
-
-async def read_json(request: web.Request) -> Any:
-    raw = await read_body(request)
-    if not raw:
-        raise BadBody("the request body is empty; send a JSON object")
-    try:
-        return _json.loads(raw)
-    except ValueError:
-        raise BadBody(
-            "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your "
-            "HTTP library correctly. The OpenAI API expects a JSON payload.)"
-        ) from None
 
 
 def build_app(
@@ -113,9 +87,20 @@ def build_app(
                 f"client {spec.name!r}: models names {unknown}, which no [[deployment]] serves; known: {sorted(names)}"
             )
     state_dir.mkdir(parents=True, exist_ok=True)
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[_errors, _auth])
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[_errors, _plain_body, _auth])
     store = SqliteStore(state_dir / "engine.db")
     metrics_box: list[Metrics] = []
+    spend_box: list[Clients] = []  # set once the clients are known, if any of them has a budget
+
+    def save_spend() -> None:
+        if spend_box:
+            _save_spend(spend_box[0])
+
+    def limiter_factory(deployment: Deployment) -> ServeLimiter:
+        limiter = serve_limiter(deployment)
+        limiter.on_grant = save_spend
+        return limiter
+
     engine = Engine(
         config.deployments,
         retry=config.retry,
@@ -126,7 +111,7 @@ def build_app(
         defaults=config.defaults,
         fallbacks=config.fallbacks,
         cooldown=config.cooldown,
-        limiter_factory=serve_limiter,
+        limiter_factory=limiter_factory,
         on_retry=lambda event: metrics_box[0].retry(event) if metrics_box else None,
     )
     spend = SpendStore(state_dir / "clients.db")
@@ -136,6 +121,8 @@ def build_app(
         spend.close()
         store.close()
         raise
+    if registry.engine_budget is not None or any(c.budget is not None for c in registry.by_name.values()):
+        spend_box.append(registry)
     admission = Admission(settings.max_queue, settings.max_wait_s)
     metrics = Metrics(engine, lambda: admission.waiting)
     metrics_box.append(metrics)
@@ -155,7 +142,7 @@ def build_app(
     app[BODY_TIMEOUT] = settings.body_timeout_s
     start, close = _lifetime(ctx, store, spend)
     app.on_startup.append(start)  # before the Batch API's hooks: its batches resume on a started engine
-    setup_batch_api(app, client_named=registry.by_name.get)
+    setup_batch_api(app, client_named=registry.by_name.get, resolve_model=functools.partial(_batch_model, ctx))
     app.on_cleanup.append(close)  # after them: batches stop feeding and record what is in flight first
     app.router.add_post("/v1/chat/completions", _json_handler(chat_completions))
     app.router.add_post("/v1/embeddings", _json_handler(embeddings))
@@ -190,6 +177,26 @@ def _lifetime(
             store.close()
 
     return start, close
+
+
+def _batch_model(ctx: ServeContext, client: ClientLike, model: str) -> str | None:
+    """A batch line's model as the engine knows it, if its client may use it (the same
+    check as an interactive request's: ``models`` holds for batches too)."""
+    known = ctx.clients.by_name.get(client.name)
+    if known is None:  # no longer configured: nobody may run it
+        return None
+    try:
+        return ctx.resolve(known, model)
+    except (Refused, BadBody):
+        return None
+
+
+def _save_spend(clients: Clients) -> None:
+    """Client spend on disk before a request is sent (a failed write must not stop the request)."""
+    try:
+        clients.save()
+    except SluiceError:
+        _log.exception("sluice serve: cannot write client spend; retrying with the next request")
 
 
 async def _save_often(clients: Clients) -> None:
@@ -230,9 +237,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Refused as exc:
         response = exc.response
     except BodyTimeout:
-        response = openai_error(
-            408, f"the request body did not arrive within {request.app[BODY_TIMEOUT]:g} s", code="timeout"
-        )
+        response = timed_out(request)
+    except ConnectionResetError:  # the client went away mid-request: nobody to answer, nothing to log loudly
+        _log.debug("sluice serve: %s %s: the client closed the connection", request.method, request.path)
+        response = openai_error(400, "the connection was closed before the request arrived")
         response.force_close()
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -268,6 +276,20 @@ def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
         response.force_close()  # the rest of the body is not read
         return response
     return openai_error(exc.status, exc.reason)
+
+
+@web.middleware
+async def _plain_body(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse compressed request bodies: aiohttp would inflate them as they arrive, so a
+    2 MB gzip bomb costs hundreds of MB before the size cap sees it; no OpenAI SDK sends one."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        response = openai_error(
+            415, f"Content-Encoding {encoding[:40]!r} is not accepted for request bodies; send the body uncompressed"
+        )
+        response.force_close()  # its body is not read
+        return response
+    return await handler(request)
 
 
 @web.middleware
@@ -366,7 +388,12 @@ async def serve(app: web.Application, host: str, port: int, *, ready: Callable[[
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, backlog=1024)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # in use, not ours to bind, no such address: the operator's to fix
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port or --host"
+            ) from None
         address = runner.addresses[0]
         shown = f"[{address[0]}]" if ":" in str(address[0]) else address[0]
         ready(f"http://{shown}:{address[1]}")

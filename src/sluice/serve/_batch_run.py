@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _json
 from .._embeddings import EmbeddingResult, EmbedItem, EmbedPipeline, EmbedSpec
-from .._errors import CancelledError, InvalidInputError, SluiceError, StoreError
+from .._errors import CancelledError, CapacityError, InvalidInputError, SluiceError, StoreError
+from .._limits import LocalLimiter, _Grant
 from .._models import Priority, Request, Result, Usage
 from ..batch._inputs import InputItem, InputOptions, read_inputs
 from ..store import SqliteStore
@@ -93,6 +94,8 @@ class BatchRun:
         self._unfinished = 0
         self._store_failed = False
         self._last_save = 0.0
+        #: Set on cancel or stop: wakes a line waiting for its client's rpm/tpm.
+        self._halt = asyncio.Event()
 
     @property
     def id(self) -> str:
@@ -112,9 +115,30 @@ class BatchRun:
         """Cancelling: nothing new is sent; what is in flight finishes; then ``cancelled``."""
         if self.batch["status"] in ("validating", "in_progress"):
             self._set("cancelling", cancelling_at=_now())
+        self._halt.set()
 
     def stop(self) -> None:
         self.stopping = True
+        self._halt.set()
+
+    async def _client_quota(self, limiter: LocalLimiter, tokens: int) -> _Grant | None:
+        """Wait for the client's rpm/tpm to let a line go; None if the batch halts first."""
+        acquiring = asyncio.ensure_future(limiter.acquire(tokens, Priority.BATCH))
+        halted = asyncio.ensure_future(self._halt.wait())
+        try:
+            await asyncio.wait({acquiring, halted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            halted.cancel()
+            if not acquiring.done():
+                acquiring.cancel()
+        await asyncio.wait({acquiring})  # its cancellation done (never raises for it)
+        if acquiring.cancelled():
+            return None
+        grant = acquiring.result()  # CapacityError: a line too large for the client's tpm
+        if self._halted():
+            grant.refund()
+            return None
+        return grant
 
     def _halted(self) -> bool:
         if self.stopping or self._store_failed or self.batch["status"] == "cancelling":
@@ -275,15 +299,49 @@ class BatchRun:
         numbering = itertools.count()
         window = _Window(hi=engine.concurrency)
 
+        # The client's own rpm/tpm holds for its batch lines as for its interactive requests
+        # (a batch must not be a way around them): a line waits for it before the engine
+        # takes it, and its quota is trued up to the usage once it is answered.
+        limiter: LocalLimiter | None = getattr(self.owner, "limiter", None)
+        grants: dict[int, _Grant] = {}
+
         async def source() -> AsyncIterator[Request]:
             async for item in self._lines(store, window):
                 assert item.request is not None
-                lines[next(numbering)] = item.line
-                yield dataclasses.replace(item.request, id=f"{self.id}/{item.custom_id}")
+                index = next(numbering)
+                lines[index] = item.line
+                request = dataclasses.replace(item.request, id=f"{self.id}/{item.custom_id}")
+                if limiter is not None:
+                    tokens = _estimate(engine, request)
+                    try:
+                        waited = await self._client_quota(limiter, tokens)
+                    except CapacityError:
+                        window.release(0.0)
+                        del lines[index]
+                        message = f"line {item.line}: its ~{tokens} tokens exceed this client's tpm"
+                        await self._record(
+                            store, item.line, Result(None, error=InvalidInputError(message, line=item.line))
+                        )
+                        continue
+                    except BaseException:
+                        window.release(0.0)
+                        raise
+                    if waited is None:  # cancelled or stopping: this line is not sent
+                        del lines[index]
+                        return
+                    waited.done()  # a quota per minute, not of requests in flight
+                    grants[index] = waited
+                yield request
 
         async for result in engine.map(source(), priority=Priority.BATCH, budget=self.budget):
             assert result.index is not None
             window.release(result.timings.queued + result.timings.limiter_wait)
+            grant = grants.pop(result.index, None)
+            if grant is not None:
+                if not result.attempts or result.cached:
+                    grant.refund()  # never sent: not the client's to count
+                elif result.usage.total_tokens:
+                    grant.reconcile(result.usage.total_tokens)
             line = lines.pop(result.index)
             if isinstance(result.error, CancelledError):  # stopped before it ran: a later run does it
                 self._unfinished += 1
@@ -386,6 +444,14 @@ class ModelNotFoundError(InvalidInputError):
     """A line names a model this server does not serve to its client (OpenAI's code)."""
 
     kind = "model_not_found"
+
+
+def _estimate(engine: Engine, request: Request) -> int:
+    """A line's tokens as its first deployment counts them (for the client's tpm)."""
+    for group in engine.router.chain(request.model)[:1]:
+        for route in group.routes[:1]:
+            return int(route.provider.estimate_tokens(request, route.deployment))
+    return 0
 
 
 class _Window:

@@ -25,6 +25,8 @@ from aiohttp import web
 
 from ._batch_ctx import BATCH_CTX, BatchContext, Caller, Limits, ModelCheck, caller, new_id, query_int
 from ._batch_run import CHAT, EMBEDDINGS, BatchRun, public
+from ._body import BodyTimeout, read_json, timed_out
+from ._context import BadBody
 from ._errors import openai_error
 from ._files import add_file_routes
 from ._keys import ENGINE, STATE_DIR, ClientLike
@@ -134,9 +136,11 @@ async def create_batch(request: web.Request) -> web.Response:
     ctx = request.app[BATCH_CTX]
     client = caller(request)
     try:
-        body = await request.json()
-    except ValueError:
-        return openai_error(400, "the request body is not valid JSON")
+        body = await read_json(request)  # within the body timeout; orjson: a nesting bomb is a 400
+    except BadBody as exc:
+        return openai_error(400, exc.message)
+    except BodyTimeout:
+        return timed_out(request)
     if not isinstance(body, dict):
         return openai_error(400, "the request body must be a JSON object")
     problem = _check_create(body)

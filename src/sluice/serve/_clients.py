@@ -4,8 +4,9 @@ Keys are read from the environment at startup, kept as digests, compared in cons
 (:func:`hmac.compare_digest` against every client, so the time taken says nothing about
 which key nearly matched) and never logged. A client's budget is a session budget of the
 one engine (``engine.session``), so it counts against the server's own budget too; what it
-spent is written to ``clients.db`` in the state directory after every request (and every
-few seconds, for the Batch API's work) and added back at startup: a restart resets nothing.
+spent (with what its requests in flight hold) is written to ``clients.db`` in the state
+directory as each request is sent and settles, and added back at startup: a restart, even
+a ``kill -9``, resets nothing.
 """
 
 from __future__ import annotations
@@ -156,13 +157,18 @@ class Clients:
         return found
 
     def save(self) -> None:
-        """Write what changed since the last save (spend only ever grows)."""
+        """Write what changed since the last save.
+
+        What is written is spent *plus held*: the worst case of the requests in flight
+        counts until they settle. Called as each request is granted (before it is sent),
+        so a ``kill -9`` mid-request leaves on disk at least what the provider may bill;
+        after a clean stop nothing is held and the figure is exact."""
         rows: list[tuple[str, float]] = []
         for client in self.by_name.values():
             if client.budget is not None:
-                rows.append((client.name, client.budget.spent()))
+                rows.append((client.name, client.budget.spent() + client.budget.reserved()))
         if self.engine_budget is not None:
-            rows.append((_ENGINE_ROW, self.engine_budget.spent()))
+            rows.append((_ENGINE_ROW, self.engine_budget.spent() + self.engine_budget.reserved()))
         changed = [(name, usd) for name, usd in rows if self._saved.get(name) != usd]
         if changed:
             self.spend.save(changed)

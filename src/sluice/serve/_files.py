@@ -25,6 +25,7 @@ from aiohttp import BodyPartReader, web
 from .. import _json
 from ._batch_ctx import BATCH_CTX, BatchContext, Limits, caller, new_id, query_int
 from ._batch_db import FileRow
+from ._body import BodyTimeout, timed_out, within_body_timeout
 from ._errors import openai_error
 
 __all__ = ["add_file_routes", "check_batch_file"]
@@ -58,7 +59,7 @@ async def create_file(request: web.Request) -> web.StreamResponse:
     ctx.files_dir.mkdir(parents=True, exist_ok=True)
     upload = ctx.files_dir / f".upload-{new_id('', 8)}"
     try:
-        purpose, filename, size = await _receive(request, ctx, upload)
+        purpose, filename, size = await within_body_timeout(request, _receive(request, ctx, upload))
         if purpose is None:
             return openai_error(400, "missing required parameter: 'purpose'", param="purpose")
         if filename is None:
@@ -77,6 +78,8 @@ async def create_file(request: web.Request) -> web.StreamResponse:
         return web.json_response(row.to_openai())
     except _Refused as refused:
         return refused.response
+    except BodyTimeout:
+        return timed_out(request)
     finally:
         with contextlib.suppress(FileNotFoundError):
             upload.unlink()

@@ -62,7 +62,7 @@ class ServeLimiter(LocalLimiter):
     """A :class:`LocalLimiter` that tells the server when its requests are granted, counts
     the provider's 429s, and estimates how long a request would wait."""
 
-    __slots__ = ("penalties",)
+    __slots__ = ("on_grant", "penalties")
 
     def __init__(
         self,
@@ -86,19 +86,27 @@ class ServeLimiter(LocalLimiter):
         )
         #: Pauses the engine ordered after a provider's 429 (each one is a 429 seen).
         self.penalties = 0
+        #: Called as each request is granted, just before it is sent (its budget hold is
+        #: already taken): the server writes client spend there, so a kill -9 loses none.
+        self.on_grant: Callable[[], None] | None = None
 
     def try_acquire(self, tokens: int) -> _Grant | None:
         grant = super().try_acquire(tokens)
         if grant is not None:
-            _mark()
+            self._granted()
         return grant
 
     async def acquire(
         self, tokens: int, priority: int = 0, seq: int | None = None, *, claim: Claim | None = None
     ) -> _Grant:
         grant = await super().acquire(tokens, priority, seq, claim=claim)
-        _mark()
+        self._granted()
         return grant
+
+    def _granted(self) -> None:
+        _mark()
+        if self.on_grant is not None:
+            self.on_grant()
 
     def penalize(self, seconds: float) -> None:
         self.penalties += 1
