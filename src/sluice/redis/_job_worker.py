@@ -114,16 +114,15 @@ class Worker:
         beat = asyncio.get_running_loop().create_task(self._heartbeat())
         try:
             while not self.stopping:
-                try:
-                    ids = (
-                        [self.only_job]
-                        if self.only_job is not None
-                        else await running_jobs(self.client, self.namespace)
-                    )
-                    self._up()
-                except UNREACHABLE as exc:
-                    self._down(exc)
-                    ids = []
+                if self.only_job is not None:
+                    ids = [self.only_job]  # no Redis call: says nothing about whether it is back
+                else:
+                    try:
+                        ids = await running_jobs(self.client, self.namespace)
+                        self._up()
+                    except UNREACHABLE as exc:
+                        self._down(exc)
+                        ids = []
                 for job_id in ids:
                     if job_id in self._refused:
                         continue
