@@ -268,6 +268,7 @@ class _Coordinator:
             ticks += 1
             if ticks % 8 == 1:
                 with contextlib.suppress(*UNREACHABLE):
+                    await self.queue.coordinator_beat()
                     capacity = await self.registry.capacity()
                     self.window = max(_MIN_WINDOW, _WINDOW_PER_SLOT * capacity)
                     self._say_workers(capacity)

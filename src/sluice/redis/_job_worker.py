@@ -34,7 +34,16 @@ from .._records import error_record
 from ..batch._inputs import InputItem
 from ..batch._output import KEPT_KINDS, output_record
 from ._job_entries import dead_letter, defaults_from_shared, deployment_from_shared, request_from_fields
-from ._jobs import UNREACHABLE, Delivery, JobQueue, JobSettings, WorkerRegistry, connect, running_jobs
+from ._jobs import (
+    ABANDONED_AFTER_S,
+    UNREACHABLE,
+    Delivery,
+    JobQueue,
+    JobSettings,
+    WorkerRegistry,
+    connect,
+    running_jobs,
+)
 
 if TYPE_CHECKING:
     from ..cli._config import JobConfig
@@ -129,6 +138,8 @@ class Worker:
                     if job_id not in jobs or jobs[job_id].done():
                         if job_id in jobs and self.only_job is not None:
                             return  # its one job is over
+                        if self.only_job is None and await self._abandoned(job_id):
+                            continue
                         jobs[job_id] = asyncio.get_running_loop().create_task(self._work_on(job_id))
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), 1.0)
@@ -153,6 +164,21 @@ class Worker:
             except UNREACHABLE as exc:
                 self._down(exc)
             await asyncio.sleep(_HEARTBEAT_EVERY)
+
+    async def _abandoned(self, job_id: str) -> bool:
+        """Whether ``job_id``'s coordinator has been gone so long that the job is dropped
+        (see ``ABANDONED_AFTER_S``): then it is taken off the running jobs, and not joined."""
+        try:
+            dropped = await JobQueue(self.client, job_id, self.namespace).abandon_if_orphaned()
+        except UNREACHABLE as exc:
+            self._down(exc)
+            return True  # not now; the next round asks again
+        if dropped:
+            self.say(
+                f"job {job_id}: its coordinator has not been heard from for {ABANDONED_AFTER_S // 60} min; "
+                "taken off the running jobs (rerun its sluice run to go on)"
+            )
+        return dropped
 
     def _down(self, exc: BaseException) -> None:
         from ._connection import redis_target
@@ -269,7 +295,9 @@ class Worker:
             except UNREACHABLE as exc:
                 self._down(exc)
                 continue
-            if status == "finished":
+            if status in ("finished", "abandoned"):
+                return
+            if status == "running" and self.only_job is None and await self._abandoned(queue.job_id):
                 return
             if status is None and self.only_job is None:
                 missing_since = missing_since or time.monotonic()

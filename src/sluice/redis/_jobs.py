@@ -58,6 +58,22 @@ _GIVEN_BACK_IDLE_MS = 10**9
 MIN_CLAIM_AFTER = 0.5
 #: How long a finished job's hash stays, for workers that have not noticed yet.
 _FINISHED_TTL_S = 3600
+#: A job whose coordinator has not been heard from for this long is abandoned: workers
+#: take it off the running jobs (they would otherwise join it forever) and its keys expire
+#: a week later. The coordinator's rerun registers it again and finds what is left.
+ABANDONED_AFTER_S = 3600
+_ABANDONED_KEYS_TTL_S = 7 * 24 * 3600
+
+# KEYS: coordinator, registry, meta, requests, results, done, errors; ARGV: job id, ttl.
+# One step, so a coordinator coming back cannot be abandoned between the check and the act.
+_ABANDON = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('HGET', KEYS[3], 'status') ~= 'running' then return 0 end
+redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[3], 'status', 'abandoned')
+for i = 3, 7 do redis.call('EXPIRE', KEYS[i], ARGV[2]) end
+return 1
+"""
 
 # Refresh the idle time of the entries this consumer still owns; return those it lost.
 # A plain XCLAIM would take an entry back from a worker that claimed it meanwhile.
@@ -186,7 +202,10 @@ class JobQueue:
         self.results = f"{base}:results"
         self.done = f"{base}:done"
         self.errors = f"{base}:errors"
+        #: Set by the coordinator (expiring after ``ABANDONED_AFTER_S``) while it lives.
+        self.coordinator = f"{base}:coordinator"
         self._touch = client.register_script(_TOUCH)
+        self._abandon = client.register_script(_ABANDON)
         self._claim_cursor = "0-0"
 
     # -- the job ---------------------------------------------------------------------
@@ -203,9 +222,20 @@ class JobQueue:
                     raise
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.hset(self.meta, mapping=_fields(settings.to_hash()))
-            pipe.persist(self.meta)
+            for key in (self.meta, self.requests, self.results, self.done, self.errors):
+                pipe.persist(key)  # an abandoned job's keys were set to expire
+            pipe.set(self.coordinator, "1", ex=ABANDONED_AFTER_S)
             pipe.sadd(self.registry, self.job_id)
             await pipe.execute()
+
+    async def coordinator_beat(self) -> None:
+        """The coordinator is alive (called every few seconds): the job is not abandoned."""
+        await self.client.set(self.coordinator, "1", ex=ABANDONED_AFTER_S)
+
+    async def abandon_if_orphaned(self) -> bool:
+        """Take a running job whose coordinator is long gone off the running jobs; True if so."""
+        keys = [self.coordinator, self.registry, self.meta, self.requests, self.results, self.done, self.errors]
+        return bool(await self._abandon(keys=keys, args=[self.job_id, _ABANDONED_KEYS_TTL_S]))
 
     async def settings(self) -> JobSettings | None:
         """The job's settings; None once it is finished or gone."""
@@ -226,7 +256,7 @@ class JobQueue:
         """Every line is written: workers leave, and the job's keys go."""
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.srem(self.registry, self.job_id)
-            pipe.delete(self.requests, self.results, self.done, self.errors)
+            pipe.delete(self.requests, self.results, self.done, self.errors, self.coordinator)
             pipe.hset(self.meta, "status", "finished")
             pipe.expire(self.meta, _FINISHED_TTL_S)
             await pipe.execute()
