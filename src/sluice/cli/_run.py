@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import signal
-
 import click
 
 from ..batch._job import JobProgress, JobSpec
 from ..batch._runner import run_job
 from ._progress import ProgressView, summary_rows, table, usd
+from ._signals import run_until_stopped
 
 __all__ = ["EXIT_CODES", "run_job_command"]
 
@@ -21,31 +19,14 @@ def run_job_command(spec: JobSpec, *, log_every: float) -> int:
     """Run the job to its end (or a stop), print the summary; the exit status."""
     progress = JobProgress()
     view = ProgressView(progress, every=log_every)
-    aborted = False
 
-    async def job() -> None:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        presses = 0
-
-        def on_signal() -> None:
-            nonlocal presses
-            presses += 1
-            if presses == 1:
-                progress.stop()
-                view.tick()
-            elif task is not None:
-                task.cancel()
-
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, on_signal)
-        await run_job(spec, progress, view.tick)
+    def stopping() -> None:
+        progress.stop()
+        view.tick()
 
     view.start()
     try:
-        asyncio.run(job())
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        aborted = True
+        aborted = run_until_stopped(lambda: run_job(spec, progress, view.tick), stopping)
     finally:
         view.stop()
     rows = [*summary_rows(progress), ("output", str(spec.output)), ("state", str(spec.state))]

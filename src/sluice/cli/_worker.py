@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import signal
 from pathlib import Path
 
 import click
 
 from .._errors import ConfigError
 from ._config import load_config
+from ._signals import run_until_stopped
 
 __all__ = ["run_worker"]
 
@@ -47,31 +46,13 @@ def run_worker(
 
     config = load_config(config_path)
     worker = Worker(url, config, concurrency=concurrency, name=name, fail_open=fail_open, grace=grace, say=_say)
-    aborted = False
 
-    async def work() -> None:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        presses = 0
-
-        def on_signal() -> None:
-            nonlocal presses
-            presses += 1
-            if presses == 1:
-                _say(f"stopping: taking nothing new; requests in flight get {grace:g} s, then go back to the queue")
-                worker.stop()
-            elif task is not None:
-                task.cancel()
-
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, on_signal)
-        await worker.run()
+    def stopping() -> None:
+        _say(f"stopping: taking nothing new; requests in flight get {grace:g} s, then go back to the queue")
+        worker.stop()
 
     _say(f"{worker.name} on {redis_target(url)}, {worker.concurrency} at once; waiting for jobs")
-    try:
-        asyncio.run(work())
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        aborted = True
+    aborted = run_until_stopped(worker.run, stopping)
     answered = sum(worker.answered.values())
     per_job = ", ".join(f"{job}: {count:,}" for job, count in sorted(worker.answered.items())) or "none"
     _say(f"{worker.name} answered {answered:,} requests ({per_job})")
