@@ -56,16 +56,28 @@ class SharedBudget(Protocol):
 
 
 class Budget:
-    """A spending cap in US dollars; ``parent`` is the budget it also counts against."""
+    """A spending cap in US dollars; ``parent`` is the budget it also counts against.
 
-    __slots__ = ("_holds", "_reserved", "_spent", "limit", "name", "parent")
+    ``shared``: a budget other processes use too (``sluice.redis.RedisBudget``); every
+    request under this budget also holds its worst case there (``Spending.reserve``), so
+    the cap holds across processes and restarts, not only here."""
 
-    def __init__(self, limit_usd: float, *, parent: Budget | None = None, name: str = "budget") -> None:
+    __slots__ = ("_holds", "_reserved", "_spent", "limit", "name", "parent", "shared")
+
+    def __init__(
+        self,
+        limit_usd: float,
+        *,
+        parent: Budget | None = None,
+        name: str = "budget",
+        shared: SharedBudget | None = None,
+    ) -> None:
         if isinstance(limit_usd, bool) or not isinstance(limit_usd, (int, float)) or not limit_usd >= 0:
             raise ConfigError(f"{name} must be a number of US dollars >= 0, got {limit_usd!r}")
         self.limit = float(limit_usd)
         self.parent = parent
         self.name = name
+        self.shared = shared
         self._spent = 0.0
         self._reserved = 0.0
         #: Open reservations, counted exactly: float sums drift, "is anything in flight?" must not.
@@ -110,16 +122,16 @@ class BudgetHold:
         self.chain = chain
         self.amount = amount
         self._open = True
-        #: The same request's hold on a shared budget, settled with this one.
-        self.shared: SharedHold | None = None
+        #: The same request's holds on the shared budgets of its chain, settled with this one.
+        self.shared: tuple[SharedHold, ...] = ()
 
     def commit(self, actual: float) -> None:
         """The request cost ``actual``: count it, return the rest of the reservation."""
         if self._open:
             self._open = False
             self._ledger._settle(self, actual)
-            if self.shared is not None:
-                self.shared.commit(actual)
+            for shared in self.shared:
+                shared.commit(actual)
 
     def release(self) -> None:
         """The request cost nothing (failed, or never sent)."""

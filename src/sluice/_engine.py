@@ -266,9 +266,12 @@ class Engine:
             route.adaptive = Adaptive(limiter)
         return route
 
-    def session(self, budget_usd: float, *, name: str | None = None) -> Session:
-        """A spending scope for one task, counted against this engine's budget too."""
-        return Session(self, self.spending.session(budget_usd, name or "the session budget"))
+    def session(self, budget_usd: float, *, name: str | None = None, shared: SharedBudget | None = None) -> Session:
+        """A spending scope for one task, counted against this engine's budget too.
+
+        ``shared``: a budget other processes use too (``RedisBudget``) that this task's
+        requests also hold in, so its cap holds across them."""
+        return Session(self, self.spending.session(budget_usd, name or "the session budget", shared))
 
     def remaining(self) -> float:
         """Dollars left to start work with (``inf`` without a budget)."""

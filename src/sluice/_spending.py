@@ -12,7 +12,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ._budget import Budget, BudgetExhaustedError, BudgetHold, BudgetLedger, SharedBudget, UnknownPriceError
+from ._budget import (
+    Budget,
+    BudgetExhaustedError,
+    BudgetHold,
+    BudgetLedger,
+    SharedBudget,
+    SharedHold,
+    UnknownPriceError,
+)
 from ._errors import ConfigError
 from ._models import Deployment, Request, Usage
 from ._pricing import Pricing
@@ -47,9 +55,21 @@ class Spending:
     request under the engine's budget also holds its worst case there, after the local
     hold, and settles both with the same cost. The local ``budget`` then stands for this
     process's share of it: limited by ``budget_usd`` when given, else by the shared limit.
+    A session's budget may carry a shared budget of its own (``session(..., shared=)``):
+    a request then holds in every shared budget of its chain, all or none.
     """
 
-    __slots__ = ("_follow", "allow_unpriced", "budget", "cheaper", "ledger", "pricing", "shared", "unpriced_models")
+    __slots__ = (
+        "_follow",
+        "_shared_all",
+        "allow_unpriced",
+        "budget",
+        "cheaper",
+        "ledger",
+        "pricing",
+        "shared",
+        "unpriced_models",
+    )
 
     def __init__(
         self,
@@ -65,15 +85,19 @@ class Spending:
         self._follow = budget_usd is None and shared is not None
         if budget_usd is None and shared is not None:
             budget_usd = shared.limit
-        self.budget = Budget(budget_usd, name="the budget") if budget_usd is not None else None
+        self.budget = Budget(budget_usd, name="the budget", shared=shared) if budget_usd is not None else None
+        #: Every shared budget of this engine's budgets (empty: the local path, one check).
+        self._shared_all: list[SharedBudget] = [shared] if shared is not None and self.budget is not None else []
         self.ledger = BudgetLedger()
         self.allow_unpriced = allow_unpriced
         self.cheaper = cheaper
         #: Models that answered without a known price: reported, never counted as free.
         self.unpriced_models: set[str] = set()
 
-    def session(self, budget_usd: float, name: str) -> Budget:
-        return Budget(budget_usd, parent=self.budget, name=name)
+    def session(self, budget_usd: float, name: str, shared: SharedBudget | None = None) -> Budget:
+        if shared is not None:
+            self._shared_all.append(shared)
+        return Budget(budget_usd, parent=self.budget, name=name, shared=shared)
 
     def choose_model(self, request: Request, budget: Budget | None) -> Request:
         """The cheaper model's request once the budget runs below the rule's threshold."""
@@ -124,26 +148,32 @@ class Spending:
         if budget is None:
             return None
         hold = await self.ledger.reserve(budget, worst)
-        if self.shared is None or self.budget not in hold.chain:
+        if not self._shared_all:
             return hold
+        shared = [b.shared for b in hold.chain if b.shared is not None]
+        if not shared:
+            return hold
+        taken: list[SharedHold] = []
         try:
-            hold.shared = await self.shared.reserve(worst)
-        except BudgetExhaustedError:
-            self.ledger.exhausted = True
-            hold.release()
-            raise
-        except BaseException:
+            for each in shared:
+                taken.append(await each.reserve(worst))
+        except BaseException as exc:
+            if isinstance(exc, BudgetExhaustedError):
+                self.ledger.exhausted = True
+            for each_hold in taken:
+                each_hold.commit(0.0)
             hold.release()
             raise
         finally:
-            if self._follow and self.budget is not None:
+            if self._follow and self.budget is not None and self.shared is not None:
                 self.budget.limit = self.shared.limit
+        hold.shared = tuple(taken)
         return hold
 
     async def flush(self) -> None:
         """Wait until every settle of a shared budget has reached it (at close)."""
-        if self.shared is not None:
-            await self.shared.flush()
+        for shared in self._shared_all:
+            await shared.flush()
 
     def cost(self, deployment: Deployment, usage: Usage) -> float | None:
         cost = self.pricing.cost(deployment, usage)

@@ -63,8 +63,27 @@ def _read(path: Path | None) -> tuple[bytes, Path]:
     show_default=True,
     help="Directory for the server's state: client spend, the engine's store, files and batches.",
 )
-def serve_command(config_path: Path | None, host: str, port: int, state_dir: Path) -> None:
-    """Serve the OpenAI API (chat, embeddings, models, files, batches) through sluice's engine."""
+@click.option(
+    "--redis",
+    "redis_url",
+    metavar="URL",
+    help="Share the deployments' limits, the budgets and each client's spend and rpm/tpm with every "
+    "replica that names the same Redis (redis://host:6379/0). Batches stay with the replica that took them.",
+)
+@click.option(
+    "--redis-fail-open",
+    is_flag=True,
+    help="While Redis is down, let each replica's own limiters grant (limits become per replica). "
+    "Default: refuse with 503 until Redis is back.",
+)
+def serve_command(
+    config_path: Path | None, host: str, port: int, state_dir: Path, redis_url: str | None, redis_fail_open: bool
+) -> None:
+    """Serve the OpenAI API (chat, embeddings, models, files, batches) through sluice's engine.
+
+    Several replicas behind one load balancer share limits, budgets and client spend with
+    --redis; each keeps its own --state (batches and files stay with the replica that took
+    them: send a batch's later calls to the same replica)."""
     from ._config import config_from_bytes, missing_keys
 
     raw, path = _read(config_path)
@@ -82,6 +101,8 @@ def serve_command(config_path: Path | None, host: str, port: int, state_dir: Pat
     problems = missing_keys(config)
     if problems:
         raise ConfigError("; ".join(problems))
+    if redis_fail_open and redis_url is None:
+        raise ConfigError("--redis-fail-open needs --redis URL")
     try:
         from ..serve._app import build_app, serve
     except ImportError as exc:  # prometheus-client is the [serve] extra
@@ -91,7 +112,7 @@ def serve_command(config_path: Path | None, host: str, port: int, state_dir: Pat
     logging.getLogger("aiohttp.access").setLevel(logging.INFO)
 
     async def main() -> None:
-        app = build_app(config, settings, clients, state_dir)
+        app = build_app(config, settings, clients, state_dir, redis_url=redis_url, redis_fail_open=redis_fail_open)
         who = ", ".join(c.name for c in clients) if clients else "anyone on this machine (no [[client]] keys)"
         await serve(
             app,

@@ -133,10 +133,16 @@ class RedisLimits:
 
     def limiter_factory(self, deployment: Deployment) -> RedisLimiter:
         """The shared limiter of ``deployment`` (one per deployment and process)."""
-        fingerprint = deployment_fingerprint(deployment)
-        limiter = self._limiters.get(fingerprint)
+        return self.limiter_for(deployment, deployment_fingerprint(deployment))
+
+    def limiter_for(self, deployment: Deployment, key: str, *, cls: type[RedisLimiter] | None = None) -> RedisLimiter:
+        """The shared limiter named ``key`` (one per key and process) with ``deployment``'s
+        limits: ``limiter_factory`` names it by the deployment's fingerprint; a caller may
+        share a limit by another name (``sluice serve``: a client's own rpm/tpm). ``cls``:
+        a subclass to make it with (the server's adds its bookkeeping)."""
+        limiter = self._limiters.get(key)
         if limiter is None:
-            limiter = self._limiters[fingerprint] = RedisLimiter(self, deployment, fingerprint)
+            limiter = self._limiters[key] = (cls or RedisLimiter)(self, deployment, key)
         return limiter
 
     def _new_id(self) -> str:
@@ -272,6 +278,8 @@ class RedisLimiter:
         self._observed_at = -float("inf")
         self._seen_requests: float | None = deployment.rpm
         self._seen_tokens: float | None = deployment.tpm
+        #: When (event-loop time) Redis last said the next slot opens; 0.0 once it granted.
+        self.next_slot_at = 0.0
 
     # -- the Limiter protocol -----------------------------------------------------------
 
@@ -378,6 +386,13 @@ class RedisLimiter:
     def waiting(self) -> int:
         return sum(1 for *_, w in self._heap if not w.future.done())
 
+    def estimate_wait(self) -> float:
+        """Seconds until the next slot opens, as Redis last said (no round trip: 0.0 when
+        its last answer was a grant; the reconnect backoff while Redis is down)."""
+        if not self._conn.healthy:
+            return self._conn.backoff()
+        return max(0.0, self.next_slot_at - asyncio.get_running_loop().time())
+
     @property
     def learnt_limits(self) -> bool:
         return self.requests_limit is not None or self.tokens_limit is not None
@@ -461,8 +476,10 @@ class RedisLimiter:
                 continue
             granted, value = int(reply[0]), float(reply[1])
             if granted != 1:
+                self.next_slot_at = asyncio.get_running_loop().time() + max(0.0, value) / 1000
                 await self._sleep(max(0.0, value) / 1000)
                 continue
+            self.next_slot_at = 0.0
             grant = _Grant(self, grant_id, waiter.tokens)
             self._in_flight += 1
             if self.max_in_flight is not None:

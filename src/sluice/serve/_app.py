@@ -28,12 +28,13 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from .._engine import Engine
 from .._errors import ConfigError, SluiceError
+from .._limits import Limiter
 from .._models import Deployment
 from ..cli._config import JobConfig
 from ..store import SqliteStore
@@ -46,8 +47,11 @@ from ._embeddings import embeddings
 from ._errors import openai_error
 from ._keys import CLIENT, ENGINE, STATE_DIR, ClientLike
 from ._metrics import CONTENT_TYPE, Metrics
-from ._queue import Admission, ServeLimiter, serve_limiter
+from ._queue import Admission, serve_limiter
 from ._settings import ClientSpec, ServeSettings
+
+if TYPE_CHECKING:
+    from ._redis import ServeRedis
 
 __all__ = ["BODY_TIMEOUT", "build_app", "make_runner", "read_body", "serve"]
 
@@ -75,8 +79,13 @@ def build_app(
     state_dir: Path,
     *,
     environ: Mapping[str, str] | None = None,
+    redis_url: str | None = None,
+    redis_fail_open: bool = False,
 ) -> web.Application:
     """The application: its engine is made here and started/closed with the app.
+
+    ``redis_url``: share the deployments' limits, the budgets and client spend and rpm/tpm
+    with every replica that names the same Redis (see ``_redis``); batches stay local.
 
     Raises ConfigError for a client whose key variable is unset (or keys shared)."""
     names = model_names(config.deployments)
@@ -96,7 +105,17 @@ def build_app(
         if spend_box:
             _save_spend(spend_box[0])
 
-    def limiter_factory(deployment: Deployment) -> ServeLimiter:
+    redis: ServeRedis | None = None
+    if redis_url is not None:
+        try:
+            from ._redis import ServeRedis
+        except ImportError as exc:
+            raise ConfigError(f"--redis needs the redis extra: pip install 'llm-sluice[redis]' ({exc})") from None
+        redis = ServeRedis(redis_url, fail_open=redis_fail_open)
+
+    def limiter_factory(deployment: Deployment) -> Limiter:
+        if redis is not None:
+            return redis.limiter_factory(deployment)  # the truth is Redis: nothing to save locally
         limiter = serve_limiter(deployment)
         limiter.on_grant = save_spend
         return limiter
@@ -112,19 +131,23 @@ def build_app(
         fallbacks=config.fallbacks,
         cooldown=config.cooldown,
         limiter_factory=limiter_factory,
+        shared_budget=redis.engine_budget(config.budget_usd) if redis is not None else None,
         on_retry=lambda event: metrics_box[0].retry(event) if metrics_box else None,
     )
     spend = SpendStore(state_dir / "clients.db")
     try:
-        registry = Clients.from_specs(clients, engine, spend, environ)
+        registry = Clients.from_specs(clients, engine, spend, environ, redis)
     except BaseException:
         spend.close()
         store.close()
         raise
-    if registry.engine_budget is not None or any(c.budget is not None for c in registry.by_name.values()):
+    budgeted = registry.engine_budget is not None or any(c.budget is not None for c in registry.by_name.values())
+    if redis is None and budgeted:
         spend_box.append(registry)
     admission = Admission(settings.max_queue, settings.max_wait_s)
-    metrics = Metrics(engine, lambda: admission.waiting)
+    metrics = Metrics(
+        engine, lambda: admission.waiting, redis.client_spend if redis is not None else registry.client_spend
+    )
     metrics_box.append(metrics)
     ctx = ServeContext(
         engine=engine,
@@ -134,6 +157,7 @@ def build_app(
         metrics=metrics,
         models=names,
         secrets=upstream_secrets(config.deployments),
+        redis=redis,
     )
     app[ENGINE] = engine
     app[STATE_DIR] = state_dir
@@ -162,7 +186,8 @@ def _lifetime(
 
     async def start(app: web.Application) -> None:
         await ctx.engine.start()
-        saver.append(asyncio.create_task(_save_often(ctx.clients)))
+        keep = _refresh_often(ctx.redis) if ctx.redis is not None else _save_often(ctx.clients)
+        saver.append(asyncio.create_task(keep))
 
     async def close(app: web.Application) -> None:
         for task in saver:
@@ -172,9 +197,14 @@ def _lifetime(
         try:
             await ctx.engine.close()
         finally:
-            ctx.clients.save()
-            spend.close()
-            store.close()
+            try:
+                if ctx.redis is not None:
+                    await ctx.redis.close()
+                else:
+                    ctx.clients.save()
+            finally:
+                spend.close()
+                store.close()
 
     return start, close
 
@@ -206,6 +236,18 @@ async def _save_often(clients: Clients) -> None:
             clients.save()
         except Exception:
             _log.exception("sluice serve: cannot write client spend; retrying")
+
+
+async def _refresh_often(redis: ServeRedis) -> None:
+    """With --redis: the clients' spend as every replica counts it, for /metrics."""
+    while True:
+        try:
+            await redis.client_totals()
+        except SluiceError:
+            pass  # Redis down: said by /health and the refusals; the last figures stay
+        except Exception:
+            _log.exception("sluice serve: cannot read the clients' spend from Redis; retrying")
+        await asyncio.sleep(_SAVE_EVERY)
 
 
 def _json_handler(handler: Handler) -> Handler:
@@ -349,11 +391,25 @@ async def health(request: web.Request) -> web.Response:
         for s in engine.deployment_status()
     ]
     stopped = engine.store_error is not None
-    body = {
+    body: dict[str, Any] = {
         "status": "stopped" if stopped else "ok",
         "deployments": deployments,
         "queue": {"waiting": ctx.admission.waiting, "max": ctx.admission.max_queue},
     }
+    if ctx.redis is not None:
+        problem = ctx.redis.problem
+        clients: dict[str, dict[str, float]] | None = None
+        if problem is None:
+            try:
+                clients = await asyncio.wait_for(ctx.redis.client_totals(), timeout=2.0)
+            except (SluiceError, TimeoutError) as exc:
+                problem = ctx.redis.problem or f"Redis did not answer: {type(exc).__name__}"
+        body["redis"] = {"status": "ok" if problem is None else "down", "problem": problem}
+        if clients is not None:
+            body["clients"] = clients  # each client's spend as every replica counts it
+        if problem is not None and not stopped:
+            body["status"] = "redis_down"
+            stopped = True
     return web.json_response(body, status=503 if stopped else 200)
 
 

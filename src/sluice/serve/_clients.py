@@ -27,6 +27,7 @@ from ._settings import ClientSpec
 
 if TYPE_CHECKING:
     from .._engine import Engine
+    from ._redis import ServeRedis, ServeRedisLimiter
 
 __all__ = ["DEFAULT_CLIENT", "Client", "Clients", "SpendStore"]
 
@@ -42,7 +43,7 @@ class Client:
     name: str
     budget: Budget | None = None
     #: Its own rpm/tpm, in front of the engine (None: only the deployments' limits apply).
-    limiter: ServeLimiter | None = None
+    limiter: ServeLimiter | ServeRedisLimiter | None = None
     #: Model or deployment names it may use (None: every configured one).
     models: frozenset[str] | None = None
     _digest: bytes = field(default=b"", repr=False)
@@ -104,12 +105,20 @@ class Clients:
 
     @classmethod
     def from_specs(
-        cls, specs: Sequence[ClientSpec], engine: Engine, spend: SpendStore, environ: Mapping[str, str] | None = None
+        cls,
+        specs: Sequence[ClientSpec],
+        engine: Engine,
+        spend: SpendStore,
+        environ: Mapping[str, str] | None = None,
+        redis: ServeRedis | None = None,
     ) -> Clients:
-        """Build the clients, reading each key from its variable (a missing one is a ConfigError)."""
+        """Build the clients, reading each key from its variable (a missing one is a ConfigError).
+
+        With ``redis`` (``--redis``) a client's budget and rpm/tpm are shared by every
+        replica: its spend is Redis's (not ``clients.db``'s) and survives any replica."""
         env: Mapping[str, str] = os.environ if environ is None else environ
         engine_budget = engine.spending.budget
-        if engine_budget is not None:
+        if engine_budget is not None and redis is None:
             engine_budget.add_spent(spend.load(_ENGINE_ROW))
         if not specs:
             return cls([Client(DEFAULT_CLIENT)], spend, engine_budget)
@@ -126,11 +135,17 @@ class Clients:
                 raise ConfigError(f"clients {seen[digest]!r} and {spec.name!r} have the same key; give each its own")
             seen[digest] = spec.name
             budget = None
-            if spec.budget_usd is not None:
-                budget = engine.session(spec.budget_usd, name=f"client {spec.name}'s budget").budget
+            name = f"client {spec.name}'s budget"
+            if spec.budget_usd is not None and redis is not None:
+                shared = redis.client_budget(spec.name, spec.budget_usd)
+                budget = engine.session(spec.budget_usd, name=name, shared=shared).budget
+            elif spec.budget_usd is not None:
+                budget = engine.session(spec.budget_usd, name=name).budget
                 budget.add_spent(spend.load(spec.name))
-            limiter = None
-            if spec.rpm is not None or spec.tpm is not None:
+            limiter: ServeLimiter | ServeRedisLimiter | None = None
+            if redis is not None and (spec.rpm is not None or spec.tpm is not None):
+                limiter = redis.client_limiter(spec)
+            elif spec.rpm is not None or spec.tpm is not None:
                 # A client's rpm/tpm is a quota, not a pacing: the whole minute may go at once.
                 limiter = ServeLimiter(
                     requests=spec.rpm,
@@ -142,6 +157,10 @@ class Clients:
             models = frozenset(spec.models) if spec.models is not None else None
             clients.append(Client(spec.name, budget, limiter, models, digest))
         return cls(clients, spend, engine_budget)
+
+    def client_spend(self) -> dict[str, tuple[float, float]]:
+        """(spent, limit) of each client with a budget, as this process counts it."""
+        return {c.name: (c.budget.spent(), c.budget.limit) for c in self.by_name.values() if c.budget is not None}
 
     def authenticate(self, key: str | None) -> Client | None:
         """The client whose key this is (constant time over all of them), else None."""

@@ -31,7 +31,6 @@ from .._errors import (
     RateLimitError,
     SluiceError,
 )
-from .._limits import _Grant
 from .._pricing import effective_base_url
 from ._clients import Client, Clients
 from ._errors import openai_error
@@ -43,6 +42,7 @@ if TYPE_CHECKING:
     from .._engine import Engine
     from .._models import Deployment
     from ._metrics import Metrics
+    from ._redis import ServeRedis
 
 __all__ = ["CONTEXT", "BadBody", "Refused", "ServeContext", "error_for"]
 
@@ -82,6 +82,8 @@ class ServeContext:
     models: Mapping[str, str]
     #: Upstream URLs and hosts (longest first): never shown to a client.
     secrets: tuple[str, ...]
+    #: ``--redis``: limits, budgets and client spend shared with the other replicas.
+    redis: ServeRedis | None = None
 
     # -- models -----------------------------------------------------------------------------
 
@@ -176,7 +178,7 @@ class ServeContext:
     ) -> T:
         admission = self.admission
         began = _now()
-        grant: _Grant | None = None
+        grant: Any = None  # a local or a shared limiter's reservation
         try:
             admission.check_room(engine_eta)
             if client.limiter is not None:
@@ -190,13 +192,14 @@ class ServeContext:
                     limiter = client.limiter
                     client_eta = limiter.eta(tokens, limiter.waiting, self._latency())
                     if client_eta > max_wait:
-                        raise _client_limited(client, client_eta, self.metrics)
+                        raise self._redis_down(client) or _client_limited(client, client_eta, self.metrics)
                     try:
                         grant = await admission.wait_for(
                             limiter.acquire(tokens), max_wait=max_wait, retry_after=lambda: limiter.eta(tokens, 0, None)
                         )
                     except WaitTooLong as exc:
-                        raise _client_limited(client, exc.retry_after, self.metrics) from None
+                        refused = self._redis_down(client) or _client_limited(client, exc.retry_after, self.metrics)
+                        raise refused from None
                 grant.done()  # a quota of requests and tokens per minute, not of requests in flight
             remaining = max(0.0, max_wait - (_now() - began))
             ahead = engine_eta()
@@ -215,7 +218,26 @@ class ServeContext:
                 grant.reconcile(actual)
         return outcome
 
+    def _redis_down(self, client: Client) -> Refused | None:
+        """A 503 naming the problem when Redis cannot be reached (the wait was for it)."""
+        problem = self.redis.problem if self.redis is not None else None
+        if problem is None:
+            return None
+        self.metrics.refused.labels(client.name, "redis_down").inc()
+        return Refused(
+            openai_error(
+                503,
+                f"sluice cannot admit requests now: {problem}. Retry later; nothing was sent upstream.",
+                type="server_error",
+                code="shared_state_unavailable",
+                headers=_retry_headers(2.0),
+            )
+        )
+
     def _refusal(self, client: Client, exc: QueueFull | WaitTooLong, max_wait: float) -> Refused:
+        down = self._redis_down(client)
+        if down is not None:
+            return down
         admission = self.admission
         if isinstance(exc, QueueFull):
             self.metrics.refused.labels(client.name, "queue_full").inc()

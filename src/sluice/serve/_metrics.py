@@ -14,14 +14,12 @@ prometheus-client: this module is imported only when a server is built.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-from ._queue import ServeLimiter
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -39,7 +37,12 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 class Metrics:
     """The server's counters and histograms; ``render()`` gives the exposition text."""
 
-    def __init__(self, engine: Engine, queue_depth: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        queue_depth: Callable[[], int],
+        client_spend: Callable[[], Mapping[str, tuple[float, float]]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -79,7 +82,7 @@ class Metrics:
             "sluice_serve_first_token_seconds", "Time to a stream's first token", ["deployment"],
             buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        r.register(_EngineCollector(engine, queue_depth))
+        r.register(_EngineCollector(engine, queue_depth, client_spend))
 
     def result(self, client: str, result: Result) -> None:
         """Count one engine result (answer or error)."""
@@ -111,12 +114,30 @@ class Metrics:
 class _EngineCollector(Collector):
     """What the engine knows, read when scraped."""
 
-    def __init__(self, engine: Engine, queue_depth: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        queue_depth: Callable[[], int],
+        client_spend: Callable[[], Mapping[str, tuple[float, float]]] | None,
+    ) -> None:
         self._engine = engine
         self._queue_depth = queue_depth
+        self._client_spend = client_spend
 
     def collect(self) -> Iterator[Metric]:
         engine = self._engine
+        if self._client_spend is not None:
+            spent = GaugeMetricFamily(
+                "sluice_client_spent_usd",
+                "Dollars a client with a budget has spent (with --redis: over every replica, as Redis last said)",
+                labels=["client"],
+            )
+            limit = GaugeMetricFamily("sluice_client_budget_usd", "A client's budget_usd", labels=["client"])
+            for name, (usd, cap) in sorted(self._client_spend().items()):
+                spent.add_metric([name], usd)
+                limit.add_metric([name], cap)
+            yield spent
+            yield limit
         depth = GaugeMetricFamily("sluice_serve_queue_depth", "Served requests waiting for capacity now")
         depth.add_metric([], self._queue_depth())
         yield depth
@@ -133,9 +154,10 @@ class _EngineCollector(Collector):
         for route in engine.router.routes:
             label = route.deployment.label
             limiter = route.limiter
-            if isinstance(limiter, ServeLimiter):
-                limited.add_metric([label], limiter.penalties)
-                waiting.add_metric([label], limiter.waiting)
+            penalties = getattr(limiter, "penalties", None)  # a ServeLimiter or ServeRedisLimiter
+            if penalties is not None:
+                limited.add_metric([label], penalties)
+                waiting.add_metric([label], getattr(limiter, "waiting", 0))
             in_flight.add_metric([label], float(getattr(limiter, "in_flight", 0)))
         for status in engine.deployment_status():
             cooling.add_metric([status.deployment], status.seconds_left)

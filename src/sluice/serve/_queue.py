@@ -118,17 +118,33 @@ class ServeLimiter(LocalLimiter):
         loop = asyncio.get_running_loop()
         now = loop.time()
         ready = self._ready_at(tokens, now)  # exact for the head of the queue; inf while slots are full
-        per: list[float] = []
-        if self.requests_limit is not None:
-            per.append(self.window / self.requests_limit)
-        if self.tokens_limit is not None and tokens:
-            per.append(self.window * tokens / self.tokens_limit)
         typical = latency if latency is not None and latency > 0 else _DEFAULT_LATENCY
-        if self.max_in_flight is not None:
-            per.append(typical / self.max_in_flight)
-        interval = max(per) if per else 0.0
+        interval = pacing_interval(
+            self.requests_limit, self.tokens_limit, self.window, self.max_in_flight, tokens, latency
+        )
         head = ready - now if math.isfinite(ready) else max(typical, self._paused_until - now)
         return max(0.0, head) + max(0.0, ahead) * interval
+
+
+def pacing_interval(
+    requests: float | None,
+    tokens_limit: float | None,
+    window: float,
+    max_in_flight: int | None,
+    tokens: int,
+    latency: float | None,
+) -> float:
+    """Seconds between two grants at the limits' pace (the slowest of requests, tokens
+    and slots in flight, the last from a typical answer's latency)."""
+    per: list[float] = []
+    if requests is not None:
+        per.append(window / requests)
+    if tokens_limit is not None and tokens:
+        per.append(window * tokens / tokens_limit)
+    if max_in_flight is not None:
+        typical = latency if latency is not None and latency > 0 else _DEFAULT_LATENCY
+        per.append(typical / max_in_flight)
+    return max(per) if per else 0.0
 
 
 def serve_limiter(deployment: Deployment) -> ServeLimiter:
@@ -161,14 +177,14 @@ class WaitTooLong(Exception):
         self.waited = waited
 
 
-def estimate(limiters: Iterable[LocalLimiter], tokens: int, ahead: float, latency: float | None) -> float:
+def estimate(limiters: Iterable[Any], tokens: int, ahead: float, latency: float | None) -> float:
     """How long a request would wait for the first of ``limiters`` (a group shares its
     queue across its deployments, so each sees its share of those ahead)."""
-    found = [limiter for limiter in limiters if isinstance(limiter, ServeLimiter)]
+    found = [limiter for limiter in limiters if callable(getattr(limiter, "eta", None))]
     if not found:
         return 1.0
     share = ahead / len(found)
-    return min(limiter.eta(tokens, share, latency) for limiter in found)
+    return float(min(limiter.eta(tokens, share, latency) for limiter in found))
 
 
 class Admission:
