@@ -284,4 +284,4 @@ def test_serve_help_names_redis_and_says_batches_stay_per_replica() -> None:
     assert result.exit_code == 0, result.output
     assert "--redis URL" in result.output
     assert "--redis-fail-open" in result.output
-    assert "Batches stay with the replica that took them" in " ".join(result.output.split())
+    assert "any replica answers for it" in " ".join(result.output.split())

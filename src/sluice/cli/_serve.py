@@ -29,6 +29,25 @@ def _loopback(host: str) -> bool:
         return False
 
 
+#: Hosts that listen on every interface: no address another replica could use.
+_WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
+
+
+def _check_advertise(host: str, redis_url: str | None, advertise_url: str | None) -> None:
+    if advertise_url is None:
+        if redis_url is not None and host in _WILDCARDS:
+            raise ConfigError(
+                f"--host {host or repr(host)} with --redis needs --advertise-url: the other replicas forward "
+                "requests for this replica's files and batches to it, and cannot reach a wildcard address; "
+                "give the address they reach it at, e.g. --advertise-url http://10.0.0.5:8000"
+            )
+        return
+    if redis_url is None:
+        raise ConfigError("--advertise-url is for replicas that share a Redis: it needs --redis URL")
+    if not advertise_url.startswith(("http://", "https://")):
+        raise ConfigError(f"--advertise-url must be an http:// or https:// URL, got {advertise_url[:100]!r}")
+
+
 def _read(path: Path | None) -> tuple[bytes, Path]:
     """The config's bytes: ``path``, or ``./sluice.toml`` once trusted (as every command)."""
     from ._config import DEFAULT_FILE, read_config_file, untrusted_message
@@ -68,7 +87,14 @@ def _read(path: Path | None) -> tuple[bytes, Path]:
     "redis_url",
     metavar="URL",
     help="Share the deployments' limits, the budgets and each client's spend and rpm/tpm with every "
-    "replica that names the same Redis (redis://host:6379/0). Batches stay with the replica that took them.",
+    "replica that names the same Redis (redis://host:6379/0). A batch is kept and run by the replica that "
+    "took it (its --state); any replica answers for it, forwarding the request to that one.",
+)
+@click.option(
+    "--advertise-url",
+    metavar="URL",
+    help="With --redis: where the other replicas reach this one (http://10.0.0.5:8000). "
+    "Default: the address it listens on; required with a wildcard --host such as 0.0.0.0.",
 )
 @click.option(
     "--redis-fail-open",
@@ -77,13 +103,19 @@ def _read(path: Path | None) -> tuple[bytes, Path]:
     "Default: refuse with 503 until Redis is back.",
 )
 def serve_command(
-    config_path: Path | None, host: str, port: int, state_dir: Path, redis_url: str | None, redis_fail_open: bool
+    config_path: Path | None,
+    host: str,
+    port: int,
+    state_dir: Path,
+    redis_url: str | None,
+    advertise_url: str | None,
+    redis_fail_open: bool,
 ) -> None:
     """Serve the OpenAI API (chat, embeddings, models, files, batches) through sluice's engine.
 
     Several replicas behind one load balancer share limits, budgets and client spend with
-    --redis; each keeps its own --state (batches and files stay with the replica that took
-    them: send a batch's later calls to the same replica)."""
+    --redis; each keeps its own --state, and any replica answers for any file or batch (it
+    forwards the request to the replica that holds it, found through Redis)."""
     from ._config import config_from_bytes, missing_keys
 
     raw, path = _read(config_path)
@@ -103,6 +135,7 @@ def serve_command(
         raise ConfigError("; ".join(problems))
     if redis_fail_open and redis_url is None:
         raise ConfigError("--redis-fail-open needs --redis URL")
+    _check_advertise(host, redis_url, advertise_url)
     try:
         from ..serve._app import build_app, serve
     except ImportError as exc:  # prometheus-client is the [serve] extra
@@ -112,7 +145,15 @@ def serve_command(
     logging.getLogger("aiohttp.access").setLevel(logging.INFO)
 
     async def main() -> None:
-        app = build_app(config, settings, clients, state_dir, redis_url=redis_url, redis_fail_open=redis_fail_open)
+        app = build_app(
+            config,
+            settings,
+            clients,
+            state_dir,
+            redis_url=redis_url,
+            redis_fail_open=redis_fail_open,
+            advertise_url=advertise_url,
+        )
         who = ", ".join(c.name for c in clients) if clients else "anyone on this machine (no [[client]] keys)"
         await serve(
             app,

@@ -10,7 +10,9 @@ runs. The middlewares, outermost first:
 * **auth**: ``Authorization: Bearer <key>`` names the client (``request[CLIENT]``); a
   wrong or missing key is a 401 ``invalid_api_key``. Without ``[[client]]`` everyone is
   ``default`` (the server then listens on loopback only). ``/health`` and ``/metrics``
-  need no key: they hold no secrets.
+  need no key: they hold no secrets;
+* **forward** (with ``--redis`` only): a file or batch held by another replica is answered
+  by that replica (see ``_replicas``).
 
 Hostile clients: bodies are capped (``client_max_size``, 413), a body must arrive within
 ``body_timeout_s`` of the headers (:func:`read_body`, 408 and the connection closed), and
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from .._engine import Engine
 from .._errors import ConfigError, SluiceError
@@ -48,6 +51,7 @@ from ._errors import openai_error
 from ._keys import CLIENT, ENGINE, STATE_DIR, ClientLike
 from ._metrics import CONTENT_TYPE, Metrics
 from ._queue import Admission, serve_limiter
+from ._replicas import REPLICAS, Replicas, forward_middleware
 from ._settings import ClientSpec, ServeSettings
 
 if TYPE_CHECKING:
@@ -81,11 +85,15 @@ def build_app(
     environ: Mapping[str, str] | None = None,
     redis_url: str | None = None,
     redis_fail_open: bool = False,
+    advertise_url: str | None = None,
 ) -> web.Application:
     """The application: its engine is made here and started/closed with the app.
 
     ``redis_url``: share the deployments' limits, the budgets and client spend and rpm/tpm
-    with every replica that names the same Redis (see ``_redis``); batches stay local.
+    with every replica that names the same Redis (see ``_redis``); files and batches stay in
+    this replica's state dir, but any replica answers for them (see ``_replicas``).
+    ``advertise_url``: where the other replicas reach this one (default: the address it
+    listens on, set by :func:`serve`, or by the caller through ``app[REPLICAS].set_address``).
 
     Raises ConfigError for a client whose key variable is unset (or keys shared)."""
     names = model_names(config.deployments)
@@ -96,7 +104,10 @@ def build_app(
                 f"client {spec.name!r}: models names {unknown}, which no [[deployment]] serves; known: {sorted(names)}"
             )
     state_dir.mkdir(parents=True, exist_ok=True)
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[_errors, _plain_body, _auth])
+    middlewares: list[Middleware] = [_errors, _plain_body, _auth]
+    if redis_url is not None:
+        middlewares.append(forward_middleware)  # after auth: it needs the client's name
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     store = SqliteStore(state_dir / "engine.db")
     metrics_box: list[Metrics] = []
     spend_box: list[Clients] = []  # set once the clients are known, if any of them has a budget
@@ -168,6 +179,11 @@ def build_app(
     app.on_startup.append(start)  # before the Batch API's hooks: its batches resume on a started engine
     setup_batch_api(app, client_named=registry.by_name.get, resolve_model=functools.partial(_batch_model, ctx))
     app.on_cleanup.append(close)  # after them: batches stop feeding and record what is in flight first
+    if redis_url is not None:
+        replicas = Replicas(redis_url, state_dir, advertise_url)
+        app[REPLICAS] = replicas
+        app.on_startup.append(replicas.start)
+        app.on_cleanup.insert(0, replicas.close)  # first: stop answering for this replica's objects
     app.router.add_post("/v1/chat/completions", _json_handler(chat_completions))
     app.router.add_post("/v1/embeddings", _json_handler(embeddings))
     app.router.add_get("/v1/models", list_models)
@@ -452,7 +468,11 @@ async def serve(app: web.Application, host: str, port: int, *, ready: Callable[[
             ) from None
         address = runner.addresses[0]
         shown = f"[{address[0]}]" if ":" in str(address[0]) else address[0]
-        ready(f"http://{shown}:{address[1]}")
+        url = f"http://{shown}:{address[1]}"
+        replicas = app.get(REPLICAS)
+        if replicas is not None and replicas.address is None:
+            replicas.set_address(url)  # the CLI requires --advertise-url when this is a wildcard
+        ready(url)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

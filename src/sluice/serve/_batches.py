@@ -30,6 +30,7 @@ from ._context import BadBody
 from ._errors import openai_error
 from ._files import add_file_routes
 from ._keys import ENGINE, STATE_DIR, ClientLike
+from ._replicas import LIST_CAP, REPLICAS, is_forwarded, merged_page
 
 __all__ = ["Limits", "setup_batch_api"]
 
@@ -178,6 +179,9 @@ async def create_batch(request: web.Request) -> web.Response:
         "metadata": body.get("metadata"),
     }
     ctx.db.save_batch(client.name, batch)
+    replicas = request.app.get(REPLICAS)
+    if replicas is not None:  # before the client hears of it: any replica can then find it
+        await replicas.own_batch(batch["id"], client.name)
     _start(request.app, client, batch)
     return web.json_response(public(batch))
 
@@ -225,15 +229,26 @@ async def list_batches(request: web.Request) -> web.Response:
     limit = query_int(request, "limit", 20, 1, 100)
     if isinstance(limit, str):
         return openai_error(400, limit, param="limit")
-    rows = request.app[BATCH_CTX].db.batches(client.name, after=request.query.get("after"), limit=limit + 1)
-    page = [_live(request, batch) for batch in rows[:limit]]
+    db = request.app[BATCH_CTX].db
+    replicas = request.app.get(REPLICAS)
+    if replicas is not None:  # with --redis: this replica's batches and every live replica's
+        items = [_live(request, batch) for batch in db.batches(client.name, after=None, limit=LIST_CAP)]
+        if is_forwarded(request):  # another replica merges: all of ours, unpaged
+            return web.json_response(
+                {"object": "list", "data": items, "first_id": None, "last_id": None, "has_more": False}
+            )
+        items += await replicas.peer_lists(request)
+        page, more = merged_page(items, after=request.query.get("after"), limit=limit, descending=True)
+    else:
+        rows = db.batches(client.name, after=request.query.get("after"), limit=limit + 1)
+        page, more = [_live(request, batch) for batch in rows[:limit]], len(rows) > limit
     return web.json_response(
         {
             "object": "list",
             "data": page,
             "first_id": page[0]["id"] if page else None,
             "last_id": page[-1]["id"] if page else None,
-            "has_more": len(rows) > limit,
+            "has_more": more,
         }
     )
 

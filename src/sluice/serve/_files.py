@@ -27,6 +27,7 @@ from ._batch_ctx import BATCH_CTX, BatchContext, Limits, caller, new_id, query_i
 from ._batch_db import FileRow
 from ._body import BodyTimeout, timed_out, within_body_timeout
 from ._errors import openai_error
+from ._replicas import LIST_CAP, REPLICAS, is_forwarded, merged_page
 
 __all__ = ["add_file_routes", "check_batch_file"]
 
@@ -75,6 +76,9 @@ async def create_file(request: web.Request) -> web.StreamResponse:
         row = FileRow(new_id("file-"), client.name, filename, purpose, size, int(time.time()), lines)
         upload.rename(ctx.file_path(row.id))
         ctx.db.add_file(row)
+        replicas = request.app.get(REPLICAS)
+        if replicas is not None:
+            await replicas.own([row.id], client.name)
         return web.json_response(row.to_openai())
     except _Refused as refused:
         return refused.response
@@ -182,21 +186,34 @@ async def list_files(request: web.Request) -> web.Response:
     order = request.query.get("order", "desc")
     if order not in ("asc", "desc"):
         return openai_error(400, f"order must be 'asc' or 'desc', got {order!r}", param="order")
-    rows = ctx.db.files(
-        client.name,
-        purpose=request.query.get("purpose"),
-        after=request.query.get("after"),
-        limit=limit + 1,
-        descending=order == "desc",
-    )
-    page = rows[:limit]
+    replicas = request.app.get(REPLICAS)
+    if replicas is not None:  # with --redis: this replica's files and every live replica's
+        mine = ctx.db.files(
+            client.name, purpose=request.query.get("purpose"), after=None, limit=LIST_CAP, descending=True
+        )
+        items = [row.to_openai() for row in mine]
+        if is_forwarded(request):  # another replica merges: all of ours, unpaged
+            return web.json_response(
+                {"object": "list", "data": items, "first_id": None, "last_id": None, "has_more": False}
+            )
+        items += await replicas.peer_lists(request)
+        data, more = merged_page(items, after=request.query.get("after"), limit=limit, descending=order == "desc")
+    else:
+        rows = ctx.db.files(
+            client.name,
+            purpose=request.query.get("purpose"),
+            after=request.query.get("after"),
+            limit=limit + 1,
+            descending=order == "desc",
+        )
+        data, more = [row.to_openai() for row in rows[:limit]], len(rows) > limit
     return web.json_response(
         {
             "object": "list",
-            "data": [row.to_openai() for row in page],
-            "first_id": page[0].id if page else None,
-            "last_id": page[-1].id if page else None,
-            "has_more": len(rows) > limit,
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": more,
         }
     )
 
@@ -237,6 +254,9 @@ async def delete_file(request: web.Request) -> web.Response:
             param="id",
         )
     ctx.db.delete_file(row.client, row.id)
+    replicas = request.app.get(REPLICAS)
+    if replicas is not None:
+        await replicas.disown(row.id)
     with contextlib.suppress(FileNotFoundError):
         ctx.file_path(row.id).unlink()
     return web.json_response({"id": row.id, "object": "file", "deleted": True})

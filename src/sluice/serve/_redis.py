@@ -9,7 +9,8 @@ Every replica that names the same Redis shares, through ``sluice.redis``:
   request of the client's session budget) and the server's own ``budget_usd``;
 * each client's rpm/tpm (a shared limiter named by the client, not by a deployment).
 
-Batches are not shared: a batch stays with the replica that took it (its state dir).
+Files and batches live in the state dir of the replica that took them; any replica answers
+for them by forwarding to that one (see ``_replicas``).
 While Redis cannot be reached nothing is granted, and a waiting request is refused with
 a 503 that names the problem once its wait is up; never a silent local fallback unless
 ``fail_open`` (then the limiters grant locally meanwhile; budgets still wait).
