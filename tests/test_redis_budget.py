@@ -229,3 +229,49 @@ async def test_an_engine_s_own_budget_counts_against_the_shared_one(redis_server
     assert any(isinstance(r.error, BudgetExhaustedError) for r in results)
     assert totals.spent == pytest.approx(billed, abs=1e-5)  # and every cent is in the shared one
     assert totals.reserved == 0
+
+
+async def _slow_replies(port: int, delay: float) -> asyncio.Server:
+    """A loopback TCP proxy to Redis that holds every reply back ``delay`` seconds."""
+
+    async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        redis_r, redis_w = await asyncio.open_connection("127.0.0.1", port)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, wait: float) -> None:
+            while data := await src.read(65536):
+                if wait:
+                    await asyncio.sleep(wait)
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(client_r, redis_w, 0), pipe(redis_r, client_w, delay), return_exceptions=True)
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+async def test_a_reserve_cancelled_while_redis_replies_leaves_no_hold_behind(redis_server: RedisServer) -> None:
+    """Cancelled after Redis granted the hold but before the reply came back: the hold is
+    given back when the reply lands, not left to expire into money spent."""
+    proxy = await _slow_replies(redis_server.port, 0.3)
+    port = proxy.sockets[0].getsockname()[1]
+    slow = RedisBudget(f"redis://127.0.0.1:{port}/0", "cancelled", 10.0, lease_seconds=1.0)
+    direct = RedisBudget(redis_server.url, "cancelled", 10.0)
+    try:
+        (await slow.reserve(0.5)).release()  # scripts loaded, budget made
+        await slow.flush()
+        task = asyncio.get_running_loop().create_task(slow.reserve(1.0))
+        await asyncio.sleep(0.15)  # the script has run in Redis; its reply is still on its way
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.5)  # the reply lands
+        await slow.flush()
+        await asyncio.sleep(1.5)  # past the lease: an orphaned hold would now count as spent
+        totals = await direct.totals()
+        assert totals.reserved == pytest.approx(0.0)
+        assert totals.spent == pytest.approx(0.0)
+    finally:
+        await slow.close()
+        await direct.close()
+        proxy.close()

@@ -256,8 +256,9 @@ async def test_while_the_holder_is_down_the_other_replica_says_503_and_the_batch
 async def _claim(redis_url: str, object_id: str, replica_id: str, address: str) -> None:
     client = aioredis.Redis.from_url(redis_url)
     try:
-        record = {"replica": replica_id, "address": address, "client": "alice"}
+        record = {"replica": replica_id, "client": "alice"}
         await client.set(f"sluice:serve:owner:{object_id}", json.dumps(record))
+        await client.set(f"sluice:serve:replica:{replica_id}", address, ex=60)  # it beats, there
     finally:
         await client.aclose()
 
@@ -336,3 +337,40 @@ async def test_a_json_nesting_bomb_for_a_batch_is_a_400_on_a_replica_too(
     ):
         assert got.status == 400
     assert not [r for r in caplog.records if r.levelno >= 40]  # no traceback logged as an error
+
+
+async def test_a_stopped_holders_old_address_never_gets_the_clients_key(
+    tmp_path: Path, redis_server: RedisServer, upstream: FakeServer
+) -> None:
+    """Once a replica stops beating, its last address may be anyone (a reused pod IP):
+    the other replica answers 503 and sends nothing there, least of all the client's key."""
+    async with replica([deployment(upstream)], tmp_path / "b", redis_server.url) as b:
+        async with replica([deployment(upstream)], tmp_path / "a", redis_server.url) as a:
+            on_a = sdk(a.url, key=ALICE_KEY)
+            try:
+                file_id = await upload(on_a, 3, "x")
+            finally:
+                await on_a.close()
+            old_port = int(a.url.rsplit(":", 1)[1])
+        seen: list[str | None] = []
+
+        async def stranger(request: aiohttp.web.Request) -> aiohttp.web.Response:
+            seen.append(request.headers.get("Authorization"))
+            return aiohttp.web.json_response({"id": file_id, "object": "file"})
+
+        app = aiohttp.web.Application()
+        app.router.add_route("*", "/{tail:.*}", stranger)
+        runner = aiohttp.web.AppRunner(app)
+        await runner.setup()
+        try:
+            await aiohttp.web.TCPSite(runner, "127.0.0.1", old_port).start()
+            on_b = sdk(b.url, key=ALICE_KEY)
+            try:
+                with pytest.raises(openai.InternalServerError) as down:
+                    await on_b.files.retrieve(file_id)
+            finally:
+                await on_b.close()
+        finally:
+            await runner.cleanup()
+    assert down.value.status_code == 503
+    assert seen == []

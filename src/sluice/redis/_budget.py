@@ -41,11 +41,13 @@ records say (idempotent: ``max``, never added twice).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import math
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from .._budget import BudgetExhaustedError
 from .._errors import ConfigError
@@ -169,8 +171,16 @@ class RedisBudget:
                 hold_id = f"{self._process}:{next(self._ids)}"
                 asked = str(_micro_down(self.limit)) if self.create else "-1"
                 args = [hold_id, str(micro), repr(self.lease_seconds * 1000), self._ttl_ms, asked]
+                call = asyncio.ensure_future(
+                    self.connection.run("budget_reserve", _scripts.BUDGET_RESERVE, self._keys, args)
+                )
                 try:
-                    reply = await self.connection.run("budget_reserve", _scripts.BUDGET_RESERVE, self._keys, args)
+                    # Shielded: a request cancelled while Redis's reply is on its way must not
+                    # leave a hold nobody settles (it would expire into spent, at its worst case).
+                    reply = await asyncio.shield(call)
+                except asyncio.CancelledError:
+                    call.add_done_callback(functools.partial(self._release_if_granted, hold_id, amount))
+                    raise
                 except RedisDown:
                     await self._sleep(self.connection.backoff())
                     continue
@@ -191,6 +201,13 @@ class RedisBudget:
                     f"not run: its worst case ${amount:.4f} exceeds the ${max(0.0, value) / MICRO:.4f} left of "
                     f"the shared budget {self.name!r} (${self.limit:.2f}); rerun with a larger budget to resume"
                 )
+
+    def _release_if_granted(self, hold_id: str, amount: float, call: asyncio.Future[Any]) -> None:
+        """The reserve of a cancelled request came back: give back a hold it was granted."""
+        if call.cancelled() or call.exception() is not None:
+            return
+        if int(call.result()[0]) == 1:
+            self._settle(SharedBudgetHold(self, hold_id, amount), 0.0)
 
     def _missing(self) -> None:
         if not self._said_missing:

@@ -62,7 +62,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @dataclass(frozen=True, slots=True)
 class Owner:
-    """Who holds an object: a replica (by id and last known address) and the client."""
+    """Who holds an object: a replica (by id, and its address while it beats; "" when it
+    does not) and the client."""
 
     replica: str
     address: str
@@ -138,7 +139,7 @@ class Replicas:
 
     async def own(self, object_ids: Iterable[str], client: str) -> None:
         """Record that this replica holds ``object_ids`` (of ``client``)."""
-        record = json.dumps({"replica": self.id, "address": self.address or "", "client": client})
+        record = json.dumps({"replica": self.id, "client": client})  # no address: see owner()
         try:
             await self._redis.mset({self._key("owner", oid): record for oid in object_ids})
         except Exception as exc:
@@ -161,8 +162,10 @@ class Replicas:
         if raw is None:
             return None
         record = json.loads(raw)
+        # Only a live heartbeat's address: a stopped replica's old address may now be anyone
+        # (a reused pod IP), and the forward carries the client's key. None: not reachable.
         live = await self._redis.get(self._key("replica", record["replica"]))
-        return Owner(record["replica"], str(live or record["address"]), record["client"])
+        return Owner(record["replica"], str(live) if live else "", record["client"])
 
     async def peers(self) -> dict[str, str]:
         """The other live replicas: id -> address."""
@@ -328,6 +331,8 @@ async def forward_middleware(request: web.Request, handler: Handler) -> web.Stre
         )
     if owner is None or owner.client != client or owner.replica == replicas.id:
         return await handler(request)  # nobody's, another client's, or ours and gone: the handler's 404
+    if not owner.address:  # its replica does not beat: never guess where it went
+        return openai_error(503, f"the replica that holds {what} is not reachable; retry later", type="server_error")
     if body is None and request.method not in ("GET", "HEAD"):
         try:
             body = await read_body(request)
