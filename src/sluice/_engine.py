@@ -138,15 +138,7 @@ class _Job:
 
 
 def _default_limiter(deployment: Deployment) -> Limiter:
-    return LocalLimiter(
-        requests=deployment.rpm,
-        tokens=deployment.tpm,
-        window=deployment.window,
-        max_in_flight=deployment.max_in_flight,
-        burst_requests=deployment.burst_requests,
-        burst_tokens=deployment.burst_tokens,
-        name=deployment.label,
-    )
+    return LocalLimiter.for_deployment(deployment)
 
 
 class Engine:

@@ -33,9 +33,14 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ._errors import CapacityError
+
+if TYPE_CHECKING:
+    from ._models import Deployment
+
+_L = TypeVar("_L", bound="LocalLimiter")
 
 __all__ = ["Claim", "Limiter", "LocalLimiter", "RateLimitSnapshot", "Reservation"]
 
@@ -278,6 +283,19 @@ class LocalLimiter:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def for_deployment(cls: type[_L], deployment: Deployment) -> _L:
+        """The limiter of ``deployment``'s own figures (the engine's default ``limiter_factory``)."""
+        return cls(
+            requests=deployment.rpm,
+            tokens=deployment.tpm,
+            window=deployment.window,
+            max_in_flight=deployment.max_in_flight,
+            burst_requests=deployment.burst_requests,
+            burst_tokens=deployment.burst_tokens,
+            name=deployment.label,
+        )
 
     # -- the public protocol -------------------------------------------------------
 

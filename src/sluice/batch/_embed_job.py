@@ -36,7 +36,7 @@ from ._job import JobProgress, JobSpec
 from ._output import DoneLines, OutputFile
 from ._runner import _Output, engine_for, running
 
-__all__ = ["CHAT_IN_EMBEDDING_JOB", "stream_embeddings"]
+__all__ = ["CHAT_IN_EMBEDDING_JOB", "EmbedLine", "stream_embeddings"]
 
 CHAT_IN_EMBEDDING_JOB = (
     "a chat request in a job of embeddings (its first request is one); run chat requests from a file of their own"
@@ -45,8 +45,9 @@ CHAT_IN_EMBEDDING_JOB = (
 _NO_SPEC = EmbedSpec("-")
 
 
-class _Line:
-    """One input line's texts coming back, until its record can be written."""
+class EmbedLine:
+    """One input line's texts coming back, until its record (or, for ``sluice serve``, its
+    Batch API output line) can be written."""
 
     __slots__ = (
         "attempts",
@@ -166,7 +167,7 @@ async def stream_embeddings(
 ) -> None:
     """Run the job's lines not yet in the output; every record is written as its line completes."""
     engine = engine_for(spec, progress, store)
-    owners: dict[int, tuple[_Line, int]] = {}
+    owners: dict[int, tuple[EmbedLine, int]] = {}
     numbering = itertools.count()
 
     def items() -> Iterator[EmbedItem]:
@@ -190,7 +191,7 @@ async def stream_embeddings(
                     texts = list(item.embedding.texts)
                 except SluiceError as exc:
                     texts = [InvalidInputError(f"line {item.line}: {exc.message}", line=item.line)]
-            line = _Line(item, len(texts))
+            line = EmbedLine(item, len(texts))
             scope = None if spec.cache else f"line-{item.line}"  # --no-cache: no sharing between lines
             for position, text in enumerate(texts):
                 owners[next(numbering)] = (line, position)

@@ -36,10 +36,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import _json
-from .._embeddings import EmbeddingResult, EmbedItem, EmbedPipeline, EmbedSpec
+from .._embeddings import EmbedItem, EmbedPipeline, EmbedSpec
 from .._errors import CancelledError, CapacityError, InvalidInputError, SluiceError, StoreError
 from .._limits import LocalLimiter, _Grant
 from .._models import Priority, Request, Result, Usage
+from ..batch._embed_job import EmbedLine
 from ..batch._inputs import InputItem, InputOptions, read_inputs
 from ..store import SqliteStore
 from ._batch_ctx import BatchContext, derived_id
@@ -503,37 +504,14 @@ class _Made:
     failed: int
 
 
-class _EmbedLine:
+class _EmbedLine(EmbedLine):
     """One embeddings line's texts coming back, until its body can be made."""
 
-    __slots__ = ("attempts", "cancelled", "cost", "deployment", "error", "item", "left", "tokens", "vectors")
+    __slots__ = ()
 
     def __init__(self, item: InputItem) -> None:
         assert item.embedding is not None
-        self.item = item
-        self.left = len(item.embedding.texts)
-        self.vectors: list[array[float] | None] = [None] * self.left
-        self.error: SluiceError | None = None
-        self.cancelled = False
-        self.tokens = 0
-        self.cost: float | None = None
-        self.attempts = 0
-        self.deployment: str | None = None
-
-    def add(self, position: int, result: EmbeddingResult) -> bool:
-        """One text is back; True when the line is complete."""
-        self.left -= 1
-        if isinstance(result.error, CancelledError):
-            self.cancelled = True
-        elif result.error is not None and self.error is None:
-            self.error = result.error
-        self.vectors[position] = result.vector
-        self.tokens += result.usage.input_tokens
-        if result.cost_usd is not None:
-            self.cost = (self.cost or 0.0) + result.cost_usd
-        self.attempts = max(self.attempts, result.attempts)
-        self.deployment = self.deployment or result.deployment
-        return self.left == 0
+        super().__init__(item, len(item.embedding.texts))
 
     def result(self) -> Result:
         embedding = self.item.embedding

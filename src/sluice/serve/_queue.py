@@ -64,26 +64,8 @@ class ServeLimiter(LocalLimiter):
 
     __slots__ = ("on_grant", "penalties")
 
-    def __init__(
-        self,
-        *,
-        requests: float | None = None,
-        tokens: float | None = None,
-        window: float = 60.0,
-        max_in_flight: int | None = None,
-        burst_requests: float = 0.0,
-        burst_tokens: float = 0.0,
-        name: str = "deployment",
-    ) -> None:
-        super().__init__(
-            requests=requests,
-            tokens=tokens,
-            window=window,
-            max_in_flight=max_in_flight,
-            burst_requests=burst_requests,
-            burst_tokens=burst_tokens,
-            name=name,
-        )
+    def __init__(self, **limits: Any) -> None:
+        super().__init__(**limits)
         #: Pauses the engine ordered after a provider's 429 (each one is a 429 seen).
         self.penalties = 0
         #: Called as each request is granted, just before it is sent (its budget hold is
@@ -149,15 +131,7 @@ def pacing_interval(
 
 def serve_limiter(deployment: Deployment) -> ServeLimiter:
     """``Engine(limiter_factory=serve_limiter)``: the engine's default limiter, made a ServeLimiter."""
-    return ServeLimiter(
-        requests=deployment.rpm,
-        tokens=deployment.tpm,
-        window=deployment.window,
-        max_in_flight=deployment.max_in_flight,
-        burst_requests=deployment.burst_requests,
-        burst_tokens=deployment.burst_tokens,
-        name=deployment.label,
-    )
+    return ServeLimiter.for_deployment(deployment)
 
 
 class QueueFull(Exception):
