@@ -8,6 +8,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -209,3 +210,33 @@ def test_a_full_output_disk_stops_cleanly_and_the_rerun_writes_from_the_state(
     assert server.stats.duplicate_successes <= 8
     assert server.stats.received <= 600 + 8
     assert received > 0
+
+
+def test_a_batch_of_records_the_output_cannot_take_is_cut_back_whole(tmp_path: Path) -> None:
+    """A job writes each event-loop tick's records in one write; when the disk refuses the
+    write part-way (EFBIG here, ENOSPC alike), the file is cut back to where it was, so it
+    never ends in half a record and the job knows exactly which records it holds."""
+    script = """
+import json, resource, signal, sys
+from pathlib import Path
+from sluice.batch._output import OutputFile
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+out = OutputFile(Path(sys.argv[1]))
+line = (json.dumps({"line": 1, "ok": True, "text": "x" * 300}) + "\\n").encode()
+out.write_lines([line])
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+try:
+    out.write_lines([line, line, line])
+except OSError as exc:
+    print("refused", exc.errno)
+print(out.size, out.written)
+"""
+    path = tmp_path / "out.jsonl"
+    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    refused, sizes = done.stdout.splitlines()
+    assert refused == "refused 27"  # EFBIG: the second batch crossed the limit part-way
+    one = len(path.read_bytes())
+    assert sizes == f"{one} 1"
+    assert path.read_bytes().count(b"\n") == 1
+    assert path.read_bytes().endswith(b"\n")

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["canonical", "dumps", "dumps_text", "loads"]
+__all__ = ["canonical", "dumps", "dumps_line", "dumps_text", "loads"]
 
 _SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 
@@ -37,6 +37,14 @@ def dumps(value: Any) -> bytes:
         return orjson.dumps(value, default=_default)
     except TypeError:
         return json.dumps(value, ensure_ascii=False, default=_fallback).encode()  # raises UnicodeEncodeError
+
+
+def dumps_line(value: Any) -> bytes:
+    """One JSONL line: compact UTF-8 JSON and a newline (lone surrogates escaped, never raises on text)."""
+    try:
+        return orjson.dumps(value, default=_default, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError:
+        return (json.dumps(value, separators=(",", ":"), default=_fallback) + "\n").encode()
 
 
 def dumps_text(value: Any) -> str:

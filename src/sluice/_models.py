@@ -255,7 +255,7 @@ class Result:
             return self.key
         if self.request is None:
             return f"item-{self.index}"
-        return self.request.id if self.request.id is not None else request_key(self.request)
+        return self.request.id if self.request.id is not None else store_key(self.request)  # kept if sealed
 
     @property
     def ok(self) -> bool:

@@ -265,8 +265,11 @@ class OutputFile:
     another ``--state``) is refused whatever flags it has, and no temporary name next to
     the output exists for a symlink to redirect.
 
-    Records are appended unbuffered, one ``write`` each: after a kill -9 every record
-    handed to the file is in it (the state file, not this one, is what a rerun trusts).
+    Records are appended with one ``write`` per batch (a job hands over each event-loop
+    tick's records together), and a batch that cannot be written whole is cut off again:
+    the file holds whole records only, and the caller knows exactly which ones. A record
+    is only handed over once its answer is in the state file, which is what a rerun
+    trusts: a kill -9 between the two loses nothing.
     """
 
     def __init__(self, path: Path) -> None:
@@ -332,8 +335,19 @@ class OutputFile:
         self._truncate(0)
 
     def write(self, record: dict[str, Any]) -> None:
-        self._write_all((_json.dumps_text(record) + "\n").encode())
-        self.written += 1
+        self.write_lines([_json.dumps_line(record)])
+
+    def write_lines(self, lines: list[bytes]) -> None:
+        """Append encoded records (each ending in a newline) in one write, all or none:
+        on OSError (disk full...) the file is cut back to where it was, then it raises."""
+        start = os.fstat(self._fd).st_size
+        try:
+            self._write_all(lines[0] if len(lines) == 1 else b"".join(lines))
+        except OSError:
+            with contextlib.suppress(OSError):
+                self._truncate(start)
+            raise
+        self.written += len(lines)
 
     def flush(self) -> None:
         """Nothing is buffered (kept for the writers that call it)."""

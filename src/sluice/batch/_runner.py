@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import gc
 import itertools
 import os
@@ -21,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+from .. import _json
 from .._engine import Engine
 from .._errors import CancelledError, ConfigError, InvalidInputError, SluiceError, StoreError
 from .._models import Request, Result, seal
@@ -288,6 +290,11 @@ async def _stream(
 
     output = _Output(file, progress)
     async with running(engine, store, output, progress, on_tick) as watch:
+
+        def written(result: Result, sent: Request | None) -> None:
+            progress.count(result, sent)
+            watch(result)
+
         async for result in engine.map(source(), ordered=spec.ordered):
             assert result.index is not None
             item = pending.pop(result.index)
@@ -295,10 +302,7 @@ async def _stream(
                 progress.not_done += 1  # not written: the rerun does it
                 continue
             sent = _request_of(item, spec.cache) if item.request is not None else None
-            if not output.write(output_record(item, result, sent)):
-                continue
-            progress.count(result, sent)
-            watch(result)
+            output.write_soon(output_record(item, result, sent), functools.partial(written, result, sent))
 
 
 @contextlib.asynccontextmanager
@@ -341,37 +345,60 @@ def _note_deployments(store: SqliteStore, engine: Engine) -> None:
 
 
 class _Output:
-    """The output writer, with a failure (disk full...) turned into a clean stop."""
+    """The output writer, with a failure (disk full...) turned into a clean stop.
+
+    :meth:`write_soon` gathers the records of one event-loop tick into one ``write``: a
+    fast job lands a dozen answers a tick, and a write (with the file-system journal it
+    touches) per record was a large part of a job's own cost."""
 
     def __init__(self, writer: OutputFile, progress: JobProgress) -> None:
         self._writer = writer
         self._progress = progress
+        self._lines: list[bytes] = []
+        self._then: list[Callable[[], None]] = []
 
     def write(self, record: dict[str, object]) -> bool:
-        """Write one record; False (and the job stops) when the file cannot take it."""
+        """Write one record now; False (and the job stops) when the file cannot take it."""
+        self.flush()  # after what was queued before it
+        return self._write([_json.dumps_line(record)])
+
+    def write_soon(self, record: dict[str, object], then: Callable[[], None]) -> None:
+        """Queue a record for this tick's write; ``then`` runs once it is in the file (never,
+        if the file cannot take it: the job stops, the answer is in the state)."""
         if self._progress.output_error is not None:
             self._progress.not_written += 1
-            return False
-        try:
-            self._writer.write(record)
-        except OSError as exc:
-            self._failed(exc)
-            self._progress.not_written += 1
-            return False
-        return True
+            return
+        if not self._lines:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._lines.append(_json.dumps_line(record))
+        self._then.append(then)
 
     def flush(self) -> None:
-        if self._progress.output_error is None:
-            try:
-                self._writer.flush()
-            except OSError as exc:
-                self._failed(exc)
+        """Write what is queued."""
+        lines, then = self._lines, self._then
+        if not lines:
+            return
+        self._lines, self._then = [], []
+        if self._write(lines):
+            for written in then:
+                written()
 
     def close(self) -> None:
+        self.flush()
         try:
             self._writer.close()
         except OSError as exc:
             self._failed(exc)
+
+    def _write(self, lines: list[bytes]) -> bool:
+        if self._progress.output_error is None:
+            try:
+                self._writer.write_lines(lines)
+                return True
+            except OSError as exc:
+                self._failed(exc)
+        self._progress.not_written += len(lines)
+        return False
 
     def _failed(self, exc: OSError) -> None:
         if self._progress.output_error is None:

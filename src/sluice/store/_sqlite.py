@@ -364,6 +364,7 @@ def _setup(db: sqlite3.Connection) -> None:
     _check_ours(db)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("PRAGMA wal_autocheckpoint=10000")
     db.executescript(_SCHEMA)
     row = db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
     if row is None or json.loads(row[0]) < SCHEMA_VERSION:
