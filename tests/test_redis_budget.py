@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -231,10 +232,15 @@ async def test_an_engine_s_own_budget_counts_against_the_shared_one(redis_server
     assert totals.reserved == 0
 
 
-async def _slow_replies(port: int, delay: float) -> asyncio.Server:
-    """A loopback TCP proxy to Redis that holds every reply back ``delay`` seconds."""
+async def _slow_replies(port: int, delay: float, handlers: list[asyncio.Task[None]]) -> asyncio.Server:
+    """A loopback TCP proxy to Redis that holds every reply back ``delay`` seconds (each
+    connection's handler task goes into ``handlers``, to be awaited before the loop ends:
+    a socket left to the garbage collector warns in whichever test runs then)."""
 
     async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.append(task)
         redis_r, redis_w = await asyncio.open_connection("127.0.0.1", port)
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, wait: float) -> None:
@@ -245,7 +251,13 @@ async def _slow_replies(port: int, delay: float) -> asyncio.Server:
                 await dst.drain()
             dst.close()
 
-        await asyncio.gather(pipe(client_r, redis_w, 0), pipe(redis_r, client_w, delay), return_exceptions=True)
+        try:
+            await asyncio.gather(pipe(client_r, redis_w, 0), pipe(redis_r, client_w, delay), return_exceptions=True)
+        finally:
+            for writer in (client_w, redis_w):
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
 
     return await asyncio.start_server(handle, "127.0.0.1", 0)
 
@@ -253,7 +265,8 @@ async def _slow_replies(port: int, delay: float) -> asyncio.Server:
 async def test_a_reserve_cancelled_while_redis_replies_leaves_no_hold_behind(redis_server: RedisServer) -> None:
     """Cancelled after Redis granted the hold but before the reply came back: the hold is
     given back when the reply lands, not left to expire into money spent."""
-    proxy = await _slow_replies(redis_server.port, 0.3)
+    handlers: list[asyncio.Task[None]] = []
+    proxy = await _slow_replies(redis_server.port, 0.3, handlers)
     port = proxy.sockets[0].getsockname()[1]
     slow = RedisBudget(f"redis://127.0.0.1:{port}/0", "cancelled", 10.0, lease_seconds=1.0)
     direct = RedisBudget(redis_server.url, "cancelled", 10.0)
@@ -275,3 +288,4 @@ async def test_a_reserve_cancelled_while_redis_replies_leaves_no_hold_behind(red
         await slow.close()
         await direct.close()
         proxy.close()
+        await asyncio.wait_for(asyncio.gather(*handlers, return_exceptions=True), 10)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
 from pathlib import Path
 
-from sluice import BadRequestError, Deployment, Engine, Request, RetryPolicy
+from sluice import BadRequestError, Deployment, Engine, Request, Result, RetryPolicy
 from sluice.store import SqliteStore
 from sluice.testing import FakeServer
 
@@ -143,3 +146,150 @@ async def test_a_first_run_serves_an_identical_request_that_landed_earlier(tmp_p
         assert again.cached
         assert server.stats.received == 1
     store.close()
+
+
+def _key_indexes(path: Path) -> set[str]:
+    """The indexes on results, read through a connection of its own."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return {
+            name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='index' AND tbl_name='results'")
+        }
+
+
+def _rows(path: Path) -> list[str]:
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return [key for (key,) in db.execute("SELECT key FROM results ORDER BY rowid")]
+
+
+async def test_a_first_run_appends_without_the_key_index_and_builds_it_when_it_closes(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    store = SqliteStore(path, exclusive=True)
+    async with FakeServer(api_key="sk-test") as server:
+        async with Engine(_deployment(server), store=store) as engine:
+            await engine.run(_requests(30))
+        assert _key_indexes(path) == set()  # appended: no index page per result
+        store.close()
+        assert _key_indexes(path) == {"results_key"}
+        store = SqliteStore(path, exclusive=True)  # not empty: looked up through the index
+        async with Engine(_deployment(server), store=store) as engine:
+            again = await engine.run(_requests(30))
+        store.close()
+    assert all(r.cached for r in again)
+    assert server.stats.received == 30
+    assert len(_rows(path)) == 30
+
+
+async def test_a_key_put_twice_in_a_first_run_builds_the_index_and_keeps_one_row(tmp_path: Path) -> None:
+    """A duplicate line (or a failure retried) in a first run: the filter is unsure of the
+    key, so the index is built there and then, and the second put replaces the first."""
+    path = tmp_path / "state.db"
+    store = SqliteStore(path, exclusive=True)
+    policy = RetryPolicy(max_attempts=1)
+    async with FakeServer(api_key="sk-test") as server:
+        server.inject("500", times=1)
+        async with Engine(_deployment(server), store=store, retry=policy) as engine:
+            (failed,) = await engine.run(_requests(1))  # a failure a rerun redoes
+            await engine.run(_requests(3)[1:])
+            assert _key_indexes(path) == set()
+            (retried,) = await engine.run(_requests(1))  # the same key again
+            assert _key_indexes(path) == {"results_key"}
+        store.close()
+    assert not failed.ok
+    assert retried.ok
+    keys = _rows(path)
+    assert len(keys) == len(set(keys)) == 3
+    reopened = SqliteStore(path, readonly=True)
+    assert reopened.summary()["succeeded"] == 3
+    reopened.close()
+
+
+def test_a_first_run_killed_before_it_closed_gets_its_index_on_the_next_open(tmp_path: Path) -> None:
+    """kill -9 mid-run: the results are there, unindexed; the next open indexes them before
+    anything is looked up, and finds every one."""
+    path = tmp_path / "state.db"
+    script = f"""
+import asyncio, os
+from sluice import Result, Request
+from sluice.store import SqliteStore
+store = SqliteStore({str(path)!r}, exclusive=True)
+async def main():
+    for i in range(50):
+        request = Request.from_prompt("openai/gpt-test", f"question {{i}}")
+        await store.put(f"key-{{i}}", Result(request, text=f"answer {{i}}"))
+asyncio.run(main())
+os.kill(os.getpid(), 9)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == -9, done.stderr
+    assert _key_indexes(path) == set()
+    assert len(_rows(path)) == 50
+    store = SqliteStore(path, exclusive=True)
+    assert _key_indexes(path) == {"results_key"}
+    found = [store.get(f"key-{i}") for i in range(50)]
+    store.close()
+    assert all(stored is not None and stored.record["text"] == f"answer {i}" for i, stored in enumerate(found))
+
+
+async def test_a_state_from_before_the_index_change_keeps_its_primary_key(tmp_path: Path) -> None:
+    """A state file whose results still have their PRIMARY KEY: opened empty by a job, it
+    stays indexed (SQLite's own index), and a key put twice is still one row."""
+    import sqlite3
+
+    path = tmp_path / "state.db"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.executescript(
+            "CREATE TABLE results (key TEXT PRIMARY KEY, ok INTEGER NOT NULL, error_type TEXT,"
+            " input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0, cost_usd REAL,"
+            " attempts INTEGER NOT NULL DEFAULT 0, latency_s REAL NOT NULL DEFAULT 0, record TEXT NOT NULL,"
+            " finished_at REAL NOT NULL);"
+            "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        )
+    store = SqliteStore(path, exclusive=True)
+    request = Request.from_prompt("openai/gpt-test", "q")
+    await store.put("k", Result(request, text="one"))
+    await store.put("k", Result(request, text="two"))
+    stored = store.get("k")
+    store.close()
+    assert stored is not None
+    assert stored.record["text"] == "two"
+    assert _key_indexes(path) == {"sqlite_autoindex_results_1"}
+    assert _rows(path) == ["k"]
+
+
+async def test_charges_add_up_in_a_new_state_and_in_one_with_a_row_per_key(tmp_path: Path) -> None:
+    """New files append a row per charge; an older file's charges (one row per key) keep
+    being added to; either way the spend is the sum, and a crash's in-flight intents count."""
+    import sqlite3
+
+    older = tmp_path / "older.db"
+    with contextlib.closing(sqlite3.connect(older)) as db:
+        db.executescript(
+            "CREATE TABLE charges (key TEXT PRIMARY KEY, answered_usd REAL NOT NULL DEFAULT 0,"
+            " maybe_billed_usd REAL NOT NULL DEFAULT 0);"
+            "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);"
+            "CREATE TABLE results (key TEXT PRIMARY KEY, ok INTEGER NOT NULL, error_type TEXT,"
+            " input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0, cost_usd REAL,"
+            " attempts INTEGER NOT NULL DEFAULT 0, latency_s REAL NOT NULL DEFAULT 0, record TEXT NOT NULL,"
+            " finished_at REAL NOT NULL);"
+            "INSERT INTO meta VALUES ('schema', '2');"
+        )
+    request = Request.from_prompt("openai/gpt-test", "q")
+    for path, rows in ((tmp_path / "new.db", 3), (older, 1)):
+        store = SqliteStore(path)
+        first = await store.begin("k", 0.5)
+        await store.put_settled("k", Result(request, text="a"), first, 0.25, answered=True)
+        second = await store.begin("k", 0.5)
+        store.settle(second, 0.5, answered=False)  # a timeout it may have been billed for
+        await store.begin("k", 0.5)  # in flight when the process died
+        store.close()
+        store = SqliteStore(path)
+        assert store.recover_intents().requests == 1
+        spend = store.spend()
+        store.close()
+        assert (spend.answered, spend.maybe_billed) == (0.25, 1.0), path
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            assert db.execute("SELECT count(*) FROM charges").fetchone()[0] == rows, path

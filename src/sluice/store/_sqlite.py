@@ -8,9 +8,18 @@ What it holds, and why:
   before the request is sent and removed when the attempt is settled. Rows left over
   after a crash are exactly the requests that were in flight: the rerun counts their
   worst case as possibly billed and says how many may be paid twice;
-* ``charges``: money per key, answers and possibly-billed failures apart, only ever
-  added to, so no rerun (``--retry-failed`` included) can erase what was spent;
+* ``charges``: money by key, answers and possibly-billed failures apart, a row per
+  charge (one row per key in older files, which keep that), only ever added
+  to, so no rerun (``--retry-failed`` included) can erase what was spent;
 * ``meta``: the job's bookkeeping (input, output, status...).
+
+``results`` is looked up by key through a unique index. A batch job's first run (an
+exclusive store, empty when opened) appends its results without that index and builds it
+once, when it closes: kept up to date row by row, an index on random hash keys dirtied a
+page of its own per result and roughly doubled what the state file wrote. Until then a
+Bloom filter of the keys put says "not here" for every other key; the first key it is
+unsure of (a duplicate line) builds the index there and then. A run that crashed leaves
+the index to the next open, which builds it before anything else.
 
 Writes go through a :class:`~sluice.store._writer.Writer` thread with group commit;
 ``synchronous=NORMAL`` in WAL mode survives a crash of the process (only a power cut may
@@ -20,10 +29,11 @@ and ``sluice report`` can open the file while a job is writing it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +51,7 @@ SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
-    key TEXT PRIMARY KEY,
+    key TEXT NOT NULL,
     ok INTEGER NOT NULL,
     error_type TEXT,
     input_tokens INTEGER NOT NULL DEFAULT 0,
@@ -59,7 +69,7 @@ CREATE TABLE IF NOT EXISTS intents (
     started_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS charges (
-    key TEXT PRIMARY KEY,
+    key TEXT NOT NULL,
     answered_usd REAL NOT NULL DEFAULT 0,
     maybe_billed_usd REAL NOT NULL DEFAULT 0
 );
@@ -70,9 +80,11 @@ _PUT = (
     "INSERT OR REPLACE INTO results (key, ok, error_type, input_tokens, output_tokens,"
     " cost_usd, attempts, latency_s, record, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?)"
 )
-_CHARGE = (
-    "INSERT INTO charges (key, answered_usd, maybe_billed_usd) VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET"
-    " answered_usd = answered_usd + excluded.answered_usd,"
+#: A charge, appended (an upsert on random keys dirtied a page of the file per charge).
+_CHARGE = "INSERT INTO charges (key, answered_usd, maybe_billed_usd) VALUES (?, ?, ?)"
+#: A charge into a file whose charges are keyed (one row per key, from before).
+_CHARGE_KEYED = _CHARGE + (
+    " ON CONFLICT(key) DO UPDATE SET answered_usd = answered_usd + excluded.answered_usd,"
     " maybe_billed_usd = maybe_billed_usd + excluded.maybe_billed_usd"
 )
 
@@ -119,6 +131,8 @@ class SqliteStore:
         self.path = Path(path)
         self._writer: Writer | None = None
         self._fresh: _KeyFilter | None = None
+        self._indexed = True
+        self._charge = _CHARGE
         self._next_intent = 1
         try:
             if readonly:
@@ -134,6 +148,10 @@ class SqliteStore:
             #: For a state with no results when opened, the keys put since (a lookup of any
             #: other key needs no query: a first run asks for each request once).
             self._fresh = _KeyFilter() if empty and exclusive and not readonly else None
+            #: How a charge is written: appended, or added to its key's row in an older file.
+            self._charge = _CHARGE_KEYED if _has_index(self._db, "sqlite_autoindex_charges_1") else _CHARGE
+            #: Whether results has its key index (see the module's docstring).
+            self._indexed = readonly or self._write().run_sync(_key_index_op(keep=self._fresh is None))
             row = self._db.execute("SELECT max(id) FROM intents").fetchone() if not readonly else None
             self._next_intent = (row[0] or 0) + 1 if row else 1
         except sqlite3.DatabaseError as exc:
@@ -151,6 +169,7 @@ class SqliteStore:
     def get(self, key: str) -> StoredResult | None:
         if self._fresh is not None and not self._fresh.may_hold(key):
             return None  # a state that had no results when opened, and no such key put since
+        self._index_keys()
         row = self._db.execute("SELECT ok, record FROM results WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
@@ -170,36 +189,49 @@ class SqliteStore:
         failure it may have been billed for). Queued: durable with the next awaited write;
         until then a crash counts the attempt at its worst case, which is safe."""
         charge = (charged_usd, 0.0) if answered else (0.0, charged_usd)
-        self._write().submit(_settle_op(intent, charge))
+        self._write().submit(_settle_op(intent, charge, self._charge))
 
     async def put(self, key: str, result: Result) -> None:
         """Record a finished result; returns when it is durable."""
-        if self._fresh is not None:
-            self._fresh.add(key)
+        self._note_key(key)
         row = _result_row(key, result)
         await self._write().run(lambda db: db.execute(_PUT, row))
 
     async def put_settled(self, key: str, result: Result, intent: int, charged_usd: float, *, answered: bool) -> None:
         """:meth:`put` and the :meth:`settle` of the attempt that ended with ``result``, as one
         write in one transaction (a result costs one op, not two); returns when durable."""
-        if self._fresh is not None:
-            self._fresh.add(key)
+        self._note_key(key)
         row = _result_row(key, result)
         charge = (key, charged_usd, 0.0) if answered else (key, 0.0, charged_usd)
+        charge_sql = self._charge
 
         def op(db: sqlite3.Connection) -> None:
             removed = db.execute("DELETE FROM intents WHERE id = ?", (intent,)).rowcount
             if removed and (charge[1] or charge[2]):
-                db.execute(_CHARGE, charge)
+                db.execute(charge_sql, charge)
             db.execute(_PUT, row)
 
         await self._write().run(op)
 
     def close(self) -> None:
         if self._writer is not None:
+            if self._writer.error is None:
+                with contextlib.suppress(StoreError):  # then the next open builds it
+                    self._index_keys()
             self._writer.close()
             self._writer = None
         self._db.close()
+
+    def _note_key(self, key: str) -> None:
+        """A result for ``key`` is about to be put: with no index yet, a key that may be
+        there already gets the index first (INSERT OR REPLACE needs it to replace)."""
+        if self._fresh is not None and self._fresh.add(key):
+            self._index_keys()
+
+    def _index_keys(self) -> None:
+        """Build the key index now, if results has none yet (blocks until it is built)."""
+        if not self._indexed:
+            self._indexed = self._write().run_sync(_key_index_op(keep=True))
 
     # -- embeddings, one row per text (see ._vectors) ------------------------------------
 
@@ -240,14 +272,16 @@ class SqliteStore:
     def recover_intents(self) -> Recovered:
         """Count attempts an earlier run left in flight as possibly billed (their worst
         case), once: they leave the intents table in the same transaction."""
+        add_up = " ON CONFLICT(key) DO UPDATE SET maybe_billed_usd = maybe_billed_usd + excluded.maybe_billed_usd"
+        if self._charge is not _CHARGE_KEYED:
+            add_up = ""
 
         def op(db: sqlite3.Connection) -> Recovered:
             count, worst = db.execute("SELECT count(*), coalesce(sum(worst_usd), 0) FROM intents").fetchone()
             if count:
                 db.execute(
                     "INSERT INTO charges (key, maybe_billed_usd) SELECT key, sum(worst_usd) FROM intents WHERE true"
-                    " GROUP BY key ON CONFLICT(key) DO UPDATE SET"
-                    " maybe_billed_usd = maybe_billed_usd + excluded.maybe_billed_usd"
+                    " GROUP BY key" + add_up
                 )
                 db.execute("DELETE FROM intents")
                 before = db.execute("SELECT value FROM meta WHERE name = 'in_flight_at_stop'").fetchone()
@@ -330,29 +364,74 @@ APPLICATION_ID = 0x534C4345
 
 
 class _KeyFilter:
-    """A Bloom filter of keys (8 MB, two bits a key): "certainly not here" or "maybe".
+    """A Bloom filter of keys (16 MB, four bits a key): "certainly not here" or "maybe".
 
-    A set of a million keys would cost ~100 MB; at a million keys this answers "maybe"
-    for an absent key about once in a thousand lookups (then the query decides)."""
+    A set of a million keys would cost ~100 MB. Four probes into 2**27 bits keep a false
+    "maybe" rare (about one in six million lookups at a million keys), which matters: the
+    first one in a run without the key index builds it (see the module's docstring).
+    The probes are written out by hand: this runs twice per result of a batch job."""
 
     __slots__ = ("_bits",)
 
-    _SIZE_BITS = 1 << 26
+    _SIZE_BITS = 1 << 27
 
     def __init__(self) -> None:
         self._bits = bytearray(self._SIZE_BITS // 8)
 
-    def _spots(self, key: str) -> tuple[int, int]:
+    @classmethod
+    def _spots(cls, key: str) -> tuple[int, int, int, int]:
+        # Four probes from one 64-bit hash (Kirsch-Mitzenmacher double hashing).
         h = hash(key) & 0xFFFFFFFFFFFFFFFF
-        mask = self._SIZE_BITS - 1
-        return h & mask, (h >> 32) & mask
+        mask = cls._SIZE_BITS - 1
+        first, step = h & mask, (h >> 32) | 1
+        return first, (first + step) & mask, (first + 2 * step) & mask, (first + 3 * step) & mask
 
-    def add(self, key: str) -> None:
+    def add(self, key: str) -> bool:
+        """Add ``key``; whether it may have been here already."""
+        bits = self._bits
+        present = True
         for spot in self._spots(key):
-            self._bits[spot >> 3] |= 1 << (spot & 7)
+            byte, bit = spot >> 3, 1 << (spot & 7)
+            value = bits[byte]
+            if not value & bit:
+                present = False
+                bits[byte] = value | bit
+        return present
 
     def may_hold(self, key: str) -> bool:
-        return all(self._bits[spot >> 3] & (1 << (spot & 7)) for spot in self._spots(key))
+        bits = self._bits
+        a, b, c, d = self._spots(key)
+        return bool(
+            bits[a >> 3] & (1 << (a & 7))
+            and bits[b >> 3] & (1 << (b & 7))
+            and bits[c >> 3] & (1 << (c & 7))
+            and bits[d >> 3] & (1 << (d & 7))
+        )
+
+
+def _has_index(db: sqlite3.Connection, name: str) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (name,)).fetchone() is not None
+
+
+def _key_index_op(*, keep: bool) -> Callable[[sqlite3.Connection], bool]:
+    """An op that builds the key index (``keep``) or drops it from an empty results (a
+    first run appends without it); returns whether results is indexed afterwards."""
+
+    def op(db: sqlite3.Connection) -> bool:
+        names = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        if "sqlite_autoindex_results_1" in names:
+            return True  # an older file's: it cannot be dropped, and it serves
+        if keep:
+            try:
+                db.execute("CREATE UNIQUE INDEX IF NOT EXISTS results_key ON results(key)")
+            except sqlite3.IntegrityError:  # never by design; if a key got two rows, the later one wins
+                db.execute("DELETE FROM results WHERE rowid NOT IN (SELECT max(rowid) FROM results GROUP BY key)")
+                db.execute("CREATE UNIQUE INDEX results_key ON results(key)")
+            return True
+        db.execute("DROP INDEX IF EXISTS results_key")
+        return False
+
+    return op
 
 
 def _setup(db: sqlite3.Connection) -> None:
@@ -404,14 +483,14 @@ def _check_integrity(db: sqlite3.Connection, path: Path) -> None:
     db.execute("SELECT count(*) FROM results").fetchone()
 
 
-def _settle_op(intent: int, charge: tuple[float, float]) -> Any:
+def _settle_op(intent: int, charge: tuple[float, float], charge_sql: str) -> Any:
     def op(db: sqlite3.Connection) -> None:
         row = db.execute("SELECT key FROM intents WHERE id = ?", (intent,)).fetchone()
         if row is None:
             return
         db.execute("DELETE FROM intents WHERE id = ?", (intent,))
         if charge[0] or charge[1]:
-            db.execute(_CHARGE, (row[0], *charge))
+            db.execute(charge_sql, (row[0], *charge))
 
     return op
 

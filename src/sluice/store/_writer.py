@@ -61,6 +61,9 @@ class Writer:
         self._pending_loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        #: The thread stopped (or is stopping) and takes nothing more: a flag, not
+        #: ``Thread.is_alive()``, which takes a lock on every write.
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, args=(setup,), name=f"sluice-store {path.name}", daemon=True)
         self._thread.start()
         self._ready.result()  # raises what opening the file raised
@@ -68,7 +71,7 @@ class Writer:
     # -- submitting ----------------------------------------------------------------------
 
     def submit(self, op: Op, waiter: Waiter = None) -> None:
-        if self.error is not None or not self._thread.is_alive():
+        if self.error is not None or self._stopped:
             self.error = self.error or StoreError(f"the state file's writer stopped ({self.path})")
             _resolve_one(waiter, None, self.error)
             return
@@ -95,7 +98,7 @@ class Writer:
             batch, self._pending, self._pending_loop = self._pending, [], None
         if not batch:
             return
-        if self.error is not None or not self._thread.is_alive():
+        if self.error is not None or self._stopped:
             error = self.error or StoreError(f"the state file's writer stopped ({self.path})")
             for _, waiter in batch:
                 _resolve_one(waiter, None, error)
@@ -130,6 +133,7 @@ class Writer:
         """Commit what is queued, then stop the thread."""
         if self._thread.is_alive():
             self._hand_over()
+            self._stopped = True  # nothing is taken after the stop
             self._queue.put(_STOP)
             self._thread.join()
 
@@ -150,6 +154,7 @@ class Writer:
             self._fail_pending()
             raise
         finally:
+            self._stopped = True
             db.close()
 
     def _loop(self, db: sqlite3.Connection) -> None:
