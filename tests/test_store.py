@@ -148,6 +148,15 @@ async def test_a_first_run_serves_an_identical_request_that_landed_earlier(tmp_p
     store.close()
 
 
+#: results as state files made it before the key index was built apart (a PRIMARY KEY).
+_OLDER_RESULTS = (
+    "CREATE TABLE results (key TEXT PRIMARY KEY, ok INTEGER NOT NULL, error_type TEXT,"
+    " input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0, cost_usd REAL,"
+    " attempts INTEGER NOT NULL DEFAULT 0, latency_s REAL NOT NULL DEFAULT 0, record TEXT NOT NULL,"
+    " finished_at REAL NOT NULL);"
+)
+
+
 def _key_indexes(path: Path) -> set[str]:
     """The indexes on results, read through a connection of its own."""
     import sqlite3
@@ -241,13 +250,7 @@ async def test_a_state_from_before_the_index_change_keeps_its_primary_key(tmp_pa
 
     path = tmp_path / "state.db"
     with contextlib.closing(sqlite3.connect(path)) as db:
-        db.executescript(
-            "CREATE TABLE results (key TEXT PRIMARY KEY, ok INTEGER NOT NULL, error_type TEXT,"
-            " input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0, cost_usd REAL,"
-            " attempts INTEGER NOT NULL DEFAULT 0, latency_s REAL NOT NULL DEFAULT 0, record TEXT NOT NULL,"
-            " finished_at REAL NOT NULL);"
-            "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);"
-        )
+        db.executescript(_OLDER_RESULTS + "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);")
     store = SqliteStore(path, exclusive=True)
     request = Request.from_prompt("openai/gpt-test", "q")
     await store.put("k", Result(request, text="one"))
@@ -271,11 +274,7 @@ async def test_charges_add_up_in_a_new_state_and_in_one_with_a_row_per_key(tmp_p
             "CREATE TABLE charges (key TEXT PRIMARY KEY, answered_usd REAL NOT NULL DEFAULT 0,"
             " maybe_billed_usd REAL NOT NULL DEFAULT 0);"
             "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);"
-            "CREATE TABLE results (key TEXT PRIMARY KEY, ok INTEGER NOT NULL, error_type TEXT,"
-            " input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0, cost_usd REAL,"
-            " attempts INTEGER NOT NULL DEFAULT 0, latency_s REAL NOT NULL DEFAULT 0, record TEXT NOT NULL,"
-            " finished_at REAL NOT NULL);"
-            "INSERT INTO meta VALUES ('schema', '2');"
+            "INSERT INTO meta VALUES ('schema', '2');" + _OLDER_RESULTS
         )
     request = Request.from_prompt("openai/gpt-test", "q")
     for path, rows in ((tmp_path / "new.db", 3), (older, 1)):

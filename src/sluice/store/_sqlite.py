@@ -367,8 +367,9 @@ class _KeyFilter:
     """A Bloom filter of keys (16 MB, four bits a key): "certainly not here" or "maybe".
 
     A set of a million keys would cost ~100 MB. Four probes into 2**27 bits keep a false
-    "maybe" rare (about one in six million lookups at a million keys), which matters: the
-    first one in a run without the key index builds it (see the module's docstring).
+    "maybe" rare (about one lookup in a million at a million keys; a run usually meets its
+    first past 1.5 million), which matters: the first one in a run without the key index
+    builds it (see the module's docstring).
     The probes are written out by hand: this runs twice per result of a batch job."""
 
     __slots__ = ("_bits",)
