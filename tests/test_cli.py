@@ -311,6 +311,10 @@ def test_report_summarises_a_state_file(server: FakeServer, tmp_path: Path) -> N
     assert "finished" in done.stdout
     assert "12" in done.stdout
     assert "latency" in done.stdout
+    by_output = run_cli(server, "report", tmp_path / "out.jsonl")  # the output names its job too
+    assert by_output.returncode == 0, by_output.stderr
+    assert by_output.stdout.splitlines()[0] == done.stdout.splitlines()[0]  # titled by the state it found
+    assert by_output.stdout == done.stdout
 
 
 def test_config_file_is_validated_and_keys_masked(server: FakeServer, tmp_path: Path) -> None:

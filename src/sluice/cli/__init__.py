@@ -405,10 +405,22 @@ def estimate(input_path: Path, **flags: Any) -> None:
 @click.argument("state", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_friendly
 def report(state: Path) -> None:
-    """Summarise the job whose state file is STATE (finished, interrupted or running)."""
+    """Summarise the job whose state file is STATE (finished, interrupted or running);
+    the job's output file names it too (its state is found next to it)."""
     from ..batch._report import report_rows
+    from ..batch._runner import default_state_path
 
+    if not _is_sqlite(state) and default_state_path(state).is_file():
+        state = default_state_path(state)  # given the output: its state sits next to it
     _print_table(f"sluice report {state}", report_rows(state))
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
 
 
 @main.group()
