@@ -90,7 +90,7 @@ async def test_a_given_id_is_part_of_the_key(tmp_path: Path) -> None:
 def test_summary_and_meta(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "state.db")
     store.set_meta(input="in.jsonl", total=3)
-    assert store.meta() == {"input": "in.jsonl", "total": 3, "schema": 2}
+    assert store.meta() == {"input": "in.jsonl", "total": 3, "schema": 3}
     assert store.summary()["results"] == 0
     store.close()
     readonly = SqliteStore(tmp_path / "state.db", readonly=True)

@@ -47,7 +47,9 @@ from ._writer import Writer, describe_sqlite_error
 
 __all__ = ["Recovered", "Spend", "SqliteStore", "StoredResult"]
 
-SCHEMA_VERSION = 2
+#: 3: results and charges appended, the key index built apart (older layouts still read
+#: and written as they are); a file from a newer sluice is refused, not misused.
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -151,7 +153,9 @@ class SqliteStore:
             #: How a charge is written: appended, or added to its key's row in an older file.
             self._charge = _CHARGE_KEYED if _has_index(self._db, "sqlite_autoindex_charges_1") else _CHARGE
             #: Whether results has its key index (see the module's docstring).
-            self._indexed = readonly or self._write().run_sync(_key_index_op(keep=self._fresh is None))
+            self._indexed = readonly or (self._fresh is None and _has_index(self._db, "results_key"))
+            if not self._indexed:  # build it (after a crash), or drop it for a first run: a write
+                self._indexed = self._write().run_sync(_key_index_op(keep=self._fresh is None))
             row = self._db.execute("SELECT max(id) FROM intents").fetchone() if not readonly else None
             self._next_intent = (row[0] or 0) + 1 if row else 1
         except sqlite3.DatabaseError as exc:
@@ -163,13 +167,17 @@ class SqliteStore:
         except OSError as exc:
             self._close_quietly()
             raise StoreError(f"cannot open the state file {self.path}: {exc.strerror or exc}") from None
+        except StoreError:  # the key index could not be built or checked: no writer left behind
+            self._close_quietly()
+            raise
 
     # -- the Store protocol -----------------------------------------------------------
 
     def get(self, key: str) -> StoredResult | None:
         if self._fresh is not None and not self._fresh.may_hold(key):
             return None  # a state that had no results when opened, and no such key put since
-        self._index_keys()
+        with contextlib.suppress(StoreError):  # the writer failed (the job is stopping): this lookup scans
+            self._index_keys()
         row = self._db.execute("SELECT ok, record FROM results WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
@@ -442,19 +450,37 @@ def _setup(db: sqlite3.Connection) -> None:
     refused before anything is written to it."""
     db.execute("PRAGMA busy_timeout=5000")
     _check_ours(db)
+    version = _schema_version(db)
+    if version is not None and version > SCHEMA_VERSION:
+        raise ConfigError(
+            f"{db_path(db)} was written by a newer sluice (state schema {version}; this one reads up to "
+            f"{SCHEMA_VERSION}); upgrade sluice to resume that job, or give another --state"
+        )
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     db.execute("PRAGMA wal_autocheckpoint=10000")
     db.executescript(_SCHEMA)
-    row = db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
-    if row is None or json.loads(row[0]) < SCHEMA_VERSION:
+    if version is None or version < SCHEMA_VERSION:
         with db:
             db.execute("BEGIN IMMEDIATE")
-            # A state written before charges were kept apart: its answers' costs are the charges.
-            db.execute(
-                "INSERT OR IGNORE INTO charges (key, answered_usd) SELECT key, cost_usd FROM results WHERE cost_usd > 0"
-            )
+            if version is None or version < 2:
+                # A state written before charges were kept apart: its answers' costs are the charges.
+                db.execute(
+                    "INSERT OR IGNORE INTO charges (key, answered_usd) SELECT key, cost_usd FROM results"
+                    " WHERE cost_usd > 0"
+                )
             db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (json.dumps(SCHEMA_VERSION),))
+
+
+def _schema_version(db: sqlite3.Connection) -> int | None:
+    """The state schema the file says it has; None for a new file (or one from before versions)."""
+    if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone():
+        return None
+    row = db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+    try:
+        return int(json.loads(row[0])) if row is not None else None
+    except (ValueError, TypeError):
+        raise sqlite3.DatabaseError(f"its schema version is not a number ({row[0]!r})") from None
 
 
 def _check_ours(db: sqlite3.Connection) -> None:
