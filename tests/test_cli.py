@@ -317,6 +317,26 @@ def test_report_summarises_a_state_file(server: FakeServer, tmp_path: Path) -> N
     assert by_output.stdout == done.stdout
 
 
+def test_a_reader_that_leaves_early_is_not_a_bug(server: FakeServer, tmp_path: Path) -> None:
+    """`sluice report ... | head`: the pipe closes before the table is written; that is an
+    exit like `yes | head`'s, not an "internal error" with a traceback."""
+    source = write_jsonl(tmp_path / "in.jsonl", questions(3))
+    assert run_cli(server, "run", source, "-o", tmp_path / "out.jsonl", "--model", MODEL).returncode == 0
+    process = subprocess.Popen(
+        sluice_cmd("report", tmp_path / "out.jsonl"),
+        env=env_for(server),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    process.stdout.close()  # the reader is gone before anything is written
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 141, stderr
+    assert "Traceback" not in stderr
+    assert "internal error" not in stderr
+
+
 def test_config_file_is_validated_and_keys_masked(server: FakeServer, tmp_path: Path) -> None:
     config = tmp_path / "sluice.toml"
     config.write_text(

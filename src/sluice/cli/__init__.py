@@ -9,6 +9,7 @@ twice), ``sluice estimate`` says what a run would take without sending anything,
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -30,6 +31,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: The exit status of an unexpected error (EX_SOFTWARE in sysexits.h): never 1, which
 #: means "the job finished and some records failed".
 EXIT_INTERNAL = 70
+#: The exit status when the reader of our output went away (128 + SIGPIPE, as the shell
+#: reports a process killed by it).
+EXIT_BROKEN_PIPE = 141
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -48,6 +52,11 @@ def _friendly(fn: F) -> F:
             _fail(exc.message)
         except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
             raise
+        except BrokenPipeError:  # `sluice report ... | head`: the reader left; not a bug
+            # Point stdout at /dev/null so the interpreter's own flush at exit fails no more,
+            # and exit as a process stopped by SIGPIPE does (what `yes | head` gives the shell).
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(EXIT_BROKEN_PIPE)
         except Exception as exc:  # a bug: say so plainly, with its own exit status
             traceback.print_exc()
             _fail(
