@@ -153,7 +153,8 @@ class SqliteStore:
             #: How a charge is written: appended, or added to its key's row in an older file.
             self._charge = _CHARGE_KEYED if _has_index(self._db, "sqlite_autoindex_charges_1") else _CHARGE
             #: Whether results has its key index (see the module's docstring).
-            self._indexed = readonly or (self._fresh is None and _has_index(self._db, "results_key"))
+            keyed = _has_index(self._db, "results_key") or _has_index(self._db, "sqlite_autoindex_results_1")
+            self._indexed = readonly or (self._fresh is None and keyed)
             if not self._indexed:  # build it (after a crash), or drop it for a first run: a write
                 self._indexed = self._write().run_sync(_key_index_op(keep=self._fresh is None))
             row = self._db.execute("SELECT max(id) FROM intents").fetchone() if not readonly else None
