@@ -58,7 +58,13 @@ async def serving(
 ) -> AsyncIterator[str]:
     """The proxy on a loopback port; yields its base URL (``http://127.0.0.1:PORT``)."""
     config = JobConfig(tuple(deployments), retry=retry or RetryPolicy(max_attempts=3, base_delay=0.01))
-    app = build_app(config, ServeSettings(**settings), clients, state, environ=ENV)
+    async with listening(build_app(config, ServeSettings(**settings), clients, state, environ=ENV)) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def listening(app: aiohttp.web.Application) -> AsyncIterator[str]:
+    """``app`` served on a free loopback port; yields its base URL (``http://127.0.0.1:PORT``)."""
     runner = make_runner(app)
     await runner.setup()
     try:

@@ -15,12 +15,12 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 from redis_server import RedisServer
-from test_serve import ALICE_KEY, ENV, MESSAGES, ask, deployment, fake, sdk
+from test_serve import ALICE_KEY, ENV, MESSAGES, ask, deployment, fake, listening, sdk
 
 from sluice import BudgetExhaustedError, Deployment, Engine, RetryPolicy
 from sluice.cli._config import JobConfig
 from sluice.redis import RedisBudget
-from sluice.serve._app import build_app, make_runner
+from sluice.serve._app import build_app
 from sluice.serve._settings import ClientSpec, ServeSettings
 
 
@@ -39,15 +39,8 @@ async def replica(
     app = build_app(
         config, ServeSettings(**settings), clients, state, environ=ENV, redis_url=redis_url, redis_fail_open=fail_open
     )
-    runner = make_runner(app)
-    await runner.setup()
-    try:
-        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+    async with listening(app) as url:
+        yield url
 
 
 @contextlib.asynccontextmanager

@@ -20,11 +20,11 @@ import pytest
 import redis.asyncio as aioredis
 from click.testing import CliRunner
 from redis_server import RedisServer
-from test_serve import ALICE_KEY, BOB_KEY, ENV, deployment, fake, sdk
+from test_serve import ALICE_KEY, BOB_KEY, ENV, deployment, fake, listening, sdk
 
 from sluice import Deployment, RetryPolicy
 from sluice.cli._config import JobConfig
-from sluice.serve._app import build_app, make_runner
+from sluice.serve._app import build_app
 from sluice.serve._replicas import REPLICAS
 from sluice.serve._settings import ClientSpec, ServeSettings
 from sluice.testing import FakeServer
@@ -52,19 +52,11 @@ async def replica(deployments: list[Deployment], state: Path, redis_url: str) ->
         counted[0].responses += 1
 
     app.on_response_prepare.append(count)
-    runner = make_runner(app)
-    await runner.setup()
-    try:
-        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        url = f"http://{host}:{port}"
+    async with listening(app) as url:
         app[REPLICAS].set_address(url)
         counted.append(Replica(url, app))
         await _registered(redis_url, app[REPLICAS].id)
         yield counted[0]
-    finally:
-        await runner.cleanup()
 
 
 async def _registered(redis_url: str, replica_id: str) -> None:
