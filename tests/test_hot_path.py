@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -197,6 +198,22 @@ async def test_writes_of_one_loop_tick_are_one_commit(tmp_path: Path) -> None:
     assert applied == [20]
     assert store.meta()["note 19"] == 1
     store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+def test_the_writer_thread_waits_for_the_loop_and_only_it_does(tmp_path: Path) -> None:
+    """The writer runs SCHED_BATCH (it does not preempt the loop on each hand-over);
+    the thread that opened the store keeps its policy."""
+    before = os.sched_getscheduler(0)
+    store = SqliteStore(tmp_path / "state.db")
+    writer = store._write()
+    thread_id = writer._thread.native_id
+    assert thread_id is not None
+    try:
+        assert os.sched_getscheduler(thread_id) == os.SCHED_BATCH
+        assert os.sched_getscheduler(0) == before
+    finally:
+        store.close()
 
 
 # -- the batch job's GC settings ------------------------------------------------------------

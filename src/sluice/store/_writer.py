@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import queue
 import sqlite3
 import threading
@@ -140,6 +141,7 @@ class Writer:
     # -- the thread ----------------------------------------------------------------------
 
     def _run(self, setup: Op) -> None:
+        _yield_to_the_loop()
         try:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             setup(db)
@@ -215,6 +217,24 @@ class Writer:
         for loop, items in by_loop.items():
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
                 loop.call_soon_threadsafe(_resolve_many, items, error)
+
+
+def _yield_to_the_loop() -> None:
+    """Mark the calling thread (the writer) SCHED_BATCH, where the OS has it (Linux).
+
+    Woken by a hand-over while the event loop still has work, a normal thread preempts
+    the loop at once, commits the few ops handed over so far, and hands the core back:
+    on a busy core that was a context switch every few results (~55,000 per 100,000
+    results, a sixth of a batch job's CPU). A batch thread is not scheduled in on waking,
+    only when the loop waits or its time slice ends, so each commit takes all that
+    queued meanwhile. It still gets its fair share of the CPU, and a loop that waits for
+    an intent's commit yields to it at once; where the writer has a core of its own this
+    changes nothing."""
+    set_policy = getattr(os, "sched_setscheduler", None)
+    batch = getattr(os, "SCHED_BATCH", None)
+    if set_policy is not None and batch is not None:
+        with contextlib.suppress(OSError):  # not allowed (a sandbox): the default is fine
+            set_policy(0, batch, os.sched_param(0))  # 0: this thread, not the process
 
 
 def _resolve_many(items: list[tuple[asyncio.Future[Any], Any]], error: StoreError | None) -> None:
