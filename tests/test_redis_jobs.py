@@ -257,21 +257,43 @@ def test_redis_restarted_mid_job_loses_nothing(server: FakeServer, redis_server:
     server.latency = 0.05
     source = write_jsonl(tmp_path / "in.jsonl", questions(200))
     out = tmp_path / "out.jsonl"
-    coordinator = start_cli(server, *_run_args(source, out, redis_server, "--concurrency", "8"), env=_env(server))
-    try:
-        wait_until(lambda: out.exists() and len(out.read_bytes().splitlines()) >= 40, timeout=30)
-        redis_server.stop()
-        time.sleep(3.0)
-        redis_server.start()
-        _, err = coordinator.communicate(timeout=60)
-    finally:
-        _kill(coordinator)
+    log_path = tmp_path / "err.log"
+    with log_path.open("w") as log:
+        coordinator = start_cli(
+            server, *_run_args(source, out, redis_server, "--concurrency", "8"), env=_env(server), stderr=log
+        )
+        try:
+            wait_until(lambda: out.exists() and len(out.read_bytes().splitlines()) >= 40, timeout=30)
+            redis_server.stop()
+            time.sleep(3.0)
+            redis_server.start()
+            try:
+                coordinator.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # say where it stood: this is the hard case to see
+                written = len(out.read_bytes().splitlines())
+                pytest.fail(
+                    f"the job did not end ({written}/200 written)\n{_streams(_client(redis_server))}\n"
+                    f"{log_path.read_text()[-4000:]}"
+                )
+        finally:
+            _kill(coordinator)
+    err = log_path.read_text()
     assert coordinator.returncode == 0, err
     assert "cannot be reached" in err
     # said once per outage, not "back" and "cannot be reached" again every second meanwhile
     assert err.count("taking work again") <= 1, err
     assert _lines(out) == list(range(1, 201))
     assert _duplicates(server) <= 8
+
+
+def _streams(client: redis.Redis) -> str:
+    """Each stream's length and consumer groups (pending counts), for a failure's message."""
+    said: list[str] = []
+    for name in sorted(client.keys("sluice:*")):
+        if client.type(name) == b"stream":
+            groups: Any = client.xinfo_groups(name)
+            said.append(f"{name.decode()}: length {client.xlen(name)}, groups {groups}")
+    return "\n".join(said)
 
 
 def test_redis_that_lost_its_data_gets_the_job_again_and_it_completes(

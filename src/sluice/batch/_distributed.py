@@ -111,6 +111,9 @@ class _Coordinator:
         self._forget: collections.deque[tuple[float, int]] = collections.deque()
         self._problem: str | None = None
         self._failures = 0
+        #: Redis was away: a read of results it answered as the connection dropped left
+        #: them pending on this consumer, where no ``>`` read returns them again.
+        self._reread = False
         self._no_workers_said = False
         #: Under a budget: each fed line's worst case, until its record is written.
         self._worst: dict[int, float] = {}
@@ -159,6 +162,7 @@ class _Coordinator:
             if self._problem is not None:
                 self._problem = None
                 self._failures = 0
+                self._reread = True
                 _say("Redis is back; the job goes on")
             return result
 
@@ -395,6 +399,8 @@ class _Coordinator:
         while True:
             if self.fed_all and not self.inflight:
                 return
+            if self._reread:  # and again after each outage
+                self._reread, pending = False, True
             last = self.progress.stopping and (self.worker_task is None or self.worker_task.done())
             entries = await self._redis(self._reader(pending and not last, 100 if last else 250))
             if last:
