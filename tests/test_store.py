@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sluice import BadRequestError, Deployment, Engine, Request, Result, RetryPolicy
 from sluice.store import SqliteStore
 from sluice.testing import FakeServer
@@ -123,17 +125,39 @@ async def test_every_attempt_of_one_request_carries_the_same_idempotency_key(tmp
     store.close()
 
 
-def test_the_fresh_state_filter_never_forgets_a_key_it_was_given() -> None:
-    """A first run skips the lookup for keys it never stored: no stored key may be missed."""
+@pytest.mark.parametrize("expected", [None, 100, 20_000])
+def test_the_fresh_state_filter_never_forgets_a_key_it_was_given(expected: int | None) -> None:
+    """A first run skips the lookup for keys it never stored: no stored key may be missed,
+    however wrong the job's guess of how many there will be."""
     from sluice.store._sqlite import _KeyFilter
 
     keys = [f"row-{i}\x1f{i:032x}" for i in range(20_000)]
-    seen = _KeyFilter()
+    seen = _KeyFilter(expected)
+    assert not any(seen.add(key) for key in keys[:50])  # new keys are new (a few may collide later)
     for key in keys:
         seen.add(key)
     assert all(seen.may_hold(key) for key in keys)
-    strangers = sum(seen.may_hold(f"other-{i}") for i in range(20_000))
-    assert strangers < 20  # "maybe" for an absent key is rare (then the query decides)
+    assert all(seen.add(key) for key in keys[:1000])  # a key put again is "maybe"
+    strangers = sum(seen.may_hold(f"other-{i}") for i in range(100_000))
+    if expected != 100:  # sized for what came: a false "maybe" is rare (then the query decides)
+        assert strangers <= 2
+    else:  # 200 times the keys it was sized for: "maybe" half the time, still never a miss
+        assert strangers > 20_000
+
+
+def test_the_fresh_state_filter_is_sized_for_the_job_within_bounds(tmp_path: Path) -> None:
+    from sluice.store._sqlite import _KeyFilter
+
+    assert _KeyFilter(10).size_bytes == 8 * 1024  # a small job does not take 16 MB
+    assert _KeyFilter(1_000_000).size_bytes == 8 * 1024 * 1024  # 64 bits a key, rounded up to a power of two
+    assert _KeyFilter(10**9).size_bytes == 64 * 1024 * 1024  # capped: peak RSS stays bounded
+    assert _KeyFilter().size_bytes == 16 * 1024 * 1024
+    store = SqliteStore(tmp_path / "state.db", exclusive=True, expected_keys=300)
+    try:
+        assert store._fresh is not None
+        assert store._fresh.size_bytes == 8 * 1024
+    finally:
+        store.close()
 
 
 async def test_a_first_run_serves_an_identical_request_that_landed_earlier(tmp_path: Path) -> None:

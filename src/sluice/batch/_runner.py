@@ -159,7 +159,9 @@ def _claim_output(store: SqliteStore, spec: JobSpec, progress: JobProgress, outp
 
 
 async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], None]) -> None:
-    store = SqliteStore(spec.state, exclusive=True)  # _exclusive() holds the state's lock
+    total = count_records(spec.input, spec.inputs)
+    # _exclusive() holds the state's lock; the record count sizes its first run's key filter
+    store = SqliteStore(spec.state, exclusive=True, expected_keys=total)
     output: OutputFile | None = None
     try:
         _claim_state(store, spec)
@@ -171,7 +173,7 @@ async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[]
             output = None
             raise
         progress.recovered = store.recover_intents()
-        progress.total = count_records(spec.input, spec.inputs)
+        progress.total = total
         prepared = prepare_output(
             output, retry_failed=spec.retry_failed, total=progress.total, line_hashes=lambda: _line_hashes(spec)
         )
