@@ -286,6 +286,42 @@ def test_redis_restarted_mid_job_loses_nothing(server: FakeServer, redis_server:
     assert _duplicates(server) <= 8
 
 
+def test_results_whose_read_reply_was_lost_are_read_again(
+    server: FakeServer, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A read of results whose reply never arrives (a dropped connection that redis-py's
+    silent retry papers over) leaves them pending on the coordinator's consumer: it reads
+    them again now and then, so the job still ends with every line."""
+    server.latency = 0.05
+    source = write_jsonl(tmp_path / "in.jsonl", questions(60))
+    out = tmp_path / "out.jsonl"
+    log_path = tmp_path / "err.log"
+    client = _client(redis_server)
+    with log_path.open("w") as log:
+        coordinator = start_cli(
+            server, *_run_args(source, out, redis_server, "--concurrency", "4"), env=_env(server), stderr=log
+        )
+        try:
+            results = f"sluice:job:{_job_id(client)}:results"
+            lost: list[Any] = []
+
+            def lose_a_reply() -> bool:  # read as the coordinator, and drop what came back
+                reply: Any = client.xreadgroup("coordinator", "coordinator", {results: ">"}, count=3)
+                lost.extend(entry for _, entries in reply or () for entry in entries)
+                return bool(lost)
+
+            wait_until(lose_a_reply, timeout=30)
+            try:
+                coordinator.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the job did not end\n{_streams(client)}\n{log_path.read_text()[-4000:]}")
+        finally:
+            _kill(coordinator)
+    assert coordinator.returncode == 0, log_path.read_text()
+    assert _lines(out) == list(range(1, 61))
+    assert server.stats.received == 60  # read again, not sent again
+
+
 def _streams(client: redis.Redis) -> str:
     """Each stream's length and consumer groups (pending counts), for a failure's message."""
     said: list[str] = []

@@ -52,6 +52,10 @@ _MIN_WINDOW = 16
 #: Lines stay in the done-set this long after their record is written (a worker that
 #: claimed a line from one thought dead checks it before sending).
 _DONE_KEPT_S = 60.0
+#: How often the coordinator reads its pending results again: a read whose reply was lost
+#: (Redis went away, or a connection dropped and redis-py's one silent retry read anew)
+#: leaves entries pending on this consumer, where no ``>`` read returns them.
+_REREAD_EVERY_S = 5.0
 
 
 async def coordinate(
@@ -111,8 +115,7 @@ class _Coordinator:
         self._forget: collections.deque[tuple[float, int]] = collections.deque()
         self._problem: str | None = None
         self._failures = 0
-        #: Redis was away: a read of results it answered as the connection dropped left
-        #: them pending on this consumer, where no ``>`` read returns them again.
+        #: Redis was away: read the pending results again now (see _REREAD_EVERY_S).
         self._reread = False
         self._no_workers_said = False
         #: Under a budget: each fed line's worst case, until its record is written.
@@ -396,11 +399,13 @@ class _Coordinator:
 
     async def _collect(self) -> None:
         pending = True  # first what an earlier run read and did not acknowledge
+        reread_at = time.monotonic() + _REREAD_EVERY_S
         while True:
             if self.fed_all and not self.inflight:
                 return
-            if self._reread:  # and again after each outage
+            if self._reread or time.monotonic() >= reread_at:  # and after an outage, and now and then
                 self._reread, pending = False, True
+                reread_at = time.monotonic() + _REREAD_EVERY_S
             last = self.progress.stopping and (self.worker_task is None or self.worker_task.done())
             entries = await self._redis(self._reader(pending and not last, 100 if last else 250))
             if last:

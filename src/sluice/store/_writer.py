@@ -141,8 +141,8 @@ class Writer:
     # -- the thread ----------------------------------------------------------------------
 
     def _run(self, setup: Op) -> None:
-        _yield_to_the_loop()
         try:
+            _yield_to_the_loop()
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             setup(db)
         except BaseException as exc:
