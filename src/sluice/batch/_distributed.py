@@ -115,8 +115,6 @@ class _Coordinator:
         self._forget: collections.deque[tuple[float, int]] = collections.deque()
         self._problem: str | None = None
         self._failures = 0
-        #: Redis was away: read the pending results again now (see _REREAD_EVERY_S).
-        self._reread = False
         self._no_workers_said = False
         #: Under a budget: each fed line's worst case, until its record is written.
         self._worst: dict[int, float] = {}
@@ -165,7 +163,6 @@ class _Coordinator:
             if self._problem is not None:
                 self._problem = None
                 self._failures = 0
-                self._reread = True
                 _say("Redis is back; the job goes on")
             return result
 
@@ -403,8 +400,8 @@ class _Coordinator:
         while True:
             if self.fed_all and not self.inflight:
                 return
-            if self._reread or time.monotonic() >= reread_at:  # and after an outage, and now and then
-                self._reread, pending = False, True
+            if time.monotonic() >= reread_at:  # and again now and then
+                pending = True
                 reread_at = time.monotonic() + _REREAD_EVERY_S
             last = self.progress.stopping and (self.worker_task is None or self.worker_task.done())
             entries = await self._redis(self._reader(pending and not last, 100 if last else 250))

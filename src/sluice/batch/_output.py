@@ -340,7 +340,7 @@ class OutputFile:
     def write_lines(self, lines: list[bytes]) -> None:
         """Append encoded records (each ending in a newline) in one write, all or none:
         on OSError (disk full...) the file is cut back to where it was, then it raises."""
-        start = os.fstat(self._fd).st_size
+        start = self.size
         try:
             self._write_all(lines[0] if len(lines) == 1 else b"".join(lines))
         except OSError:
@@ -348,9 +348,6 @@ class OutputFile:
                 self._truncate(start)
             raise
         self.written += len(lines)
-
-    def flush(self) -> None:
-        """Nothing is buffered (kept for the writers that call it)."""
 
     def close(self) -> None:
         """Sync and close (the lock goes with it); raises OSError if the sync fails."""
