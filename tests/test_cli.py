@@ -378,9 +378,10 @@ def test_missing_input_and_missing_model(server: FakeServer, tmp_path: Path) -> 
     done = subprocess.run(
         sluice_cmd("run", source, "-o", tmp_path / "o.jsonl"), capture_output=True, text=True, cwd=tmp_path
     )
-    assert done.returncode == 1, done.stderr  # finished, and its one record failed
-    (record,) = read_output(tmp_path / "o.jsonl")
-    assert record["error"]["message"] == "line 1: no model; give --model or a 'model' field"
+    assert done.returncode == 2, done.stderr  # no record can be sent: refused before anything is created
+    assert "no model: none of the 1 records" in done.stderr
+    assert "give --model" in done.stderr
+    assert not (tmp_path / "o.jsonl").exists()
 
 
 def test_a_budget_stops_the_job_and_a_larger_one_resumes_it(server: FakeServer, tmp_path: Path) -> None:

@@ -183,21 +183,32 @@ def test_config_check_exits_1_when_a_key_is_missing(tmp_path: Path) -> None:
     assert missing.returncode == 1
     assert "deployment openai/gpt-4o-mini" in missing.stdout  # the table still prints
     assert "$SLUICE_TEST_KEY (NOT SET)" in missing.stdout
-    assert "deployment 'openai/gpt-4o-mini': its API key variable $SLUICE_TEST_KEY is not set" in missing.stderr
+    assert (
+        "deployment 'openai/gpt-4o-mini': the environment variable $SLUICE_TEST_KEY (its api_key_env) is not set"
+        in missing.stderr
+    )
     fine = sluice(tmp_path, clean_env(tmp_path, SLUICE_TEST_KEY="sk-x"), "config", "check", "--config", config)
     assert fine.returncode == 0, fine.stderr
     assert "sk-x" not in fine.stdout + fine.stderr
 
 
-def test_a_self_hosted_openai_server_needs_no_key(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_self_hosted_openai_server_takes_a_key_too_and_the_message_says_which(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As with the official SDK, a server that needs no key (vLLM, Ollama) is given any."""
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     local = Deployment("openai/llama", base_url="http://localhost:8000/v1")
     official = Deployment("openai/gpt-4o-mini")
-    assert "optional" in key_source(local)
-    assert missing_keys(JobConfig(deployments=(local,))) == []
+    assert key_source(local) == "$OPENAI_API_KEY (NOT SET)"
+    (problem,) = missing_keys(JobConfig(deployments=(local,)))
+    assert "no API key; set $OPENAI_API_KEY" in problem
+    assert "OPENAI_API_KEY=EMPTY" in problem  # what to do for a server that needs none
     assert missing_keys(JobConfig(deployments=(official,))) == [
-        "deployment 'openai/gpt-4o-mini': its API key variable $OPENAI_API_KEY is not set"
+        "deployment 'openai/gpt-4o-mini': no API key; set $OPENAI_API_KEY (or name another variable with api_key_env)"
     ]
+    monkeypatch.setenv("OPENAI_API_KEY", "EMPTY")
+    assert missing_keys(JobConfig(deployments=(local, official))) == []
 
 
 # -- flags that fit the file ----------------------------------------------------------------

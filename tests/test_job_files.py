@@ -108,7 +108,7 @@ def test_paths_that_cannot_work_are_clear_errors(server: FakeServer, tmp_path: P
     blocker.write_text("x")
     done = run_cli(server, "run", source, "-o", blocker / "out.jsonl", "--model", MODEL)
     assert done.returncode == 2
-    assert "cannot create its directory" in done.stderr
+    assert "does not exist; create it first" in done.stderr
     for result in (done,):
         assert "Traceback" not in result.stderr
 

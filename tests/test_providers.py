@@ -76,12 +76,16 @@ def test_openai_endpoint_honours_the_sdk_environment(monkeypatch: pytest.MonkeyP
 def test_a_missing_key_is_a_clear_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    with pytest.raises(ConfigError, match="no API key; set OPENAI_API_KEY"):
+    with pytest.raises(ConfigError, match="no API key; set \\$OPENAI_API_KEY"):
         OpenAIProvider(HttpTransport()).endpoint(Deployment("openai/gpt-4o-mini"))
-    with pytest.raises(ConfigError, match="MY_KEY \\(api_key_env\\) is not set"):
+    with pytest.raises(ConfigError, match="MY_KEY \\(its api_key_env\\) is not set"):
         OpenAIProvider(HttpTransport()).endpoint(Deployment("openai/gpt-4o-mini", api_key_env="MY_KEY"))
-    # a local server needs no key
-    OpenAIProvider(HttpTransport()).endpoint(Deployment("llama3", base_url="http://localhost:11434/v1"))
+    # a local server that needs no key still takes one, as with the official SDK, and the error says so
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY=EMPTY"):
+        OpenAIProvider(HttpTransport()).endpoint(Deployment("llama3", base_url="http://localhost:11434/v1"))
+    monkeypatch.setenv("OPENAI_API_KEY", "EMPTY")
+    _, headers = OpenAIProvider(HttpTransport()).endpoint(Deployment("llama3", base_url="http://localhost:11434/v1"))
+    assert headers["authorization"] == "Bearer EMPTY"
 
 
 def test_anthropic_body_moves_system_messages_and_requires_max_tokens() -> None:

@@ -115,3 +115,49 @@ async def test_a_request_whose_messages_grow_is_a_new_request() -> None:
     assert not two.cached
     assert two.text == "echo: a follow-up"
     assert server.stats.received == 2
+
+
+def _dead_url() -> str:
+    """A loopback URL with nothing listening (a port bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+async def test_a_fallback_serves_a_model_whose_only_deployment_is_down_whatever_name_keys_it() -> None:
+    """``big`` and ``openai/big`` are one model for its fallbacks too, as for its group."""
+    for asked, keyed in (("big", "openai/big"), ("openai/big", "big"), ("big", "big")):
+        async with FakeServer(api_key="sk-test") as good:
+            dead = Deployment("big", base_url=_dead_url(), api_key="sk-test")
+            mini = Deployment("openai/gpt-4o-mini", base_url=good.url, api_key="sk-test")
+            async with Engine([dead, mini], retry=FAST, fallbacks={keyed: ["openai/gpt-4o-mini"]}) as engine:
+                results = await engine.run([Request.from_prompt(asked, f"q{i}", max_tokens=5) for i in range(30)])
+                status = {s.deployment: s for s in engine.deployment_status()}
+        assert all(r.ok for r in results), (asked, keyed, {r.error.kind for r in results if r.error})
+        assert {r.model for r in results} == {"openai/gpt-4o-mini"}
+        assert status["big"].state == "cooling down"  # cooled as in a group, not retried 30 times over
+        assert status["big"].failed < 30  # only those placed before it cooled
+        assert good.stats.accepted == 30
+
+
+def test_sluice_run_finishes_on_the_fallback_when_the_only_deployment_is_down(tmp_path: Path) -> None:
+    from clitools import env_for, questions, read_output, run_cli, write_jsonl
+
+    with FakeServer(api_key="sk-test").running_in_thread() as good:
+        config = tmp_path / "sluice.toml"
+        config.write_text(
+            f'[[deployment]]\nmodel = "big"\nbase_url = "{_dead_url()}"\n\n'
+            f'[[deployment]]\nmodel = "openai/gpt-4o-mini"\nbase_url = "{good.url}"\n\n'
+            '[fallbacks]\n"openai/big" = ["openai/gpt-4o-mini"]\n'
+        )
+        source = write_jsonl(tmp_path / "in.jsonl", questions(40))
+        output = tmp_path / "out.jsonl"
+        done = run_cli(good, "run", source, "-o", output, "--config", config, "--model", "big", env=env_for(good))
+        assert done.returncode == 0, done.stderr
+        records = read_output(output)
+        assert len(records) == 40
+        assert all(r["ok"] and r["deployment"] == "openai/gpt-4o-mini" for r in records)
+        assert good.stats.accepted == 40

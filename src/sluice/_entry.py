@@ -1,19 +1,29 @@
 """The ``sluice`` command's first lines: a Ctrl-C before the command has set up its own
-handling (while modules load) ends it quietly with status 130, not a traceback."""
+handling (while modules load) ends it quietly with status 130, never a traceback or a crash.
+
+The handler must not raise: Python runs it at the next bytecode, which may be inside a
+native extension's import (orjson imports ``uuid`` from its C init), and an exception
+surfacing there segfaults the interpreter. It writes one line with ``os.write`` (not
+``sys.stderr``, whose buffer may be mid-write) and leaves with ``os._exit``: nothing the
+command owns is open yet, and whatever is loading needs no clean-up.
+"""
 
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # the C module: `signal` takes ms to import (enum)
-import sys
+import os  # already loaded by the interpreter's start-up: free
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs milliseconds here
 if TYPE_CHECKING:
     from types import FrameType
 
+#: 128 + SIGINT, as a shell reports a process stopped by Ctrl-C.
+EXIT_INTERRUPTED = 130
+
 
 def _interrupted(signum: int, frame: FrameType | None) -> None:
-    sys.stderr.write("sluice: interrupted before anything started\n")
-    raise SystemExit(130)
+    os.write(2, b"sluice: interrupted\n")
+    os._exit(EXIT_INTERRUPTED)
 
 
 def quiet_interrupts() -> None:

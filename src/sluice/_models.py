@@ -408,6 +408,22 @@ def _positive(value: object) -> bool:
     return _number(value) and value > 0  # type: ignore[operator]
 
 
+def _key_env_problem(name: object) -> str | None:
+    """``api_key_env`` names a variable; say so when it holds something else (never echoing
+    what might be the key itself)."""
+    if not isinstance(name, str) or not name.strip():
+        return f"api_key_env must name an environment variable, got {name!r}"
+    bare = name.strip().removeprefix("$").strip("{}")
+    if name != bare and bare.replace("_", "").isalnum():
+        return f"api_key_env names the variable, without the $: api_key_env = {bare!r}"
+    if not name.replace("_", "").isalnum() or name[0].isdigit():
+        return (
+            "api_key_env must be the NAME of the environment variable that holds the key (such as "
+            "'OPENAI_API_KEY'), not the key itself; it is not a valid variable name"
+        )
+    return None
+
+
 def _deployment_problem(d: Deployment) -> str | None:
     if not isinstance(d.model, str) or not d.model.strip():
         return f"model must be a non-empty string, got {d.model!r}"
@@ -431,6 +447,10 @@ def _deployment_problem(d: Deployment) -> str | None:
         return f"weight must be a positive number, got {d.weight!r}"
     if not isinstance(d.default_max_tokens, int) or d.default_max_tokens < 1:
         return f"default_max_tokens must be a positive integer, got {d.default_max_tokens!r}"
+    if d.api_key_env is not None:
+        problem = _key_env_problem(d.api_key_env)
+        if problem:
+            return problem
     if d.base_url is not None and not (isinstance(d.base_url, str) and d.base_url.startswith(("http://", "https://"))):
         return f"base_url must start with http:// or https://, got {d.base_url!r}"
     return None

@@ -28,6 +28,12 @@ def _error_classes() -> dict[str, type[_errors.SluiceError]]:
 _BY_KIND = _error_classes()
 
 
+def usd_record(cost: float | None) -> float | None:
+    """Dollars as a record holds them: to the picodollar, without the float noise of summed
+    token prices (``0.000010799999999999998`` is ``1.08e-05``)."""
+    return None if cost is None else round(cost, 12)
+
+
 def usage_record(usage: Usage) -> dict[str, int]:
     return {
         "input_tokens": usage.input_tokens,
@@ -72,7 +78,7 @@ def result_record(result: Result) -> dict[str, Any]:
         "deployment": result.deployment,
         "finish_reason": result.finish_reason,
         "request_id": result.request_id,
-        "cost_usd": result.cost_usd,
+        "cost_usd": usd_record(result.cost_usd),
         "model": result.model,
     }
 

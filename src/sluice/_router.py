@@ -305,11 +305,22 @@ class Router:
     def chain(self, model: str) -> tuple[Group, ...]:
         """The groups a request for ``model`` may use, in order: its own, then its fallbacks."""
         groups = [self.group(model)]
-        for fallback in self.fallbacks.get(model, ()):
+        for fallback in self._fallbacks_of(model):
             group = self.group(fallback)
             if group not in groups:
                 groups.append(group)
         return tuple(groups)
+
+    def _fallbacks_of(self, model: str) -> tuple[str, ...]:
+        """The fallback list of ``model`` under any name it goes by: ``big`` and
+        ``openai/big`` are one model (as for groups), whichever the list was keyed by."""
+        chain = self.fallbacks.get(model)
+        if chain is None:
+            if "/" not in model:
+                chain = self.fallbacks.get(f"openai/{model}")
+            elif model.startswith("openai/"):
+                chain = self.fallbacks.get(model.removeprefix("openai/"))
+        return chain or ()
 
     def _check_fallbacks(self, model: str, chain: Sequence[str]) -> None:
         if not isinstance(model, str) or not model:

@@ -31,6 +31,12 @@ class LatencyHistogram:
         self.count += 1
         self.total += seconds
 
+    def __repr__(self) -> str:
+        if not self.count:
+            return "LatencyHistogram(count=0)"
+        p50, p99 = self.percentile(50), self.percentile(99)
+        return f"LatencyHistogram(count={self.count}, p50={p50:.3g}s, p99={p99:.3g}s)"
+
     def percentile(self, q: float) -> float | None:
         """The ``q``-th percentile (0-100) as the upper edge of its bucket."""
         if not self.count:

@@ -34,7 +34,7 @@ from .._models import Deployment, Request, Result, store_key
 from .._records import result_from_record
 from .._spending import Spending
 from ..redis._job_entries import request_fields, shared_defaults, shared_deployment
-from ..redis._job_worker import Worker
+from ..redis._job_worker import STOP_SLACK_S, Worker
 from ..redis._jobs import UNREACHABLE, JobQueue, JobSettings, WorkerRegistry, connect, job_id_for
 from ..store import SqliteStore
 from ._inputs import InputItem, read_inputs
@@ -126,8 +126,8 @@ class _Coordinator:
     # -- Redis, retried ------------------------------------------------------------------
 
     async def _redis(self, call: Callable[[], Awaitable[T]]) -> T:
-        """Until Redis takes the call; a stopping job gives up after its grace period."""
-        give_up: float | None = None
+        """Until Redis takes the call; a stopping job gives up once its grace period (and
+        the worker's slack after it) is over, counted from the stop."""
         while True:
             try:
                 result = await call()
@@ -153,11 +153,9 @@ class _Coordinator:
                         "feeding stopped, retrying (answers wait in Redis)"
                     )
                     _say(self._problem)
-                if self.progress.stopping:
-                    now = time.monotonic()
-                    give_up = give_up or now + (self.spec.grace or 0.0) + 5.0
-                    if now > give_up:
-                        raise _GaveUp("Redis stayed away") from None
+                stopped = self.progress.stopped_at
+                if stopped is not None and time.monotonic() > stopped + (self.spec.grace or 0.0) + STOP_SLACK_S:
+                    raise _GaveUp("Redis stayed away") from None
                 await asyncio.sleep(min(2.0, 0.05 * 2 ** min(self._failures, 6)))
                 continue
             if self._problem is not None:

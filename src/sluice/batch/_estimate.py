@@ -98,6 +98,9 @@ class Estimate:
 def estimate_job(
     path: Path, config: JobConfig, options: InputOptions, *, expected_output: int | None = None
 ) -> Estimate:
+    from ._preflight import check_input
+
+    check_input(path, options)  # no record can be sent: say so, rather than estimate nothing
     routes = {key: d for d in config.deployments for key in (d.model, d.label)}
     result = Estimate(expected_output=expected_output)
     for item in read_inputs(path, options):

@@ -78,6 +78,8 @@ class JobProgress:
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
     stopping: bool = False
+    #: When the stop was asked for (monotonic): its grace runs from here.
+    stopped_at: float | None = None
     grace: float | None = None
     strict_error: str | None = None
     #: Why the job stopped early on its own (its first requests all failed the same way).
@@ -126,6 +128,11 @@ class JobProgress:
         return self.already_done + self.written
 
     @property
+    def left(self) -> int:
+        """Lines with no record in the output yet (read this run or not): what a rerun does."""
+        return max(0, self.total - self.done)
+
+    @property
     def outcome(self) -> Outcome:
         """``succeeded`` (every record ok), ``failed`` (finished, some records failed),
         ``budget`` (finished, some not run for money), ``stopped`` (it stopped itself:
@@ -166,6 +173,8 @@ class JobProgress:
     def stop(self) -> None:
         """Stop admitting; in-flight requests get the grace period to finish and be recorded."""
         self.stopping = True
+        if self.stopped_at is None:
+            self.stopped_at = time.monotonic()
         if self.engine is not None:
             self.engine.stop(grace=self.grace)
 

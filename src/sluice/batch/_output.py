@@ -27,7 +27,7 @@ from typing import Any
 from .. import _errors, _json
 from .._errors import ConfigError
 from .._models import Request, Result, store_key
-from .._records import error_record, usage_record
+from .._records import error_record, usage_record, usd_record
 from ._inputs import InputItem
 
 __all__ = [
@@ -228,7 +228,7 @@ def output_record(item: InputItem, result: Result, sent: Request | None = None) 
     record["error"] = error_record(result.error) if result.error is not None else None
     record["finish_reason"] = result.finish_reason
     record["usage"] = usage_record(result.usage)
-    record["cost_usd"] = result.cost_usd
+    record["cost_usd"] = usd_record(result.cost_usd)
     record["attempts"] = result.attempts
     record["latency_s"] = round(result.timings.latency, 4)
     record["deployment"] = result.deployment

@@ -16,7 +16,6 @@ import functools
 import gc
 import itertools
 import os
-import stat
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -31,6 +30,7 @@ from ._embed_inputs import embedding_hash
 from ._inputs import InputItem, count_records, read_inputs
 from ._job import FailFast, JobProgress, JobSpec
 from ._output import DoneLines, OutputFile, looks_like_output, output_record, prepare_output, request_hash
+from ._preflight import checked_spec
 
 __all__ = ["JobProgress", "JobSpec", "default_state_path", "engine_for", "is_embedding_job", "run_job"]
 
@@ -43,33 +43,6 @@ EMBEDDING_IN_CHAT_JOB = (
 def default_state_path(output: Path) -> Path:
     """``results.jsonl`` -> ``results.sluice.db``: found again by rerunning the same command."""
     return output.with_suffix(".sluice.db")
-
-
-def _resolved(spec: JobSpec) -> JobSpec:
-    """Check the three paths before anything is opened; compare them as the files they are."""
-    if not spec.input.is_file():
-        raise InvalidInputError(f"{spec.input}: no such input file")
-    if spec.input.stat().st_size == 0:
-        raise InvalidInputError(f"{spec.input} is empty: there are no requests to run")
-    for name, path in (("-o", spec.output), ("--state", spec.state)):
-        if path.is_dir():
-            raise ConfigError(f"{name} {path} is a directory; give a file path")
-        if path.exists() and not stat.S_ISREG(path.stat().st_mode):
-            raise ConfigError(f"{name} {path} is not a regular file; give a file path")
-        parent = path.resolve().parent
-        if not parent.is_dir():
-            try:
-                parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise ConfigError(f"{name} {path}: cannot create its directory ({exc.strerror})") from None
-        if not os.access(parent, os.W_OK):
-            raise ConfigError(f"{name} {path}: the directory {parent} is not writable")
-    input_, output, state = spec.input.resolve(), spec.output.resolve(), spec.state.resolve()
-    if input_ == output:
-        raise ConfigError("the output file must not be the input file")
-    if state in (input_, output):
-        raise ConfigError(f"--state {spec.state} must be a file of its own, not the input or the output")
-    return dataclasses.replace(spec, input=input_, output=output)
 
 
 @contextlib.contextmanager
@@ -98,7 +71,7 @@ def _exclusive(state: Path) -> Iterator[None]:
 
 async def run_job(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], None] = lambda: None) -> None:
     """Run the job to the end, or until stopped; every answer is on disk when it returns."""
-    spec = _resolved(spec)
+    spec = checked_spec(spec)  # before any file is created or request sent
     progress.grace = spec.grace
     with _exclusive(spec.state), _fewer_collections():
         await _run_locked(spec, progress, on_tick)

@@ -22,6 +22,7 @@ from .._errors import SluiceError
 from .._models import Price
 from ..batch._inputs import InputOptions, Template
 from ._config import JobConfig, describe, describe_defaults, load_config, with_overrides
+from ._worker import checked_redis_url
 
 __all__ = ["main"]
 
@@ -156,7 +157,11 @@ def _input_options(fn: F) -> F:
         ),
         click.option("--id-field", help="With --template: the field that identifies a row."),
         click.option("--max-tokens", type=click.IntRange(min=1), help="max_tokens for every request."),
-        click.option("--temperature", type=click.FloatRange(min=0), help="temperature for every request."),
+        click.option(
+            "--temperature",
+            type=click.FloatRange(min=0, max=2),
+            help="temperature for every request (0 to 2, as OpenAI takes it; Anthropic takes 0 to 1).",
+        ),
         click.option(
             "--format",
             "input_format",
@@ -281,6 +286,7 @@ def main() -> None:
     "--redis",
     "redis_url",
     metavar="URL",
+    callback=checked_redis_url,
     help="Spread the job over `sluice worker`s through Redis (this process works on it too); "
     "limits and --budget are shared.",
 )
@@ -356,7 +362,9 @@ def _distributed(flags: dict[str, Any]) -> Any:
 
 
 @main.command()
-@click.option("--redis", "redis_url", metavar="URL", required=True, help="The Redis the jobs run in.")
+@click.option(
+    "--redis", "redis_url", metavar="URL", required=True, callback=checked_redis_url, help="The Redis the jobs run in."
+)
 @click.option(
     "--config",
     "config_path",

@@ -37,7 +37,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from .._errors import ConfigError, SluiceError
 from .._models import Deployment, Price, Secret
@@ -308,25 +307,6 @@ def _with(deployment: Deployment, fields: Mapping[str, Any]) -> Deployment:
         raise ConfigError(exc.message) from None
 
 
-def _key_env(deployment: Deployment) -> tuple[str, bool] | None:
-    """The variable a deployment's key is read from and whether the provider needs it;
-    None when no key is read from the environment at all."""
-    provider = deployment.provider_name
-    if provider == "simulate" or not isinstance(deployment.provider, (str, type(None))):
-        return None
-    if isinstance(deployment.api_key, Secret) and deployment.api_key:
-        return None
-    if deployment.api_key_env:
-        return deployment.api_key_env, True  # named explicitly: the provider refuses without it
-    env = _KEY_ENV.get(provider)
-    if env is None:
-        return None
-    if provider == "openai":  # a self-hosted OpenAI-compatible server may need no key
-        url = effective_base_url(deployment)
-        return env, url is None or urlsplit(url).hostname == "api.openai.com"
-    return env, True
-
-
 def key_source(deployment: Deployment) -> str:
     """Where a deployment's key comes from, and whether it is there: never the key itself."""
     provider = deployment.provider_name
@@ -334,22 +314,23 @@ def key_source(deployment: Deployment) -> str:
         return "no key needed"
     if isinstance(deployment.api_key, Secret) and deployment.api_key:
         return "api_key in the config file (****)"
-    found = _key_env(deployment)
-    if found is None:
+    env = deployment.api_key_env or _KEY_ENV.get(provider)
+    if env is None:
         return "none"
-    env, required = found
-    if os.environ.get(env):
-        return f"${env} (set)"
-    return f"${env} (NOT SET)" if required else f"${env} (not set; optional for this server)"
+    return f"${env} (set)" if os.environ.get(env) else f"${env} (NOT SET)"
 
 
 def missing_keys(config: JobConfig) -> list[str]:
-    """One line per deployment whose key the provider needs but the environment lacks."""
+    """One line per deployment that cannot be called as configured (its API key is not
+    set), each saying what to set: the check the engine makes before sending anything."""
+    from ..providers import check_deployment
+
     problems = []
     for d in config.deployments:
-        found = _key_env(d)
-        if found is not None and found[1] and not os.environ.get(found[0]):
-            problems.append(f"deployment {d.label!r}: its API key variable ${found[0]} is not set")
+        try:
+            check_deployment(d)
+        except ConfigError as exc:
+            problems.append(exc.message)
     return problems
 
 

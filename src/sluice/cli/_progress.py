@@ -40,8 +40,8 @@ def status_line(progress: JobProgress) -> str:
     stats = progress.engine.stats if progress.engine is not None else None
     rate = progress.written / elapsed
     tokens = (stats.input_tokens + stats.output_tokens) / elapsed if stats else 0.0
-    remaining = max(0, progress.total - progress.done)
-    eta = remaining / rate if rate > 0 else None
+    remaining = progress.left
+    eta = 0.0 if not remaining else remaining / rate if rate > 0 else None
     share = 100.0 * progress.done / progress.total if progress.total else 100.0
     parts = [
         f"{progress.done:,}/{progress.total:,} ({share:.1f}%)",
@@ -157,8 +157,8 @@ def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
         rows.append((f"  {kind}", f"{count:,}"))
     if progress.kept_failures:
         rows.append(("failures kept", f"{progress.kept_failures:,} from earlier runs (--retry-failed redoes them)"))
-    if progress.not_done or progress.not_written:
-        rows.append(("not done", f"{progress.not_done + progress.not_written:,} (a rerun does them)"))
+    if progress.left:
+        rows.append(("not done", _not_done(progress)))
     rows.append(("served from the state", f"{progress.from_store:,} (not sent again)"))
     if stats is not None:
         rows += [
@@ -182,6 +182,14 @@ def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
     if progress.adopted:
         rows.append(("adopted", "the output's records were kept though its state file was gone"))
     return rows
+
+
+def _not_done(progress: JobProgress) -> str:
+    """The lines a rerun writes a record for: every line without one, read or not."""
+    text = f"{progress.left:,} (a rerun does them"
+    if progress.not_written:
+        text += f"; {progress.not_written:,} of them are answered in the state and are only written, not sent"
+    return text + ")"
 
 
 def table(title: str, rows: list[tuple[str, str]]) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from .._errors import ConfigError
+from ._worker import checked_redis_url
 
 __all__ = ["serve_command"]
 
@@ -86,6 +87,7 @@ def _read(path: Path | None) -> tuple[bytes, Path]:
     "--redis",
     "redis_url",
     metavar="URL",
+    callback=checked_redis_url,
     help="Share the deployments' limits, the budgets and each client's spend and rpm/tpm with every "
     "replica that names the same Redis (redis://host:6379/0). A batch is kept and run by the replica that "
     "took it (its --state); any replica answers for it, forwarding the request to that one.",

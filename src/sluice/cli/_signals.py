@@ -32,8 +32,14 @@ def run_until_stopped(main: Callable[[], Coroutine[Any, Any, None]], on_first: C
             loop.add_signal_handler(signum, on_signal)
         await main()
 
+    # The loop resets SIGINT to Python's default (a KeyboardInterrupt) when it closes; put
+    # back the command's own quiet handler (``_entry``) for the summary that follows.
+    before = signal.getsignal(signal.SIGINT)
     try:
         asyncio.run(guarded())
     except (KeyboardInterrupt, asyncio.CancelledError):
         return True
+    finally:
+        if callable(before):
+            signal.signal(signal.SIGINT, before)
     return False

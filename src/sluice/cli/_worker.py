@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
@@ -10,7 +11,9 @@ from .._errors import ConfigError
 from ._config import load_config
 from ._signals import run_until_stopped
 
-__all__ = ["run_worker"]
+__all__ = ["checked_redis_url", "run_worker"]
+
+_REDIS_URL_FORMS = "redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://... (TLS) or unix:///PATH/TO/redis.sock[?db=DB]"
 
 
 def _say(message: str) -> None:
@@ -23,6 +26,28 @@ def require_redis() -> None:
         import redis  # noqa: F401
     except ImportError:
         raise ConfigError("--redis needs the redis client: pip install 'llm-sluice[redis]'") from None
+
+
+def checked_redis_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A ``--redis`` URL that redis-py can use, checked while the flags are parsed: before
+    any file is created or anything is sent. The message never repeats the URL, which may
+    hold a password."""
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        scheme = f"the scheme {parts.scheme + '://'!r}" if parts.scheme else "no scheme"
+        raise click.BadParameter(f"not a Redis URL ({scheme}); expected {_REDIS_URL_FORMS}")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError:
+        raise click.BadParameter(f"the port is not a number from 0 to 65535; expected {_REDIS_URL_FORMS}") from None
+    db = parts.path.strip("/") if parts.scheme != "unix" else ""
+    if db and not db.isdigit():
+        raise click.BadParameter(f"the database {db[:40]!r} is not a number; expected {_REDIS_URL_FORMS}")
+    if parts.scheme == "unix" and not parts.path:
+        raise click.BadParameter(f"a unix:// URL needs the socket's path; expected {_REDIS_URL_FORMS}")
+    return value
 
 
 def run_worker(

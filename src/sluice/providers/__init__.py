@@ -38,6 +38,7 @@ __all__ = [
     "TextDelta",
     "ToolCallDelta",
     "UsageUpdate",
+    "check_deployment",
     "estimate_request_tokens",
     "max_output_tokens",
 ]
@@ -78,3 +79,12 @@ class ProviderSet:
         for provider in self._by_name.values():
             await provider.aclose()
         await self.transport.aclose()
+
+
+def check_deployment(deployment: Deployment) -> None:
+    """Raise :class:`ConfigError` if ``deployment`` cannot be called as configured (an
+    unknown provider, an API key that is not set), without sending or opening anything:
+    the check :meth:`Engine.start` makes, for callers that must refuse before starting."""
+    provider = ProviderSet().for_deployment(deployment)
+    if isinstance(provider, HttpProvider):
+        provider.check(deployment)

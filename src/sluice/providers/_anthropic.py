@@ -17,7 +17,7 @@ from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request
 from ._anthropic_stream import AnthropicStreamDecoder
 from ._base import Reply
-from ._http import HttpProvider, header_number, resolve_key
+from ._http import HttpProvider, header_number, missing_key_message, resolve_key
 from ._translate import anthropic_body, anthropic_reply
 
 __all__ = ["AnthropicProvider", "parse_rfc3339_reset"]
@@ -48,7 +48,7 @@ class AnthropicProvider(HttpProvider):
         base = (deployment.base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
         key = resolve_key(deployment, "ANTHROPIC_API_KEY")
         if not key:
-            raise ConfigError(f"deployment {deployment.label!r}: no API key; set ANTHROPIC_API_KEY or give api_key_env")
+            raise ConfigError(missing_key_message(deployment, "ANTHROPIC_API_KEY"))
         version = str(deployment.options.get("anthropic_version") or API_VERSION)
         return f"{base}/v1/messages", {"x-api-key": key.get(), "anthropic-version": version}
 

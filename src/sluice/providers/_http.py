@@ -16,6 +16,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlsplit
 
 from .. import _json
 from .._errors import (
@@ -156,8 +157,27 @@ def resolve_key(deployment: Deployment, default_env: str | None) -> Secret | Non
         if value:
             return Secret(value)
         if deployment.api_key_env:
-            raise ConfigError(f"deployment {deployment.label!r}: environment variable {env} (api_key_env) is not set")
+            raise ConfigError(
+                f"deployment {deployment.label!r}: the environment variable ${env} (its api_key_env) is not set"
+            )
     return None
+
+
+def missing_key_message(deployment: Deployment, default_env: str, base_url: str | None = None) -> str:
+    """What to do about a deployment with no API key: which variable to set, and for a
+    server that needs no key (vLLM, Ollama), that it still takes one, as the official
+    SDKs require."""
+    env = deployment.api_key_env or default_env
+    message = f"deployment {deployment.label!r}: no API key; set ${env}"
+    if not deployment.api_key_env:
+        message += " (or name another variable with api_key_env)"
+    host = urlsplit(base_url).hostname if base_url else None
+    if host is not None and host != "api.openai.com":
+        message += (
+            f". A server that needs no key ({host}: vLLM, Ollama, a local proxy) still takes one, "
+            f"as with the official SDK: {env}=EMPTY"
+        )
+    return message
 
 
 class HttpProvider(ABC):

@@ -18,7 +18,7 @@ from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request, Usage
 from ._base import Reply
 from ._embed import EmbedReply, post_embeddings
-from ._http import HttpProvider, HttpTransport, StreamDecoder, header_number, resolve_key
+from ._http import HttpProvider, HttpTransport, StreamDecoder, header_number, missing_key_message, resolve_key
 from ._openai_stream import OpenAIStreamDecoder, openai_usage
 
 __all__ = ["AzureOpenAIProvider", "OpenAIProvider", "parse_openai_duration"]
@@ -61,12 +61,9 @@ class OpenAIProvider(HttpProvider):
     def endpoint(self, deployment: Deployment) -> tuple[str, dict[str, str]]:
         base = self.base_url(deployment)
         key = resolve_key(deployment, self.key_env)
-        headers: dict[str, str] = {}
-        if key:
-            headers["authorization"] = f"Bearer {key.get()}"
-        elif urlsplit(base).hostname == "api.openai.com":
-            raise ConfigError(f"deployment {deployment.label!r}: no API key; set {self.key_env} or give api_key_env")
-        return f"{base}/chat/completions", headers
+        if not key:
+            raise ConfigError(missing_key_message(deployment, self.key_env, base))
+        return f"{base}/chat/completions", {"authorization": f"Bearer {key.get()}"}
 
     def _max_tokens_field(self, deployment: Deployment) -> str:
         configured = deployment.options.get("max_tokens_field")
@@ -193,7 +190,7 @@ class AzureOpenAIProvider(OpenAIProvider):
         )
         key = resolve_key(deployment, self.key_env)
         if not key:
-            raise ConfigError(f"deployment {deployment.label!r}: no API key; set {self.key_env}")
+            raise ConfigError(missing_key_message(deployment, self.key_env))
         url = f"{base.rstrip('/')}/openai/deployments/{deployment.model_name}/chat/completions?api-version={version}"
         return url, {"api-key": key.get()}
 

@@ -58,6 +58,9 @@ _FINAL_KINDS = KEPT_KINDS | {"budget_exhausted", "invalid_request", "invalid_inp
 _FORGOTTEN_AFTER = 60.0
 _HEARTBEAT_EVERY = 3.0
 _HEARTBEAT_TTL = 10.0
+#: Past a stop's grace, how long a Redis call is still retried before it is given up (the
+#: entry then stays pending in Redis, for another worker or the rerun to claim).
+STOP_SLACK_S = 5.0
 
 
 def default_worker_name() -> str:
@@ -99,6 +102,7 @@ class Worker:
         self._room = asyncio.Event()
         self._room.set()
         self._stopping = asyncio.Event()
+        self._stopped_at: float | None = None
         self._redis_problem: str | None = None
         self._failures = 0
         #: The engine calls in flight (cut off when a stop's grace period ends).
@@ -111,8 +115,16 @@ class Worker:
     # -- life ------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Take nothing new; in-flight requests get ``grace`` seconds, then are given back."""
+        """Take nothing new; in-flight requests get ``grace`` seconds, then are given back.
+        Redis calls still waiting (Redis is down) are given up ``STOP_SLACK_S`` after that."""
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
         self._stopping.set()
+
+    def _past_stop(self) -> bool:
+        """A stop's grace and slack are over: Redis calls are no longer retried."""
+        stopped = self._stopped_at
+        return stopped is not None and time.monotonic() > stopped + (self.grace or 0.0) + STOP_SLACK_S
 
     @property
     def stopping(self) -> bool:
@@ -210,14 +222,15 @@ class Worker:
     def _backoff(self) -> float:
         return float(min(2.0, 0.05 * 2 ** min(self._failures, 6)))
 
-    async def _until_done(self, call: Callable[[], Awaitable[T]], *, deadline: float | None = None) -> T | None:
-        """Run a Redis call until Redis takes it (None past ``deadline``, monotonic)."""
+    async def _until_done(self, call: Callable[[], Awaitable[T]]) -> T | None:
+        """Run a Redis call until Redis takes it; None once a stop's grace and slack are
+        over (whenever the call began: one begun before the stop must not hold it up)."""
         while True:
             try:
                 result = await call()
             except UNREACHABLE as exc:
                 self._down(exc)
-                if deadline is not None and time.monotonic() > deadline:
+                if self._past_stop():
                     return None
                 await asyncio.sleep(self._backoff())
                 continue
@@ -419,7 +432,10 @@ class Worker:
     async def _handle_one(self, queue: JobQueue, settings: JobSettings, engine: Engine, delivery: Delivery) -> None:
         fields = delivery.fields
         request = request_from_fields(fields[b"body"])
-        if await self._until_done(lambda: queue.is_done(delivery.line)):
+        done = await self._until_done(lambda: queue.is_done(delivery.line))
+        if done is None:
+            return  # stopped while Redis is away: left pending, for whoever claims it next
+        if done:
             await self._until_done(lambda: queue.skip(delivery))
             return
         dead = delivery.times > settings.max_deliveries
@@ -444,8 +460,7 @@ class Worker:
         error = result.error
         if not dead and (isinstance(error, CancelledError) or (error is not None and error.kind not in _FINAL_KINDS)):
             note = None if isinstance(error, CancelledError) else error_record(error)
-            deadline = time.monotonic() + (self.grace or 0.0) + 5.0 if self.stopping else None
-            await self._until_done(lambda: queue.give_back(self.name, delivery, note), deadline=deadline)
+            await self._until_done(lambda: queue.give_back(self.name, delivery, note))
             return
         custom_id = fields.get(b"cid")
         item = InputItem(delivery.line, request=request, custom_id=custom_id.decode() if custom_id else None)
@@ -459,6 +474,5 @@ class Worker:
         }
         # Held until Redis takes it; a worker stopped meanwhile leaves the entry pending,
         # for another worker to claim (and perhaps send again).
-        deadline = time.monotonic() + (self.grace or 0.0) + 30.0 if self.stopping else None
-        if await self._until_done(lambda: queue.answer(delivery, payload), deadline=deadline) is not None:
+        if await self._until_done(lambda: queue.answer(delivery, payload)) is not None:
             self.answered[queue.job_id] = self.answered.get(queue.job_id, 0) + 1

@@ -1,0 +1,103 @@
+"""A stop is a stop while Redis is down: ``sluice run --redis`` and ``sluice worker``
+end within their grace plus a few seconds of a SIGTERM, keep what they hold, and the
+rerun resumes once Redis is back. Against a real redis-server, killed mid-job."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from clitools import MODEL, env_for, questions, read_output, run_cli, start_cli, wait_until, write_jsonl
+from redis_server import RedisServer
+
+from sluice.testing import FakeServer
+
+KEY = "sk-test-redis-stops-4b1d"
+GRACE = 3.0
+#: What "a few seconds" past the grace may take: Redis calls time out after 5 s.
+SLACK = 8.0
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    with FakeServer(api_key=KEY).running_in_thread() as fake:
+        yield fake
+
+
+def _terminate_within(process: subprocess.Popen[str], limit: float) -> tuple[float, str]:
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    try:
+        _, err = process.communicate(timeout=limit + 30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, err = process.communicate(timeout=10)
+        pytest.fail(f"still running {limit + 30:.0f} s after SIGTERM:\n{(err or '')[-3000:]}")
+    return time.monotonic() - started, err or ""
+
+
+def test_a_coordinator_stops_within_its_grace_while_redis_is_down_and_the_rerun_resumes(
+    server: FakeServer, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    server.latency = 0.2
+    source = write_jsonl(tmp_path / "in.jsonl", questions(300))
+    out = tmp_path / "out.jsonl"
+    args = ["run", source, "-o", out, "--model", MODEL, "--redis", redis_server.url, "--concurrency", "8"]
+    env = env_for(server, OPENAI_API_KEY=KEY)
+    coordinator = start_cli(server, *args, "--grace", str(GRACE), env=env, stdout=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: out.exists() and len(out.read_bytes().splitlines()) >= 20, timeout=60)
+        redis_server.kill()
+        time.sleep(2.0)  # it sees the outage, requests in flight meanwhile
+        took, err = _terminate_within(coordinator, GRACE + SLACK)
+    finally:
+        if coordinator.poll() is None:
+            coordinator.kill()
+            coordinator.communicate(timeout=10)
+    assert took <= GRACE + SLACK, (took, err[-3000:])
+    assert coordinator.returncode == 130, err[-3000:]
+    assert "cannot be reached" in err
+    assert "Traceback" not in err
+    written = [r["line"] for r in read_output(out)]
+    assert len(written) == len(set(written))  # whole records, each once
+    redis_server.start()
+    server.latency = 0.0
+    done = run_cli(server, *args, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(r["line"] for r in read_output(out)) == list(range(1, 301))
+    assert sum(count - 1 for count in server.stats.by_key.values()) <= 16  # at most what was in flight
+
+
+def test_a_worker_stops_within_its_grace_while_redis_is_down(
+    server: FakeServer, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    server.latency = 0.3
+    source = write_jsonl(tmp_path / "in.jsonl", questions(200))
+    out = tmp_path / "out.jsonl"
+    env = env_for(server, OPENAI_API_KEY=KEY)
+    coordinator = start_cli(
+        server, "run", source, "-o", out, "--model", MODEL, "--redis", redis_server.url, "--no-local-worker",
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    worker = start_cli(
+        server, "worker", "--redis", redis_server.url, "--concurrency", "8", "--grace", str(GRACE),
+        env=env, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: server.stats.accepted >= 20, timeout=60)
+        redis_server.kill()
+        time.sleep(2.0)
+        took, err = _terminate_within(worker, GRACE + SLACK)
+        assert took <= GRACE + SLACK, (took, err[-3000:])
+        assert worker.returncode == 0, err[-3000:]  # a worker asked to stop has done its job
+        assert "cannot be reached" in err
+        assert "Traceback" not in err
+    finally:
+        for process in (worker, coordinator):
+            if process.poll() is None:
+                process.kill()
+            process.communicate(timeout=10)

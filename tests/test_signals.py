@@ -1,0 +1,50 @@
+"""Ctrl-C and SIGTERM at any moment of a command's life: a clean exit status, never a crash."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import sluice._entry
+from sluice.testing import FakeServer
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    with FakeServer(api_key="sk-test").running_in_thread() as fake:
+        yield fake
+
+
+#: A child that installs the command's early handler, then delivers SIGINT while orjson's
+#: C init is importing ``uuid``: the moment an early Ctrl-C used to segfault (exit 139).
+_SIGINT_INSIDE_A_NATIVE_IMPORT = """
+import importlib.util, os, signal, sys
+spec = importlib.util.spec_from_file_location("early_entry", sys.argv[1])
+entry = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(entry)
+
+class SigintWhileOrjsonInitialises:
+    def find_spec(self, name, path=None, target=None):
+        if name == "uuid" and "orjson.orjson" in sys.modules:  # orjson's C init imports it
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+entry.quiet_interrupts()
+sys.meta_path.insert(0, SigintWhileOrjsonInitialises())
+import orjson
+print("the import finished: no SIGINT was delivered inside it")
+"""
+
+
+def test_a_ctrl_c_inside_a_native_import_exits_130_not_a_segfault() -> None:
+    entry = Path(sluice._entry.__file__)
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGINT_INSIDE_A_NATIVE_IMPORT, str(entry)], capture_output=True, text=True, timeout=30
+    )
+    assert "the import finished" not in done.stdout  # the hook did fire inside orjson's init
+    assert done.returncode == 130, (done.returncode, done.stderr)
+    assert done.stderr == "sluice: interrupted\n"
