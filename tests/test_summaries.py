@@ -73,3 +73,78 @@ def test_progress_says_eta_0_at_100_percent() -> None:
     progress = JobProgress(total=10, already_done=10)
     assert "ETA 0:00" in status_line(progress)
     assert "ETA ?" not in status_line(progress)
+
+
+def _dead_url() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+
+
+def test_the_run_summary_names_a_deployment_that_was_down_with_its_last_error(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    config = tmp_path / "sluice.toml"
+    config.write_text(
+        f'[[deployment]]\nmodel = "big"\nbase_url = "{_dead_url()}"\n\n'
+        f'[[deployment]]\nmodel = "{MODEL}"\nbase_url = "{server.url}"\n\n'
+        f'[fallbacks]\n"big" = ["{MODEL}"]\n'
+    )
+    source = write_jsonl(tmp_path / "in.jsonl", questions(40))
+    done = run_cli(server, "run", source, "-o", tmp_path / "out.jsonl", "--config", config, "--model", "big")
+    assert done.returncode == 0, done.stderr
+    (row,) = [line for line in done.stdout.splitlines() if line.strip().startswith("deployment big")]
+    assert "cooling down" in row
+    assert "last error connection_error: cannot connect to big" in row
+
+
+def test_report_counts_every_run_and_says_which_is_the_last(server: FakeServer, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", questions(30))
+    output = tmp_path / "out.jsonl"
+    assert run_cli(server, "run", source, "-o", output, "--model", MODEL).returncode == 0
+    assert run_cli(server, "run", source, "-o", output, "--model", MODEL).returncode == 0  # sends nothing
+    report = run_cli(server, "report", output)
+    assert report.returncode == 0, report.stderr
+    assert "answers over all 2 runs" in report.stdout
+    (row,) = [line for line in report.stdout.splitlines() if line.strip().startswith(MODEL)]
+    assert "30 answered" in row
+    assert "(0 answered in the last run)" in row
+
+
+def test_report_of_a_file_that_is_not_sluices_says_so(server: FakeServer, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", questions(3))
+    done = run_cli(server, "report", source)
+    assert done.returncode == 2
+    assert "is not a sluice output or state file" in done.stderr
+    assert "move it aside" not in done.stderr
+    import sqlite3
+
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).execute("CREATE TABLE t (a)").connection.commit()
+    done = run_cli(server, "report", other)
+    assert done.returncode == 2
+    assert "not a usable sluice state file" in done.stderr
+    assert "move it aside" not in done.stderr
+
+
+def test_report_of_a_running_job_counts_the_records_written_so_far(server: FakeServer, tmp_path: Path) -> None:
+    server.latency = 0.05
+    source = write_jsonl(tmp_path / "in.jsonl", questions(400))
+    output = tmp_path / "out.jsonl"
+    process = start_cli(server, "run", source, "-o", output, "--model", MODEL, "--concurrency", "4")
+    try:
+        deadline = time.monotonic() + 30
+        while (not output.exists() or len(output.read_bytes().splitlines()) < 40) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(2.5)  # the job notes its progress every 2 s
+        report = run_cli(server, "report", output)
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)
+    assert report.returncode == 0, report.stderr
+    assert "running (pid" in report.stdout
+    match = re.search(r"records written\s+([\d,]+) \(as of", report.stdout)
+    assert match is not None, report.stdout
+    assert int(match.group(1).replace(",", "")) >= 40

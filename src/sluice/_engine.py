@@ -128,6 +128,9 @@ class _Job:
     #: ``worst_cost`` is an attempt's worst case with or without a budget (an embeddings
     #: request, priced from its inputs: see ``_embeddings``).
     own_worst: bool = False
+    #: The health epoch of the deployment when its latest attempt was placed: a failure
+    #: of an attempt placed before a cooldown began does not lengthen that cooldown.
+    placed_at: int | None = None
 
     @property
     def idempotency_key(self) -> str | None:
@@ -817,6 +820,7 @@ class Engine:
                             self._fall_back(job)
             route, reservation = granted
             job.route = route
+            job.placed_at = route.health.epoch
         except TimeoutError:
             _settle(hold, 0.0)
             return DeadlineExceededError(f"its deadline ({self.retry.deadline:g} s) passed while it waited")
@@ -882,7 +886,7 @@ class Engine:
             # the server's hint within RetryPolicy.max_retry_after, else the un-jittered backoff:
             # one 429 saying "retry-after: 86400" must not pause a deployment for a day
             route.limiter.penalize(self.retry.pause(error, attempt))
-        self.router.failed(route, error, guarded=job.guarded)
+        self.router.failed(route, error, guarded=job.guarded, placed_at=job.placed_at)
         if job.guarded:
             job.tried = {*job.tried, route}
         if attempt >= self.retry.max_attempts:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from . import _json
@@ -361,10 +361,13 @@ class Deployment:
 
     def __post_init__(self) -> None:
         if isinstance(self.price, Mapping):
-            try:
-                object.__setattr__(self, "price", Price(**self.price))
-            except TypeError as exc:
-                raise ConfigError(f"deployment {self.label!r}: price: {exc}") from None
+            known = [f.name for f in fields(Price)]
+            unknown = sorted(str(k) for k in self.price if k not in known)
+            missing = [k for k in ("input_per_mtok", "output_per_mtok") if k not in self.price]
+            if unknown or missing:
+                what = f"unknown key(s) {unknown}" if unknown else f"missing {missing}"
+                raise ConfigError(f"deployment {self.label!r}: price: {what}; known: {known}")
+            object.__setattr__(self, "price", Price(**self.price))
         problem = _deployment_problem(self)
         if problem:
             raise ConfigError(f"deployment {self.label!r}: {problem}")

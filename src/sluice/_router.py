@@ -104,6 +104,7 @@ class Health:
         "epoch",
         "failures",
         "last_error",
+        "last_message",
         "max_cooldown",
         "opens",
         "probing",
@@ -124,6 +125,7 @@ class Health:
         self.until = -math.inf
         self.probing = False
         self.last_error: str | None = None
+        self.last_message: str | None = None
 
     def usable(self, now: float) -> bool:
         """May an attempt go there now? (Closed, or cooled down with no probe in flight.)"""
@@ -156,9 +158,17 @@ class Health:
         self.probing = False
         self.until = -math.inf
 
-    def failed(self, error: SluiceError, now: float, retry_after: float | None) -> bool:
-        """Count a failure; True when the deployment goes (back) into a cooldown."""
+    def failed(self, error: SluiceError, now: float, retry_after: float | None, placed_at: int | None = None) -> bool:
+        """Count a failure; True when the deployment goes (back) into a cooldown.
+
+        ``placed_at``: the epoch when the attempt was placed. One placed before the latest
+        cooldown began says nothing new (the burst in flight when a deployment went down
+        ends in failures after its cooldown began): it neither lengthens the cooldown nor
+        ends its probe."""
         self.last_error = error.kind
+        self.last_message = error.message
+        if self.opens and placed_at is not None and placed_at < self.epoch:
+            return False
         if not isinstance(error, _TROUBLE):
             self.probing = False
             return False
@@ -218,6 +228,8 @@ class RouteStatus:
     answered: int
     failed: int
     last_error: str | None
+    #: What the last failure said (provider messages carry no keys: they are redacted).
+    last_message: str | None = None
 
     def describe(self) -> str:
         if self.state == "cooling down":
@@ -476,16 +488,18 @@ class Router:
         if was_cooling:
             self._group_changed(route)
 
-    def failed(self, route: Route, error: SluiceError, *, guarded: bool) -> bool:
-        """Count a failed attempt; True when the deployment went into a cooldown."""
+    def failed(self, route: Route, error: SluiceError, *, guarded: bool, placed_at: int | None = None) -> bool:
+        """Count a failed attempt; True when the deployment went into a cooldown
+        (``placed_at``: see :meth:`Health.failed`)."""
         route.failed += 1
         if route.adaptive is not None and isinstance(error, _TROUBLE):
             route.adaptive.failed()
         if not guarded:
             route.health.last_error = error.kind
+            route.health.last_message = error.message
             return False
         retry_after = getattr(error, "retry_after", None)
-        cooling = route.health.failed(error, asyncio.get_running_loop().time(), retry_after)
+        cooling = route.health.failed(error, asyncio.get_running_loop().time(), retry_after, placed_at)
         self._group_changed(route)
         return cooling
 
@@ -524,6 +538,7 @@ class Router:
                     answered=route.answered,
                     failed=route.failed,
                     last_error=health.last_error,
+                    last_message=health.last_message,
                 )
             )
         return rows

@@ -337,7 +337,7 @@ class Stream:
         finally:  # settled even if cancelled while closing
             slot.settle(None if billed else 0.0, answered=False, cut_off=False)
         if delivered:  # never a second answer spliced onto the first; the deployment's health still learns
-            self._engine.router.failed(slot.route, error, guarded=self._job.guarded)
+            self._engine.router.failed(slot.route, error, guarded=self._job.guarded, placed_at=slot.placed_at)
             return False
         delay = self._engine._after_failure(self._job, error, self._tally.attempts, self._deadline)
         if delay is None:

@@ -217,7 +217,8 @@ class _Coordinator:
             self.progress.not_done += len(self.inflight)
             self.output.close()
             if self.worker is not None and self.worker.engine is not None:
-                _note_deployments(self.store, self.worker.engine)
+                self.progress.deployments = self.worker.engine.deployment_status()
+                _note_deployments(self.store, self.worker.engine, self.progress.done)
             on_tick()
             with contextlib.suppress(Exception):
                 await self.client.aclose()
@@ -277,7 +278,7 @@ class _Coordinator:
                     if not self.finished and not await self.queue.is_running():
                         await self._lost()
                 if self.worker is not None and self.worker.engine is not None:
-                    _note_deployments(self.store, self.worker.engine)
+                    _note_deployments(self.store, self.worker.engine, self.progress.done)
 
     def _say_workers(self, capacity: int) -> None:
         """Without a local worker, say when no worker is there to answer (a job that

@@ -13,6 +13,7 @@ from ._output import max_tokens_added
 
 if TYPE_CHECKING:
     from .._engine import Engine
+    from .._router import RouteStatus
     from ..cli._config import JobConfig
     from ._inputs import InputOptions
 
@@ -111,6 +112,8 @@ class JobProgress:
     #: and what they cost (the engine's figures are only this process's share).
     workers: dict[str, int] = field(default_factory=dict)
     workers_cost_usd: float = 0.0
+    #: Each deployment's state as the run ended (cooling down, failed attempts, last error).
+    deployments: list[RouteStatus] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:

@@ -192,12 +192,20 @@ def _deployments_used(config: JobConfig, first_model: str | None) -> list[Deploy
 
 def _refuse_missing_keys(deployments: Iterable[Deployment]) -> None:
     """A deployment the job will use whose API key is not there: refused, saying what to set."""
-    problems: list[str] = []
+    problems: dict[str, list[str]] = {}  # what is wrong -> the deployments it is wrong for
     for deployment in deployments:
         try:
             check_deployment(deployment)
         except ConfigError as exc:
-            if exc.message not in problems:
-                problems.append(exc.message)
+            prefix = f"deployment {deployment.label!r}: "
+            what = exc.message.removeprefix(prefix)
+            labels = problems.setdefault(what, [])
+            if deployment.label not in labels:
+                labels.append(deployment.label)
     if problems:
-        raise ConfigError("; ".join(problems))
+        raise ConfigError(
+            "; ".join(
+                f"deployment{'s' if len(labels) > 1 else ''} {', '.join(map(repr, labels))}: {what}"
+                for what, labels in problems.items()
+            )
+        )

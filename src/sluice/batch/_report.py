@@ -50,7 +50,7 @@ def report_rows(path: Path) -> list[tuple[str, str]]:
         ("started", _when(meta.get("started_at"))),
         ("last result", _when(summary["last_finished_at"])),
         ("records in input", f"{meta.get('total', 0):,}"),
-        ("records written", f"{meta.get('written', 0):,}" if "written" in meta else "-"),
+        ("records written", _written(meta, status)),
         ("answers stored", f"{summary['results']:,}"),
         ("  succeeded", f"{summary['succeeded']:,}"),
         ("  failed", f"{summary['failed']:,}"),
@@ -73,21 +73,43 @@ def report_rows(path: Path) -> list[tuple[str, str]]:
     return rows
 
 
+def _written(meta: dict[str, object], status: str) -> str:
+    written = meta.get("written")
+    if not isinstance(written, int):
+        return "-"
+    if status.startswith("running") and meta.get("deployments_at"):
+        return f"{written:,} (as of {_when(meta.get('deployments_at'))})"
+    return f"{written:,}"
+
+
 def _deployment_rows(meta: dict[str, object]) -> list[tuple[str, str]]:
-    """Each deployment's last noted state: answered, failed, cooling down (as of when)."""
+    """Each deployment's answers and failed attempts over every run, and its state when
+    the last run noted it (cooling down, and why)."""
     noted = meta.get("deployments")
-    if not isinstance(noted, list) or not noted:
+    last = [entry for entry in noted if isinstance(entry, dict)] if isinstance(noted, list) else []
+    earlier = meta.get("deployments_earlier")
+    totals: dict[str, dict[str, int]] = earlier if isinstance(earlier, dict) else {}
+    labels = list(dict.fromkeys([*totals, *(str(entry.get("deployment")) for entry in last)]))
+    if not labels:
         return []
-    at = meta.get("deployments_at")
-    rows = [("deployments", f"as of {_when(at)}")]
-    for entry in noted:
-        if not isinstance(entry, dict):
-            continue
-        state = str(entry.get("state", "?"))
+    runs = meta.get("runs")
+    across = f"all {runs} runs" if isinstance(runs, int) and runs > 1 else "this job's run"
+    rows = [
+        ("deployments", f"answers over {across}; state as the last run left it ({_when(meta.get('deployments_at'))})")
+    ]
+    by_label = {str(entry.get("deployment")): entry for entry in last}
+    for label in labels:
+        entry = by_label.get(label, {})
+        before = totals.get(label, {})
+        answered = int(before.get("answered") or 0) + int(entry.get("answered") or 0)
+        failed = int(before.get("failed") or 0) + int(entry.get("failed") or 0)
+        state = str(entry.get("state", "not used in the last run"))
         if state == "cooling down":
             state = f"cooling down, {float(entry.get('seconds_left') or 0):.0f} s left"
-        text = f"{state}; {entry.get('answered', 0):,} answered, {entry.get('failed', 0):,} failed attempts"
+        text = f"{state}; {answered:,} answered, {failed:,} failed attempts"
+        if before and entry:
+            text += f" ({int(entry.get('answered') or 0):,} answered in the last run)"
         if entry.get("last_error") and entry.get("failed"):
-            text += f" (last: {entry['last_error']})"
-        rows.append((f"  {entry.get('deployment')}", text))
+            text += f" (last error: {entry['last_error']})"
+        rows.append((f"  {label}", text))
     return rows

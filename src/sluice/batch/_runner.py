@@ -157,8 +157,14 @@ async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[]
         progress.repaired_bytes = prepared.repaired_bytes
         progress.spend_before = store.spend()
         progress.spent_before = max(progress.spend_before.total, prepared.cost_usd)
-        if "started_at" not in store.meta():
+        meta = store.meta()
+        if "started_at" not in meta:
             store.set_meta(started_at=time.time())
+        store.set_meta(
+            runs=int(meta.get("runs") or (1 if "run_started_at" in meta else 0)) + 1,
+            deployments_earlier=fold_deployments(meta.get("deployments_earlier"), meta.get("deployments")),
+            deployments=[],
+        )
         store.set_meta(
             input=str(spec.input),
             output=str(spec.output),
@@ -296,7 +302,9 @@ async def running(
             progress.fatal = verdict
             progress.stop()
 
-    ticker = asyncio.get_running_loop().create_task(_tick(output, on_tick, lambda: _note_deployments(store, engine)))
+    ticker = asyncio.get_running_loop().create_task(
+        _tick(output, on_tick, lambda: _note_deployments(store, engine, progress.done))
+    )
     try:
         async with engine:
             yield watch
@@ -305,18 +313,36 @@ async def running(
         with contextlib.suppress(asyncio.CancelledError):
             await ticker
         output.close()
+        progress.deployments = engine.deployment_status()  # while the loop runs: cooldowns still count
         if engine.store_error is not None:
             progress.store_error = engine.store_error.message
         else:
-            _note_deployments(store, engine)
+            _note_deployments(store, engine, progress.done)
         on_tick()
 
 
-def _note_deployments(store: SqliteStore, engine: Engine) -> None:
-    """Each deployment's state (cooling down, answered, failed) for `sluice report`."""
+def _note_deployments(store: SqliteStore, engine: Engine, written: int) -> None:
+    """Each deployment's state this run (cooling down, answered, failed), and the records
+    written so far, for `sluice report` on a running or interrupted job."""
     rows = [dataclasses.asdict(status) for status in engine.deployment_status()]
     with contextlib.suppress(SluiceError):
-        store.set_meta_soon(deployments=rows, deployments_at=time.time())
+        store.set_meta_soon(deployments=rows, deployments_at=time.time(), written=written)
+
+
+def fold_deployments(earlier: object, last_run: object) -> dict[str, dict[str, int]]:
+    """Answers and failed attempts per deployment over every run before this one: the
+    totals so far plus the last run's rows (which `_note_deployments` wrote)."""
+    totals: dict[str, dict[str, int]] = {}
+    if isinstance(earlier, dict):
+        for label, counts in earlier.items():
+            if isinstance(counts, dict):
+                totals[str(label)] = {k: int(counts.get(k) or 0) for k in ("answered", "failed")}
+    for row in last_run if isinstance(last_run, list) else ():
+        if isinstance(row, dict) and row.get("deployment") is not None:
+            counts = totals.setdefault(str(row["deployment"]), {"answered": 0, "failed": 0})
+            for k in ("answered", "failed"):
+                counts[k] += int(row.get(k) or 0)
+    return totals
 
 
 class _Output:

@@ -424,11 +424,24 @@ def estimate(input_path: Path, **flags: Any) -> None:
 def report(state: Path) -> None:
     """Summarise the job whose state file is STATE (finished, interrupted or running);
     the job's output file names it too (its state is found next to it)."""
+    from ..batch._output import looks_like_output
     from ..batch._report import report_rows
     from ..batch._runner import default_state_path
 
-    if not _is_sqlite(state) and default_state_path(state).is_file():
-        state = default_state_path(state)  # given the output: its state sits next to it
+    if not _is_sqlite(state):
+        beside = default_state_path(state)
+        if beside.is_file():
+            state = beside  # given the output: its state sits next to it
+        elif looks_like_output(state):
+            _fail(
+                f"{state} holds sluice records, but its state file {beside} is not there; "
+                "give the state file itself (sluice report STATE), e.g. the --state the job ran with"
+            )
+        else:
+            _fail(
+                f"{state} is not a sluice output or state file; give a job's output (its -o file) "
+                "or its state file (OUTPUT.sluice.db)"
+            )
     _print_table(f"sluice report {state}", report_rows(state))
 
 

@@ -173,6 +173,7 @@ def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
             rows.append(("latency", f"p50 {p50:.3f}s, p99 {p99:.3f}s"))
     if stats is not None:
         rows.append(("cost", _cost_summary(progress)))
+    rows += _troubled_deployments(progress)
     rate = progress.written / elapsed if elapsed > 0 else 0.0
     rows.append(("elapsed", f"{format_duration(elapsed)} ({rate:,.1f} records/s)"))
     if progress.repaired_bytes:
@@ -182,6 +183,26 @@ def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
     if progress.adopted:
         rows.append(("adopted", "the output's records were kept though its state file was gone"))
     return rows
+
+
+def _troubled_deployments(progress: JobProgress) -> list[tuple[str, str]]:
+    """Each deployment that failed attempts or is cooling down, with what it last said:
+    the summary must not leave a dead deployment for ``sluice report`` to reveal."""
+    rows = []
+    for status in progress.deployments:
+        if not status.failed and status.state == "ok":
+            continue
+        state = f"cooling down, {status.seconds_left:.0f} s left" if status.state == "cooling down" else status.state
+        text = f"{state}; {status.answered:,} answered, {status.failed:,} failed attempts"
+        if status.last_error is not None:
+            said = f": {_clip(status.last_message)}" if status.last_message else ""
+            text += f"; last error {status.last_error}{said}"
+        rows.append((f"deployment {status.deployment}", text))
+    return rows
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _not_done(progress: JobProgress) -> str:

@@ -165,9 +165,13 @@ class SqliteStore:
             self._next_intent = (row[0] or 0) + 1 if row else 1
         except sqlite3.DatabaseError as exc:
             self._close_quietly()
+            advice = (
+                "give the state file of a sluice job"
+                if readonly
+                else "move it aside and rerun (the output's records are kept with --adopt-output)"
+            )
             raise ConfigError(
-                f"{self.path} is not a usable sluice state file ({describe_sqlite_error(exc)}); "
-                "move it aside and rerun (the output's records are kept with --adopt-output)"
+                f"{self.path} is not a usable sluice state file ({describe_sqlite_error(exc)}); {advice}"
             ) from None
         except OSError as exc:
             self._close_quietly()
