@@ -26,3 +26,20 @@ def test_gate(command: list[str]) -> None:
         command = [sys.executable, "-m", *command]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+#: What a run leaves behind: never part of the repository (every clone would share it, and
+#: running the code would modify tracked files).
+_RUN_TIME_STATE = (".sluice-serve/", ".sluice.db", ".db", ".db-wal", ".db-shm", "replica-id", "results.jsonl")
+
+
+def test_no_run_time_state_is_tracked() -> None:
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    done = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    tracked = [path for path in done.stdout.splitlines() if any(part in path for part in _RUN_TIME_STATE)]
+    assert tracked == []
+    paths = [".sluice-serve/engine.db", ".sluice-serve/replica-id", "x.sluice.db", "state.db"]
+    ignored = subprocess.run(["git", "check-ignore", *paths], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert ignored.stdout.split() == paths  # each is ignored, so a run never dirties the tree

@@ -11,6 +11,7 @@ after it, OpenAI's way: ``data: {"error": {...}}`` and the stream ends without `
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -25,6 +26,7 @@ from .._streaming import Delta, Stream
 from ..providers._events import TextDelta
 from ._clients import Client
 from ._context import CONTEXT, JSON_BODY, BadBody, ServeContext, client_of
+from ._settings import cached_request
 
 __all__ = ["chat_completions", "parse_chat"]
 
@@ -76,11 +78,12 @@ def parse_chat(body: Any, model: str, *, unique: bool) -> tuple[Request, bool, b
             max_tokens=body.get("max_tokens"),
             temperature=temperature,
             params=params,
-            id=f"serve-{uuid.uuid4().hex}" if unique else None,
         )
     except InvalidRequestError as exc:
         message = exc.message.removeprefix("request: ")
         raise BadBody(message, message.split(" ", 1)[0].split("[", 1)[0] or None) from None
+    if unique:  # its own key: never answered from the state, nor shared with a twin in flight
+        request = dataclasses.replace(request, id=f"serve-{uuid.uuid4().hex}")
     return request, stream, include_usage
 
 
@@ -97,7 +100,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if not isinstance(body, Mapping):
         raise BadBody("the request body must be a JSON object")
     model = ctx.resolve(client, body.get("model"))
-    chat, stream, include_usage = parse_chat(body, model, unique=not ctx.settings.cache)
+    try:
+        cached = cached_request(ctx.settings.cache, request.headers.get("x-sluice-cache"), body.get("temperature"))
+    except ValueError as exc:
+        raise BadBody(str(exc), "x-sluice-cache") from None
+    chat, stream, include_usage = parse_chat(body, model, unique=not cached)
     engine = ctx.engine
     tokens, limiters = ctx.estimated_tokens(model, lambda d: _estimate(ctx, chat, d))
     if not stream:

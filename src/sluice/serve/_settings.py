@@ -8,7 +8,8 @@
     header_timeout_s = 10    # a client must send its headers within this (slowloris)
     body_timeout_s = 30      # ... and its body within this once the headers are in
     max_body_mb = 32         # larger bodies: 413
-    cache = true             # identical requests are answered from the state
+    cache = false            # false: every request goes upstream; "deterministic": identical
+                             # requests at temperature 0 are answered from the state; true: all
 
     [[client]]
     name = "notebook"
@@ -31,7 +32,7 @@ from typing import Any
 
 from .._errors import ConfigError
 
-__all__ = ["ClientSpec", "ServeSettings", "serve_tables"]
+__all__ = ["ClientSpec", "ServeSettings", "cached_request", "serve_tables"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,13 @@ class ServeSettings:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_body_mb: float = 32.0
-    cache: bool = True
+    #: Which identical requests are answered from the state: ``"off"`` (none: a client that
+    #: samples twice gets two answers), ``"deterministic"`` (those at ``temperature`` 0) or
+    #: ``"on"`` (all). A request overrides it with ``x-sluice-cache: on|off``.
+    cache: str = "off"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cache", _cache_setting(self.cache, "ServeSettings"))
 
     @property
     def max_body_bytes(self) -> int:
@@ -91,9 +98,34 @@ def _settings(table: Any, where: str) -> ServeSettings:
         if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value < minimum:
             what = "an integer" if integer else "a number"
             raise ConfigError(f"{where}: [serve] {key} must be {what} >= {minimum}, got {value!r}")
-    if "cache" in table and not isinstance(table["cache"], bool):
-        raise ConfigError(f"{where}: [serve] cache must be true or false, got {table['cache']!r}")
+    if "cache" in table:
+        _cache_setting(table["cache"], where)  # a bad one named with its file
     return ServeSettings(**table)
+
+
+#: ``[serve] cache`` as written -> as kept.
+_CACHE_WORDS = {False: "off", True: "on", "off": "off", "on": "on", "deterministic": "deterministic"}
+
+
+def _cache_setting(value: Any, where: str) -> str:
+    if not isinstance(value, (bool, str)) or value not in _CACHE_WORDS:
+        raise ConfigError(f'{where}: [serve] cache must be false, true or "deterministic", got {value!r}')
+    return _CACHE_WORDS[value]
+
+
+def cached_request(setting: str, header: str | None, temperature: object) -> bool:
+    """Whether one request may be answered from the state (and stored for its twins): the
+    request's ``x-sluice-cache`` header if it gives one, else the server's setting."""
+    if header is not None:
+        asked = header.strip().lower()
+        if asked in ("on", "true", "1", "yes"):
+            return True
+        if asked in ("off", "false", "0", "no"):
+            return False
+        raise ValueError(f"the x-sluice-cache header must be on or off, got {header[:40]!r}")
+    if setting == "deterministic":
+        return temperature == 0 and not isinstance(temperature, bool)
+    return setting == "on"
 
 
 def _clients(tables: Any, where: str) -> tuple[ClientSpec, ...]:
