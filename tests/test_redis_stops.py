@@ -62,6 +62,8 @@ def test_a_coordinator_stops_within_its_grace_while_redis_is_down_and_the_rerun_
     assert coordinator.returncode == 130, err[-3000:]
     assert "cannot be reached" in err
     assert "Traceback" not in err
+    said = [line for line in err.splitlines() if "cannot be reached" in line]
+    assert all(line.startswith("sluice: ") for line in said), said  # the library's warnings too
     written = [r["line"] for r in read_output(out)]
     assert len(written) == len(set(written))  # whole records, each once
     redis_server.start()
@@ -101,3 +103,34 @@ def test_a_worker_stops_within_its_grace_while_redis_is_down(
             if process.poll() is None:
                 process.kill()
             process.communicate(timeout=10)
+
+
+def test_every_worker_that_joins_takes_a_share(server: FakeServer, redis_server: RedisServer, tmp_path: Path) -> None:
+    """Two workers waiting for jobs and a coordinator at the default concurrency: each of
+    the three answers some of 400 lines, and the summary says how many."""
+    import re
+
+    server.latency = 0.02
+    env = env_for(server, OPENAI_API_KEY=KEY)
+    workers = [
+        start_cli(server, "worker", "--redis", redis_server.url, "--name", f"w{i}", env=env, stdout=subprocess.DEVNULL)
+        for i in range(2)
+    ]
+    try:
+        time.sleep(1.5)  # they are up and waiting
+        source = write_jsonl(tmp_path / "in.jsonl", questions(400))
+        out = tmp_path / "out.jsonl"
+        done = run_cli(server, "run", source, "-o", out, "--model", MODEL, "--redis", redis_server.url, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        (line,) = [row for row in done.stdout.splitlines() if "answered by" in row]
+        counts = {name: int(n.replace(",", "")) for name, n in re.findall(r"(\S+) ([\d,]+)(?:,|$)", line)}
+        assert set(counts) >= {"w0", "w1"}, line
+        assert all(count > 0 for count in counts.values()), line
+        assert sum(counts.values()) == 400
+        for row in ("requests sent", "tokens", "latency"):
+            assert any(r.strip().startswith(row) for r in done.stdout.splitlines()), (row, done.stdout)
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+            worker.communicate(timeout=30)

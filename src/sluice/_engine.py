@@ -864,7 +864,7 @@ class Engine:
         """The state cannot be written: stop admitting; what is in flight still finishes."""
         if self.store_error is None:
             self.store_error = error
-            _log.error("sluice: %s; stopping", error.message)
+            _log.error("%s; stopping", error.message)
             self.stop(grace=self.grace)
 
     def _waiting_while(self, batch: bool) -> WaitingScope:
@@ -911,7 +911,7 @@ class Engine:
                 self.on_retry(RetryEvent(job.request, error, attempt, delay, route.deployment.label))
             except Exception:
                 self.stats.hook_errors += 1
-                _log.exception("sluice: the on_retry hook raised; carrying on")
+                _log.exception("the on_retry hook raised; carrying on")
         return delay
 
     def _result(self, job: _Job, tally: Tally, outcome: Reply | SluiceError) -> Result:
@@ -961,7 +961,7 @@ class Engine:
                 self.on_result(result)
             except Exception:  # a hook's bug must not abort map() or lose a paid answer
                 self.stats.hook_errors += 1
-                _log.exception("sluice: the on_result hook raised; the result is kept")
+                _log.exception("the on_result hook raised; the result is kept")
 
     def __repr__(self) -> str:
         names = ", ".join(d.label for d in self.deployments)

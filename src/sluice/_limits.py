@@ -65,7 +65,12 @@ class RateLimitSnapshot:
 
 
 class Reservation(Protocol):
-    """Capacity granted to one attempt; settle it exactly once it is known what happened."""
+    """Capacity granted to one attempt; settle it exactly once it is known what happened.
+
+    A reservation may also have ``sent(at)``, called with the loop's time as the attempt
+    leaves for the provider: a limiter that counts from the send rather than the grant
+    covers whatever came between (a stall of the loop, the commit of the attempt's intent).
+    """
 
     tokens: int
 
@@ -114,6 +119,21 @@ LEDGER_TICK = 0.001
 #: schedule restarts: unused capacity is not saved up into a burst.
 CATCH_UP = 0.020
 
+#: The pacer spaces grants ``1 + PACE_MARGIN / min(window, PACED_SPAN)`` times wider than
+#: ``window / limit``, so that a server counting over a window shorter than ours (down to
+#: ``PACED_SPAN``: 100 per 10 s for our 600 per minute) is not sent one request too many
+#: when grants reach it unevenly. What can bring two requests closer than their slots:
+#: a timer that fired late and was caught up (``CATCH_UP``), and network jitter; a send
+#: delayed by more (a loop stall, a slow commit of the attempt's intent) pushes the
+#: schedule instead (see ``LocalLimiter._sent``). Costs 0.3 % of a 60 s window's rate.
+PACE_MARGIN = CATCH_UP + 0.010
+PACED_SPAN = 10.0
+
+
+def pace_factor(window: float) -> float:
+    """How much wider than ``window / limit`` the pacer spaces grants (see ``PACE_MARGIN``)."""
+    return 1.0 + PACE_MARGIN / min(window, PACED_SPAN)
+
 
 def _next_slot(tat: float, now: float) -> float:
     """Where the pacer's schedule continues from after a grant at ``now``."""
@@ -159,9 +179,9 @@ class _Entry:
 
 
 class _Grant:
-    __slots__ = ("_counted", "_entry", "_limiter", "_open", "tokens")
+    __slots__ = ("_counted", "_entry", "_limiter", "_open", "_paced", "tokens")
 
-    def __init__(self, limiter: LocalLimiter, entry: _Entry, tokens: int) -> None:
+    def __init__(self, limiter: LocalLimiter, entry: _Entry, tokens: int, paced: tuple[float, int, int]) -> None:
         self._limiter = limiter
         self._entry = entry
         self._open = True
@@ -169,6 +189,15 @@ class _Grant:
         #: What this grant adds to its ledger entry (the entry may hold other grants too);
         #: None once refunded.
         self._counted: int | None = tokens
+        #: (its pacer slot, the requests and the tokens granted before it): where its send
+        #: should have been, and how far the schedule has moved on since.
+        self._paced = paced
+
+    def sent(self, at: float) -> None:
+        """It was handed to the provider at ``at`` (the loop's clock): the window and the
+        pacer count from when it left, not from when it was granted."""
+        if self._counted is not None:
+            self._limiter._sent(self, at)
 
     def reconcile(self, actual_tokens: int) -> None:
         if self._counted is not None:
@@ -218,12 +247,15 @@ class LocalLimiter:
         "_ext_tokens",
         "_ext_until_requests",
         "_ext_until_tokens",
+        "_granted_requests",
+        "_granted_tokens",
         "_hard_tokens",
         "_hard_tokens_per",
         "_heap",
         "_in_flight",
         "_ledger",
         "_loop",
+        "_pace",
         "_paused_until",
         "_seq",
         "_tat_requests",
@@ -271,6 +303,10 @@ class LocalLimiter:
         self._used_tokens = 0
         self._tat_requests = -math.inf
         self._tat_tokens = -math.inf
+        self._pace = pace_factor(window)
+        #: Requests and tokens granted so far (how far the schedule moved on since a grant).
+        self._granted_requests = 0
+        self._granted_tokens = 0
         self._ext_requests = 0.0
         self._ext_until_requests = -math.inf
         self._ext_tokens = 0.0
@@ -443,14 +479,14 @@ class LocalLimiter:
         self._expire(now)
         at = self._paused_until
         if self.requests_limit is not None:
-            interval = self.window / self.requests_limit
+            interval = self.window * self._pace / self.requests_limit
             at = max(
                 at,
                 self._tat_requests - self.burst_requests * interval,
                 self._window_ready(1, max(1.0, self.requests_limit), True, now),
             )
         if self.tokens_limit is not None and tokens:
-            interval = self.window / self.tokens_limit
+            interval = self.window * self._pace / self.tokens_limit
             at = max(
                 at,
                 self._tat_tokens - self.burst_tokens * interval,
@@ -473,8 +509,11 @@ class LocalLimiter:
         if used + ext + amount <= limit:
             return now
         span = self.window + WINDOW_MARGIN
+        at = -math.inf
         for entry in self._ledger:
-            at = entry.t + span
+            # never earlier than the entries before it leave: a send later than its grant
+            # moves an entry's time on (``_sent``), and ``_expire`` takes them in order
+            at = max(at, entry.t + span)
             if ext and ext_until <= at:
                 if used + amount <= limit:
                     return ext_until
@@ -506,12 +545,40 @@ class LocalLimiter:
             ledger.append(entry)
         self._used_requests += 1
         self._used_tokens += tokens
+        slot = now
         if self.requests_limit is not None:
-            self._tat_requests = _next_slot(self._tat_requests, now) + self.window / self.requests_limit
+            slot = _next_slot(self._tat_requests, now)
+            self._tat_requests = slot + self.window * self._pace / self.requests_limit
         if self.tokens_limit is not None and tokens:
-            self._tat_tokens = _next_slot(self._tat_tokens, now) + tokens * self.window / self.tokens_limit
+            self._tat_tokens = _next_slot(self._tat_tokens, now) + tokens * self.window * self._pace / self.tokens_limit
+        paced = (slot, self._granted_requests, self._granted_tokens)
+        self._granted_requests += 1
+        self._granted_tokens += tokens
         self._in_flight += 1
-        return _Grant(self, entry, tokens)
+        return _Grant(self, entry, tokens, paced)
+
+    def _sent(self, grant: _Grant, at: float) -> None:
+        """A grant left for the provider at ``at``. Its ledger entry counts from then (it
+        cannot reach the server sooner), and a send later than its pacer slot by more than
+        ``CATCH_UP`` moves the schedule on as if it had been sent on time: requests granted
+        after it keep their spacing from it as it arrives, not as it was granted."""
+        entry = grant._entry
+        if entry.t < at < entry.t + self.window + WINDOW_MARGIN:  # (not after it left the ledger)
+            entry.t = at
+        slot, requests_before, tokens_before = grant._paced
+        late = at - slot - CATCH_UP
+        if late <= 0:
+            return
+        if self.requests_limit is not None:
+            since = self._granted_requests - requests_before
+            self._tat_requests = max(
+                self._tat_requests, at - CATCH_UP + since * self.window * self._pace / self.requests_limit
+            )
+        if self.tokens_limit is not None:
+            since = self._granted_tokens - tokens_before
+            self._tat_tokens = max(
+                self._tat_tokens, at - CATCH_UP + since * self.window * self._pace / self.tokens_limit
+            )
 
     def _adjust(self, entry: _Entry, *, requests: int, tokens: int) -> None:
         """Correct a grant after the fact (reconcile or refund) in ledger and pacer."""
@@ -526,9 +593,9 @@ class LocalLimiter:
             self._used_requests += requests
             self._used_tokens += tokens
         if requests and self.requests_limit is not None:
-            self._tat_requests += requests * self.window / self.requests_limit
+            self._tat_requests += requests * self.window * self._pace / self.requests_limit
         if tokens and self.tokens_limit is not None:
-            self._tat_tokens += tokens * self.window / self.tokens_limit
+            self._tat_tokens += tokens * self.window * self._pace / self.tokens_limit
         if requests < 0 or tokens < 0:
             self._wake()
 

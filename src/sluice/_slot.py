@@ -129,7 +129,10 @@ class Slot:
         tally.attempts += 1
         tally.sent = tally.sent_this_time = tally.at_provider = True
         self._stats.attempts += 1
-        self._sent_at = (loop or asyncio.get_running_loop()).time()
+        self._sent_at = now = (loop or asyncio.get_running_loop()).time()
+        sent = getattr(self.reservation, "sent", None)  # optional in the Reservation protocol
+        if sent is not None:
+            sent(now)
 
     @property
     def sent_at(self) -> float:

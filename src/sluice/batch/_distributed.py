@@ -33,6 +33,7 @@ from .._errors import ConfigError, InvalidInputError, SluiceError, StoreError
 from .._models import Deployment, Request, Result, store_key
 from .._records import result_from_record
 from .._spending import Spending
+from .._stats import Stats
 from ..redis._job_entries import request_fields, shared_defaults, shared_deployment
 from ..redis._job_worker import STOP_SLACK_S, Worker
 from ..redis._jobs import UNREACHABLE, JobQueue, JobSettings, WorkerRegistry, connect, job_id_for
@@ -72,6 +73,7 @@ async def coordinate(
         raise ConfigError("--redis runs chat jobs; run an embeddings job without --redis")
     started_at = store.meta().get("started_at")
     job_id = job_id_for(socket.gethostname(), str(spec.state.resolve()), started_at)
+    progress.worker_stats = Stats()
     coordinator = _Coordinator(spec, spec.distributed, progress, store, done, _Output(file, progress), job_id)
     await coordinator.run(on_tick)
 
@@ -474,6 +476,11 @@ class _Coordinator:
                 progress.cut_at_cap += 1
         progress.workers[worker] = progress.workers.get(worker, 0) + 1
         progress.workers_cost_usd += result.cost_usd or 0.0
+        stats = progress.worker_stats
+        if stats is not None and not result.cached:
+            stats.record(result)
+            stats.attempts += result.attempts
+            stats.retries += max(0, result.attempts - 1)
         self._watch(result)
 
 

@@ -14,6 +14,7 @@ from ._output import max_tokens_added
 if TYPE_CHECKING:
     from .._engine import Engine
     from .._router import RouteStatus
+    from .._stats import Stats
     from ..cli._config import JobConfig
     from ._inputs import InputOptions
 
@@ -114,6 +115,9 @@ class JobProgress:
     workers_cost_usd: float = 0.0
     #: Each deployment's state as the run ended (cooling down, failed attempts, last error).
     deployments: list[RouteStatus] = field(default_factory=list)
+    #: A distributed job's figures from its workers' records (requests sent, tokens,
+    #: latency); None when the job runs in this process (the engine's own stats count).
+    worker_stats: Stats | None = None
 
     @property
     def complete(self) -> bool:

@@ -37,6 +37,19 @@ EXIT_INTERNAL = 70
 EXIT_BROKEN_PIPE = 141
 
 
+def _say_library_warnings() -> None:
+    """The library's warnings (Redis away, a hook that raised) as the command's own lines:
+    ``sluice: ...`` on stderr, like everything else it says."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("sluice: %(message)s"))
+    logger = logging.getLogger("sluice")
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+
+
 def _fail(message: str, code: int = 2) -> None:
     click.echo(f"sluice: error: {message}", err=True)
     sys.exit(code)
@@ -317,6 +330,7 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
     from ..batch._runner import JobSpec, default_state_path
     from ._run import run_job_command
 
+    _say_library_warnings()
     config = _job_config(flags)
     spec = JobSpec(
         input=input_path,
@@ -387,6 +401,7 @@ def worker(redis_url: str, **flags: Any) -> None:
     with this machine's keys. Stops on SIGTERM or Ctrl-C, giving back what it holds."""
     from ._worker import run_worker
 
+    _say_library_warnings()
     sys.exit(
         run_worker(
             redis_url,

@@ -37,7 +37,7 @@ def _compact(n: float) -> str:
 
 def status_line(progress: JobProgress) -> str:
     elapsed = max(1e-9, time.monotonic() - progress.started)
-    stats = progress.engine.stats if progress.engine is not None else None
+    stats = progress.engine.stats if progress.engine is not None else progress.worker_stats
     rate = progress.written / elapsed
     tokens = (stats.input_tokens + stats.output_tokens) / elapsed if stats else 0.0
     remaining = progress.left
@@ -49,7 +49,7 @@ def status_line(progress: JobProgress) -> str:
         f"{_compact(tokens)} tok/s",
         f"errors {progress.failed:,}",
     ]
-    if stats is not None:
+    if stats is not None and progress.engine is not None:
         parts += [f"retries {stats.retries:,}", f"429s {stats.rate_limited:,}"]
         spend = _spend(progress)
         if spend:
@@ -146,7 +146,7 @@ def _cost_summary(progress: JobProgress) -> str:
 
 def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
     elapsed = (progress.finished or time.monotonic()) - progress.started
-    stats = progress.engine.stats if progress.engine is not None else None
+    stats = progress.engine.stats if progress.engine is not None else progress.worker_stats
     rows = [
         ("records", f"{progress.total:,}"),
         ("done", f"{progress.done:,} ({progress.already_done:,} from earlier runs)"),
@@ -161,17 +161,16 @@ def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
         rows.append(("not done", _not_done(progress)))
     rows.append(("served from the state", f"{progress.from_store:,} (not sent again)"))
     if stats is not None:
-        rows += [
-            (
-                "requests sent",
-                f"{stats.attempts:,} ({stats.retries:,} retries, {stats.rate_limited:,} x 429)",
-            ),
-            ("tokens", f"{stats.input_tokens:,} in, {stats.output_tokens:,} out"),
-        ]
+        # a distributed job knows its workers' answers, not the 429s each of them met
+        four_twenty_nines = f", {stats.rate_limited:,} x 429" if progress.engine is not None else ""
+        sent = f"{stats.attempts:,} ({stats.retries:,} retries{four_twenty_nines})"
+        if progress.engine is None:
+            sent += " by every worker"
+        rows += [("requests sent", sent), ("tokens", f"{stats.input_tokens:,} in, {stats.output_tokens:,} out")]
         p50, p99 = stats.latency.percentile(50), stats.latency.percentile(99)
         if p50 is not None and p99 is not None:
             rows.append(("latency", f"p50 {p50:.3f}s, p99 {p99:.3f}s"))
-    if stats is not None:
+    if progress.engine is not None:
         rows.append(("cost", _cost_summary(progress)))
     rows += _troubled_deployments(progress)
     rate = progress.written / elapsed if elapsed > 0 else 0.0

@@ -213,7 +213,7 @@ class RedisBudget:
         if not self._said_missing:
             self._said_missing = True
             log.warning(
-                "sluice: Redis at %s has no shared budget %r (its owner has not set it, or Redis lost its "
+                "Redis at %s has no shared budget %r (its owner has not set it, or Redis lost its "
                 "data): nothing is admitted against it until it is set again",
                 self.connection.target,
                 self.name,
@@ -225,7 +225,7 @@ class RedisBudget:
             if not self._warned:
                 self._warned = True
                 log.warning(
-                    "sluice: the shared budget %r has a limit of $%.2f (set by the first process to use it); "
+                    "the shared budget %r has a limit of $%.2f (set by the first process to use it); "
                     "this process asked $%.2f and uses $%.2f (RedisBudget.set_limit() changes it for all)",
                     self.name,
                     stored,

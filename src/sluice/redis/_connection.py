@@ -148,7 +148,7 @@ class Connection:
             except RedisDown:
                 pass  # a lease or hold then expires on its own; logged by _down
             except (RedisFailed, RedisError) as exc:
-                log.warning("sluice: a settle on Redis at %s failed: %s", self.target, exc)
+                log.warning("a settle on Redis at %s failed: %s", self.target, exc)
 
         task = asyncio.get_running_loop().create_task(guarded())
         self._tasks.add(task)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from redis.exceptions import AuthenticationError, AuthorizationError, ResponseError
+from redis.exceptions import AuthenticationError, AuthorizationError, RedisError, ResponseError
 
 from .. import _json
 from .._engine import Engine
@@ -42,6 +42,7 @@ from ._jobs import (
     JobSettings,
     WorkerRegistry,
     connect,
+    jobs_channel,
     running_jobs,
 )
 
@@ -58,6 +59,8 @@ _FINAL_KINDS = KEPT_KINDS | {"budget_exhausted", "invalid_request", "invalid_inp
 _FORGOTTEN_AFTER = 60.0
 _HEARTBEAT_EVERY = 3.0
 _HEARTBEAT_TTL = 10.0
+#: How long a worker that holds its fair share of a job waits before it looks again.
+_AT_SHARE_WAIT = 0.05
 #: Past a stop's grace, how long a Redis call is still retried before it is given up (the
 #: entry then stays pending in Redis, for another worker or the rerun to claim).
 STOP_SLACK_S = 5.0
@@ -103,6 +106,8 @@ class Worker:
         self._room.set()
         self._stopping = asyncio.Event()
         self._stopped_at: float | None = None
+        #: Set when a job is announced (or the worker stops): look for jobs now, not in a second.
+        self._wake = asyncio.Event()
         self._redis_problem: str | None = None
         self._failures = 0
         #: The engine calls in flight (cut off when a stop's grace period ends).
@@ -120,6 +125,7 @@ class Worker:
         if self._stopped_at is None:
             self._stopped_at = time.monotonic()
         self._stopping.set()
+        self._wake.set()
 
     def _past_stop(self) -> bool:
         """A stop's grace and slack are over: Redis calls are no longer retried."""
@@ -132,7 +138,9 @@ class Worker:
 
     async def run(self) -> None:
         jobs: dict[str, asyncio.Task[None]] = {}
-        beat = asyncio.get_running_loop().create_task(self._heartbeat())
+        loop = asyncio.get_running_loop()
+        beat = loop.create_task(self._heartbeat())
+        listener = loop.create_task(self._listen_for_jobs()) if self.only_job is None else None
         try:
             while not self.stopping:
                 if self.only_job is not None:
@@ -154,18 +162,37 @@ class Worker:
                             continue
                         jobs[job_id] = asyncio.get_running_loop().create_task(self._work_on(job_id))
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), 1.0)
+                    await asyncio.wait_for(self._wake.wait(), 1.0)
+                self._wake.clear()
         finally:
             self._stopping.set()
             if jobs:
                 await asyncio.gather(*jobs.values(), return_exceptions=True)
-            beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
+            for task in (beat, listener):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             with contextlib.suppress(*UNREACHABLE):
                 await asyncio.wait_for(WorkerRegistry(self.client, self.namespace).leave(self.name), 2)
             with contextlib.suppress(Exception):
                 await self.client.aclose()
+
+    async def _listen_for_jobs(self) -> None:
+        """Wake the job loop when a coordinator announces a job (the loop still looks every
+        second, so a lost subscription only makes joining slower)."""
+        while True:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(jobs_channel(self.namespace))
+                while True:
+                    if await pubsub.get_message(timeout=None) is not None:
+                        self._wake.set()
+            except (RedisError, OSError):  # UNREACHABLE's ConnectionError and TimeoutError are RedisErrors
+                await asyncio.sleep(self._backoff())  # _down() is said by the job loop's own calls
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def _heartbeat(self) -> None:
         registry = WorkerRegistry(self.client, self.namespace)
@@ -382,12 +409,16 @@ class Worker:
         while not self.stopping:
             n = await self._reserve()
             got: list[Delivery] = []
+            at_share = False
             try:
                 if loop.time() >= next_claim:
                     next_claim = loop.time() + claim_every
                     got = await queue.claim(self.name, min(n, 100), min_idle_ms)
                 if not got:
-                    got = await queue.take(self.name, min(n, 100), 500)
+                    allowed = await queue.fair_share() - len(held)
+                    at_share = allowed <= 0
+                    if not at_share:
+                        got = await queue.take(self.name, min(n, 100, allowed), 500)
                 self._up()
                 lost = False
             except UNREACHABLE as exc:
@@ -402,6 +433,9 @@ class Worker:
                 continue
             finally:
                 self._release(n - len(got))  # the room not used (all of it on a failure)
+            if at_share:  # holding its share: the others take the rest; look again soon
+                await asyncio.sleep(_AT_SHARE_WAIT)
+                continue
             for delivery in got:
                 held[delivery.entry_id] = delivery
                 task = loop.create_task(self._handle(queue, settings, engine, delivery, held))

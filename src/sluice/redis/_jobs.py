@@ -43,6 +43,7 @@ __all__ = [
     "WorkerRegistry",
     "connect",
     "job_id_for",
+    "jobs_channel",
     "running_jobs",
 ]
 
@@ -183,6 +184,11 @@ def _fields(fields: Mapping[str, Any]) -> Any:
     return dict(fields)
 
 
+def jobs_channel(namespace: str = "sluice") -> str:
+    """Where a job announces itself when it is registered: waiting workers join at once."""
+    return f"{namespace}:wake:jobs"
+
+
 async def running_jobs(client: aioredis.Redis, namespace: str = "sluice") -> list[str]:
     members: Any = await client.smembers(f"{namespace}:jobs")
     return sorted(m.decode() for m in members)
@@ -226,6 +232,7 @@ class JobQueue:
                 pipe.persist(key)  # an abandoned job's keys were set to expire
             pipe.set(self.coordinator, "1", ex=ABANDONED_AFTER_S)
             pipe.sadd(self.registry, self.job_id)
+            pipe.publish(jobs_channel(self.namespace), self.job_id)
             await pipe.execute()
 
     async def coordinator_beat(self) -> None:
@@ -317,6 +324,15 @@ class JobQueue:
             await pipe.execute()
 
     # -- workers -----------------------------------------------------------------------
+
+    async def fair_share(self) -> int:
+        """What one worker may hold of this job: its unanswered entries over the workers
+        that are up (a worker that takes more leaves the others idle)."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.xlen(self.requests)
+            pipe.scard(f"{self.namespace}:workers")
+            outstanding, workers = await pipe.execute()
+        return -(-int(outstanding) // max(1, int(workers)))
 
     async def take(self, consumer: str, count: int, block_ms: int) -> list[Delivery]:
         reply: Any = await self.client.xreadgroup(

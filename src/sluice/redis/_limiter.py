@@ -186,6 +186,12 @@ class _Grant:
         self._delta = actual_tokens - self.tokens
         self._schedule()
 
+    def sent(self, at: float) -> None:
+        """Counted from the grant on Redis's clock (``SHARED_WINDOW_MARGIN`` covers the send);
+        a grant of the fail-open local limiter counts from its send, as locally."""
+        if self._local is not None:
+            self._local.sent(at)
+
     def done(self) -> None:
         if self._local is not None:
             self._local.done()
@@ -440,7 +446,7 @@ class RedisLimiter:
         try:
             await self._serve()
         except Exception as exc:
-            log.exception("sluice: %s: the shared limiter failed", self.name)
+            log.exception("%s: the shared limiter failed", self.name)
             for *_, waiter in self._heap:
                 if not waiter.future.done():
                     waiter.future.set_exception(exc)
