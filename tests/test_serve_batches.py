@@ -232,7 +232,7 @@ async def test_an_embeddings_batch(server: FakeServer, tmp_path: Path) -> None:
         {"custom_id": "one", "method": "POST", "url": "/v1/embeddings", "body": {"model": EMBED_MODEL, "input": "alpha", "dimensions": 4}},
         {"custom_id": "two", "method": "POST", "url": "/v1/embeddings", "body": {"model": EMBED_MODEL, "input": ["beta", "gamma"], "dimensions": 4}},
         {"custom_id": "b64", "method": "POST", "url": "/v1/embeddings", "body": {"model": EMBED_MODEL, "input": "delta", "dimensions": 4, "encoding_format": "base64"}},
-        chat_line(9, custom_id="a-chat-line"),  # the wrong endpoint for this batch: an error line
+        {"custom_id": "empty", "method": "POST", "url": "/v1/embeddings", "body": {"model": EMBED_MODEL, "input": ""}},
     ]  # fmt: skip
     async with engine_for(server, tmp_path) as engine, serving(tmp_path, engine) as (url, _), sdk(url) as client:
         batch = await submit(client, records, endpoint="/v1/embeddings")
@@ -255,21 +255,62 @@ async def test_an_embeddings_batch(server: FakeServer, tmp_path: Path) -> None:
     packed = base64.b64decode(body("b64")["data"][0]["embedding"])
     assert array("f", packed).tolist() == vector("delta")
     assert body("two")["usage"]["prompt_tokens"] > 0
-    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [("a-chat-line", "invalid_input")]
-    assert "does not match the batch's endpoint" in errors[0]["error"]["message"]
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [("empty", "invalid_input")]
+    assert "empty" in errors[0]["error"]["message"]  # a body the API refuses fails alone
+    assert done.model == EMBED_MODEL
+    assert done.usage is not None
+    assert done.usage.input_tokens > 0
 
 
-async def test_bad_lines_and_refused_requests_go_to_the_error_file(server: FakeServer, tmp_path: Path) -> None:
+async def test_a_file_with_lines_that_are_not_requests_fails_the_batch_listing_each(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    """As at OpenAI: the upload is taken, the batch fails while validating, nothing is
+    sent, and ``errors.data`` names each line that is not a request it can run."""
     records: list[Any] = [
         chat_line(0),
         chat_line(1, url="/v1/embeddings"),  # another endpoint than the batch's
         {"messages": [{"role": "user", "content": "no custom_id"}], "model": CHAT_MODEL},  # not a Batch line
         chat_line(3, custom_id="req-0"),  # a duplicate custom_id
         {"custom_id": "no-body", "method": "POST", "url": "/v1/chat/completions", "body": "hi"},
-        {"custom_id": "get", "method": "GET", "url": "/v1/chat/completions", "body": {}},
-        chat_line(6, custom_id="refused"),
-        chat_line(7),
-        {**chat_line(8), "body": {**chat_line(8)["body"], "model": "gpt-4o"}},  # a model this client may not use
+        {"custom_id": "get", "method": "GET", "url": "/v1/chat/completions", "body": {"model": CHAT_MODEL}},
+        {"custom_id": "no-model", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}},
+    ]
+    raw = jsonl(records) + b"this line is not JSON\n"
+    async with engine_for(server, tmp_path) as engine, serving(tmp_path, engine) as (url, _), sdk(url) as client:
+        upload = await client.files.create(file=("in.jsonl", raw), purpose="batch")  # taken, as OpenAI takes it
+        batch = await client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = await finished(client, batch.id)
+    assert done.status == "failed"
+    assert done.failed_at is not None
+    assert done.output_file_id is None
+    assert done.error_file_id is None
+    found = {(e.line, e.code, e.param) for e in done.errors.data}
+    assert found == {
+        (2, "url_mismatch", "url"),
+        (3, "missing_required_parameter", "custom_id"),
+        (3, "invalid_request", "method"),
+        (3, "url_mismatch", "url"),
+        (3, "missing_required_parameter", "body"),
+        (4, "duplicate_custom_id", "custom_id"),
+        (5, "missing_required_parameter", "body"),
+        (6, "invalid_request", "method"),
+        (7, "missing_required_parameter", "body.model"),
+        (8, "invalid_json_line", None),
+    }
+    assert all(e.message and "--" not in e.message for e in done.errors.data)  # no CLI flags for API clients
+    assert server.stats.received == 0
+
+
+async def test_requests_refused_by_the_provider_or_the_server_fail_alone(server: FakeServer, tmp_path: Path) -> None:
+    records: list[Any] = [
+        chat_line(0),
+        {**chat_line(1), "body": {"model": CHAT_MODEL, "messages": []}},  # a body the API refuses
+        chat_line(2, custom_id="refused"),
+        chat_line(3),
+        {**chat_line(4), "body": {**chat_line(4)["body"], "model": "gpt-4o"}},  # a model this client may not use
     ]
     server.inject("400")
     served = {CHAT_MODEL: f"openai/{CHAT_MODEL}"}  # what sluice serve's [[client]] models check would say
@@ -284,21 +325,20 @@ async def test_bad_lines_and_refused_requests_go_to_the_error_file(server: FakeS
         output = await lines_of(client, done.output_file_id)
         errors = await lines_of(client, done.error_file_id)
         raw_errors = (await client.files.content(done.error_file_id)).text
-    assert done.status == "completed"  # bad lines fail alone, never the batch
-    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (9, 2, 7)
-    assert server.stats.received == 3  # the three valid lines, one of them refused by the provider
-    assert len(output) == 2
+    assert done.status == "completed"  # such lines fail alone, never the batch
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (5, 2, 3)
+    assert done.model == CHAT_MODEL
+    assert done.usage is not None
+    assert done.usage.total_tokens == sum(line["response"]["body"]["usage"]["total_tokens"] for line in output)
+    assert server.stats.received == 3  # the three it could send, one of them refused by the provider
     by_id = {e["custom_id"]: e for e in errors}
-    assert len(errors) == 7
-    assert by_id["req-8"]["error"]["code"] == "model_not_found"
-    assert by_id[None]["error"]["code"] == "invalid_input"
-    assert by_id[None]["response"] is None
-    for custom_id in ("req-1", "no-body", "get"):
-        assert by_id[custom_id]["error"]["code"] == "invalid_input"
-    assert "custom_id 'req-0' is used by an earlier line" in by_id["req-0"]["error"]["message"]
+    assert set(by_id) == {"req-1", "req-4", next(e["custom_id"] for e in errors if e["response"] is not None)}
+    assert by_id["req-4"]["error"]["code"] == "model_not_found"
+    assert by_id["req-1"]["error"]["code"] == "invalid_input"
+    assert "--" not in by_id["req-1"]["error"]["message"]
     refused = next(e for e in errors if e["response"] is not None)  # the one the provider refused
-    assert refused["custom_id"] in ("req-0", "refused", "req-7")
-    assert {line["custom_id"] for line in output} | {refused["custom_id"]} == {"req-0", "refused", "req-7"}
+    assert refused["custom_id"] in ("req-0", "refused", "req-3")
+    assert {line["custom_id"] for line in output} | {refused["custom_id"]} == {"req-0", "refused", "req-3"}
     assert refused["response"]["status_code"] == 400
     assert refused["response"]["body"]["error"]["message"]
     assert refused["error"]["code"] == "bad_request"
@@ -379,19 +419,8 @@ async def test_uploads_and_batches_that_cannot_be_taken_are_400s(server: FakeSer
         serving(tmp_path, engine, limits=limits) as (url, _),
         sdk(url) as client,
     ):
-        refused = {
-            "too large": jsonl([chat_line(i) for i in range(40)]),
-            "not JSONL": b"custom_id,body\nreq-1,hello\n",
-            "not UTF-8": b'{"custom_id": "\xff"}\n',
-            "a JSON array line": b"[1, 2]\n",
-            "too many requests": jsonl([chat_line(i) for i in range(6)]),
-            "empty": b"\n\n",
-        }
-        messages = {}
-        for why, data in refused.items():
-            with pytest.raises(openai.BadRequestError) as caught:
-                await client.files.create(file=("in.jsonl", data), purpose="batch")
-            messages[why] = str(caught.value)
+        with pytest.raises(openai.BadRequestError) as too_large:
+            await client.files.create(file=("in.jsonl", jsonl([chat_line(i) for i in range(40)])), purpose="batch")
         with pytest.raises(openai.BadRequestError):
             await client.files.create(file=("in.jsonl", b"{}\n"), purpose="nonsense")  # type: ignore[arg-type]
         other = await client.files.create(file=("notes.jsonl", b"{}\n"), purpose="user_data")
@@ -407,13 +436,28 @@ async def test_uploads_and_batches_that_cannot_be_taken_are_400s(server: FakeSer
             await client.batches.create(
                 input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h"
             )
+        # a file whose lines are not requests is taken, and a batch of it fails while validating
+        failing = {
+            "not JSONL": (b"custom_id,body\nreq-1,hello\n", "invalid_json_line"),
+            "not UTF-8": (b'{"custom_id": "\xff"}\n', "invalid_json_line"),
+            "a JSON array line": (b"[1, 2]\n", "invalid_json_line"),
+            "too many requests": (jsonl([chat_line(i) for i in range(6)]), "too_many_tasks"),
+            "empty": (b"\n\n", "empty_file"),
+        }
+        codes = {}
+        for why, (data, _) in failing.items():
+            upload = await client.files.create(file=("in.jsonl", data), purpose="batch")
+            batch = await client.batches.create(
+                input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            done = await finished(client, batch.id)
+            assert done.status == "failed", why
+            codes[why] = {e.code for e in done.errors.data}
         files = [f.id async for f in client.files.list()]
-    assert "4,096 bytes" in messages["too large"]
-    assert "not valid JSON" in messages["not JSONL"]
-    assert "UTF-8" in messages["not UTF-8"]
-    assert "not a JSON object" in messages["a JSON array line"]
-    assert "more than 5" in messages["too many requests"]
-    assert sorted(files) == sorted([other.id, good.id])  # nothing refused was kept
+    assert "4,096 bytes" in str(too_large.value)
+    assert {why: code in codes[why] for why, (_, code) in failing.items()} == dict.fromkeys(failing, True)
+    assert other.id in files
+    assert good.id in files
     assert not [p for p in (tmp_path / "files").iterdir() if p.name.startswith(".upload")]
     assert server.stats.received == 0
 

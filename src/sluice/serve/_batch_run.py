@@ -43,9 +43,10 @@ from .._models import Priority, Request, Result, Usage
 from ..batch._embed_job import EmbedLine
 from ..batch._inputs import InputItem, InputOptions, read_inputs
 from ..store import SqliteStore
+from ._batch_check import check_batch_lines
 from ._batch_ctx import BatchContext, derived_id
 from ._batch_db import FileRow
-from ._batch_shapes import Scrubber, chat_body, error_line, not_run_line, output_line
+from ._batch_shapes import Scrubber, batch_usage, chat_body, error_line, not_run_line, output_line, usage_of
 
 if TYPE_CHECKING:
     from .._engine import Engine
@@ -173,20 +174,33 @@ class BatchRun:
             self.fail("internal_error", f"sluice could not run this batch ({type(exc).__name__}); see the server log")
 
     async def _run(self) -> None:
-        if self.batch["status"] == "validating" and not self._validate():
+        if self.batch["status"] == "validating" and not await self._validate():
             return
         if self.batch["status"] in ("in_progress", "cancelling") and not await self._execute():
             return  # the server is stopping, or the state failed: resumed at the next start
         await self._finalize()
 
-    def _validate(self) -> bool:
+    async def _validate(self) -> bool:
+        """Every line checked as OpenAI checks a batch's file (see ``_batch_check``): one
+        that is not a request fails the batch before anything is sent."""
         row = self.ctx.db.file(self.client, self.batch["input_file_id"])
-        if row is None or not self.ctx.file_path(row.id).is_file():
+        path = self.ctx.file_path(self.batch["input_file_id"])
+        if row is None or not path.is_file():
             self.fail("invalid_file", f"the input file {self.batch['input_file_id']} no longer exists")
             return False
-        counts = {"total": row.lines, "completed": 0, "failed": 0}
-        if self.batch["status"] == "validating":
-            self._set("in_progress", in_progress_at=_now(), request_counts=counts)
+        limits = self.ctx.limits
+        check = await asyncio.to_thread(
+            check_batch_lines,
+            path,
+            self.batch["endpoint"],
+            max_requests=limits.max_requests,
+            max_line_bytes=limits.max_line_bytes,
+        )
+        if check.errors:
+            self._set("failed", failed_at=_now(), errors={"object": "list", "data": check.data()})
+            return False
+        counts = {"total": check.requests, "completed": 0, "failed": 0}
+        self._set("in_progress", in_progress_at=_now(), request_counts=counts, model=check.model)
         return True
 
     def fail(self, code: str, message: str) -> None:
@@ -391,7 +405,13 @@ class BatchRun:
         made = await asyncio.to_thread(self._write_files, final, scrub)
         stamp = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[final]
         self.batch["request_counts"].update(completed=made.completed, failed=made.failed)
-        self._set(final, output_file_id=made.output, error_file_id=made.errors, **{stamp: _now()})
+        self._set(
+            final,
+            output_file_id=made.output,
+            error_file_id=made.errors,
+            usage=batch_usage(made.usage),
+            **{stamp: _now()},
+        )
         await asyncio.to_thread(self._drop_lines)
 
     def _drop_lines(self) -> None:
@@ -408,6 +428,7 @@ class BatchRun:
         paths = {kind: self.ctx.file_path(ids[kind]).with_suffix(".part") for kind in names}
         written = {"output": 0, "errors": 0}
         never = 0
+        usage = Usage()
         try:
             with paths["output"].open("wb") as out, paths["errors"].open("wb") as err:
                 for item in read_inputs(self.ctx.file_path(self.batch["input_file_id"]), _OPTIONS):
@@ -417,6 +438,7 @@ class BatchRun:
                         never += 1
                     elif stored.ok:
                         record = stored.record
+                        usage = usage + usage_of(record)
                         body = record["raw"] if self.batch["endpoint"] == EMBEDDINGS else chat_body(record)
                         line = output_line(self.id, item.line, item.custom_id, body, record.get("request_id"))
                     else:
@@ -438,7 +460,7 @@ class BatchRun:
             path.replace(self.ctx.file_path(ids[kind]))
             self.ctx.db.add_file(FileRow(ids[kind], self.client, name, "batch_output", size, now))
             made[kind] = ids[kind]
-        return _Made(made["output"], made["errors"], written["output"], written["errors"] - never)
+        return _Made(made["output"], made["errors"], written["output"], written["errors"] - never, usage)
 
 
 class ModelNotFoundError(InvalidInputError):
@@ -502,6 +524,7 @@ class _Made:
     errors: str | None
     completed: int
     failed: int
+    usage: Usage
 
 
 class _EmbedLine(EmbedLine):

@@ -24,9 +24,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from .._models import Usage
 from ._batch_ctx import derived_id
 
-__all__ = ["Scrubber", "chat_body", "error_line", "not_run_line", "output_line"]
+__all__ = ["Scrubber", "batch_usage", "chat_body", "error_line", "not_run_line", "output_line", "usage_of"]
 
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
 _CODES = {"timeout": "request_timeout"}
@@ -54,6 +55,25 @@ class Scrubber:
         for host in self._hosts:
             message = message.replace(host, "[upstream]")
         return message
+
+
+def usage_of(record: Mapping[str, Any]) -> Usage:
+    """The usage a stored result record holds (nothing for one with none)."""
+    usage = record.get("usage")
+    if not isinstance(usage, Mapping):
+        return Usage()
+    return Usage(**{k: int(v) for k, v in usage.items() if k in Usage.__dataclass_fields__ and isinstance(v, int)})
+
+
+def batch_usage(usage: Usage) -> dict[str, Any]:
+    """A finished batch's ``usage``, as OpenAI reports it: its answered requests' tokens."""
+    return {
+        "input_tokens": usage.input_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_input_tokens},
+        "output_tokens": usage.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.total_tokens,
+    }
 
 
 def _request_id(batch_id: str, line: int) -> str:

@@ -176,6 +176,7 @@ async def create_batch(request: web.Request) -> web.Response:
         "cancelling_at": None,
         "cancelled_at": None,
         "request_counts": {"total": row.lines, "completed": 0, "failed": 0},
+        "usage": None,  # filled in when it ends, as OpenAI does
         "metadata": body.get("metadata"),
     }
     ctx.db.save_batch(client.name, batch)
