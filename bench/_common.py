@@ -423,3 +423,33 @@ def machine_line() -> str:
     server, client = cpu_plan()
     pinning = f"server on CPU {sorted(server)}, client on CPU {sorted(client)}" if server and client else "no pinning"
     return f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {pinning}"
+
+
+class ServeProcess:
+    """``sluice serve --config CONFIG_TEXT`` in a subprocess (state under ``state``), its
+    upstream key in ``BENCH_UPSTREAM_KEY``; ``url`` is its OpenAI base URL once it listens."""
+
+    def __init__(self, config_text: str, state: Path) -> None:
+        config = state / "sluice.toml"
+        config.write_text(config_text)
+        env = {**worker_env(), "BENCH_UPSTREAM_KEY": "sk-bench"}
+        command = [sys.executable, "-m", "sluice", "serve", "--config", str(config), "--port", "0"]
+        command += ["--state", str(state / "state")]
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env
+        )
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], 60)
+        line = self.process.stdout.readline().decode() if ready else ""
+        if "listening on " not in line:
+            self.stop()
+            raise RuntimeError(f"sluice serve did not start: {line!r}")
+        self.url = line.split("listening on ")[1].split()[0] + "/v1"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

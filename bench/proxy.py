@@ -20,15 +20,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import select
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import FakeServerProcess, markdown_table, save_results, versions_line, worker_env
+from _common import FakeServerProcess, ServeProcess, markdown_table, save_results, versions_line
 
 
 def _cpu_seconds(pid: int) -> float | None:
@@ -41,36 +39,13 @@ def _cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime: fields 14 and 15 of stat
 
 
-class Proxy:
-    """``sluice serve`` in a subprocess in front of ``upstream``."""
-
-    def __init__(self, upstream: str, state: Path) -> None:
-        config = state / "sluice.toml"
-        config.write_text(
-            f'[serve]\nmax_queue = 100000\n\n[[deployment]]\nmodel = "openai/bench"\nbase_url = "{upstream}"\n'
-            'api_key_env = "BENCH_UPSTREAM_KEY"\nprice = { input_per_mtok = 0.15, output_per_mtok = 0.60 }\n'
-        )
-        env = {**worker_env(), "BENCH_UPSTREAM_KEY": "sk-bench"}
-        command = [sys.executable, "-m", "sluice", "serve", "--config", str(config), "--port", "0"]
-        command += ["--state", str(state / "state")]
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env
-        )
-        assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], 60)
-        line = self.process.stdout.readline().decode() if ready else ""
-        if "listening on " not in line:
-            self.stop()
-            raise RuntimeError(f"sluice serve did not start: {line!r}")
-        self.url = line.split("listening on ")[1].split()[0] + "/v1"
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+def serve_in_front_of(upstream: str, state: Path) -> ServeProcess:
+    """``sluice serve`` in front of ``upstream``: no limits of its own, a price, a deep queue."""
+    return ServeProcess(
+        f'[serve]\nmax_queue = 100000\n\n[[deployment]]\nmodel = "openai/bench"\nbase_url = "{upstream}"\n'
+        'api_key_env = "BENCH_UPSTREAM_KEY"\nprice = { input_per_mtok = 0.15, output_per_mtok = 0.60 }\n',
+        state,
+    )
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -123,7 +98,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=50)
     args = parser.parse_args()
     with FakeServerProcess([]) as fake, tempfile.TemporaryDirectory() as tmp:
-        proxy = Proxy(fake.openai_url, Path(tmp))
+        proxy = serve_in_front_of(fake.openai_url, Path(tmp))
         try:
             direct = asyncio.run(_measure(fake.openai_url, "direct", args, None))
             through = asyncio.run(_measure(proxy.url, "proxy", args, proxy.process.pid))

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clitools import MODEL, questions, read_output, run_cli, start_cli, write_jsonl
+from clitools import MODEL, questions, read_output, run_cli, start_cli, wait_until, write_jsonl
 
 from sluice import Deployment, Engine
 from sluice.testing import FakeServer
@@ -28,9 +28,7 @@ def test_not_done_after_ctrl_c_is_what_the_rerun_sends(server: FakeServer, tmp_p
     output = tmp_path / "out.jsonl"
     args = ["run", source, "-o", output, "--model", MODEL, "--concurrency", "4"]
     process = start_cli(server, *args)
-    deadline = time.monotonic() + 30
-    while server.stats.accepted < 30 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: server.stats.accepted >= 30)
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
@@ -135,9 +133,7 @@ def test_report_of_a_running_job_counts_the_records_written_so_far(server: FakeS
     output = tmp_path / "out.jsonl"
     process = start_cli(server, "run", source, "-o", output, "--model", MODEL, "--concurrency", "4")
     try:
-        deadline = time.monotonic() + 30
-        while (not output.exists() or len(output.read_bytes().splitlines()) < 40) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: output.exists() and len(output.read_bytes().splitlines()) >= 40)
         time.sleep(2.5)  # the job notes its progress every 2 s
         report = run_cli(server, "report", output)
     finally:
