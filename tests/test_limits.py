@@ -843,3 +843,24 @@ def test_late_sends_never_put_more_in_any_window_at_the_server_than_the_limit(se
     ideal = 1299 * 0.1
     assert last <= ideal * pace_factor(60.0) + excess + 0.01
     assert last <= 1.02 * ideal
+
+
+def test_a_refund_behind_an_entry_kept_by_a_late_send_leaves_no_phantom_request() -> None:
+    """A late send keeps its ledger entry past its time, and so the entries after it: a
+    refund of one of those still takes its request out of the counts."""
+
+    async def scenario() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        limiter = LocalLimiter(requests=2, window=10.0)
+        first = await limiter.acquire(1)
+        second = await limiter.acquire(1)  # 5 s later, paced
+        await asyncio.sleep(4.0)
+        first.sent(loop.time())  # the first leaves only now, 9 s in (a stall): it counts from here
+        await asyncio.sleep(7.0)  # 16 s: the second's own time is up; the first holds it in
+        second.refund()  # never sent after all
+        first.done()
+        await asyncio.sleep(20.0)  # both have left the window
+        (await limiter.acquire(1)).done()
+        return limiter.in_flight, getattr(limiter, "_used_requests")
+
+    assert run_in_virtual_time(scenario()) == (0, 1)  # only the last grant is in the window

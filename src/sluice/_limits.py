@@ -170,12 +170,14 @@ class _Entry:
     """Grants in the ledger (one, or several in the same millisecond: see ``LEDGER_TICK``);
     mutable so reconciliation can correct it in place."""
 
-    __slots__ = ("requests", "t", "tokens")
+    __slots__ = ("gone", "requests", "t", "tokens")
 
     def __init__(self, t: float, tokens: int) -> None:
         self.t = t
         self.requests = 1
         self.tokens = tokens
+        #: It has left the ledger (its counts no longer in the totals).
+        self.gone = False
 
 
 class _Grant:
@@ -465,6 +467,7 @@ class LocalLimiter:
         ledger = self._ledger
         while ledger and ledger[0].t + span <= now:
             entry = ledger.popleft()
+            entry.gone = True
             self._used_requests -= entry.requests
             self._used_tokens -= entry.tokens
 
@@ -563,7 +566,7 @@ class LocalLimiter:
         ``CATCH_UP`` moves the schedule on as if it had been sent on time: requests granted
         after it keep their spacing from it as it arrives, not as it was granted."""
         entry = grant._entry
-        if entry.t < at < entry.t + self.window + WINDOW_MARGIN:  # (not after it left the ledger)
+        if at > entry.t and not entry.gone:
             entry.t = at
         slot, requests_before, tokens_before = grant._paced
         late = at - slot - CATCH_UP
@@ -586,7 +589,7 @@ class LocalLimiter:
             return
         now = self._now()
         self._expire(now)
-        in_window = entry.t + (self.window + WINDOW_MARGIN) > now  # as _expire reckons: still in the ledger
+        in_window = not entry.gone  # still in the ledger (a later send may keep it past its time)
         entry.requests += requests
         entry.tokens += tokens
         if in_window:
