@@ -819,8 +819,7 @@ def _late_sends(limiter: LocalLimiter, n: int, seed: int) -> tuple[list[float], 
             delay = max(stall_until - now, jitter)
             excess += max(0.0, delay - CATCH_UP)
             await asyncio.sleep(delay)
-            sent = getattr(reservation, "sent")  # noqa: B009 - optional in the protocol
-            sent(loop.time())
+            reservation.sent(loop.time())
             arrivals.append(loop.time() + rng.uniform(0.0, 0.01))
             reservation.done()
 
@@ -861,6 +860,6 @@ def test_a_refund_behind_an_entry_kept_by_a_late_send_leaves_no_phantom_request(
         first.done()
         await asyncio.sleep(20.0)  # both have left the window
         (await limiter.acquire(1)).done()
-        return limiter.in_flight, getattr(limiter, "_used_requests")
+        return limiter.in_flight, limiter._used_requests
 
     assert run_in_virtual_time(scenario()) == (0, 1)  # only the last grant is in the window
