@@ -845,6 +845,15 @@ class Engine:
                 router.released(route)
                 self._store_failed(failed)
                 return CancelledError(f"not sent: {failed.message}")
+        delay = slot.send_delay(loop.time())  # 0 unless what came before it left late
+        if delay > 0:
+            try:
+                with self._waiting_while(batch):
+                    await asyncio.sleep(delay)
+            except BaseException:
+                slot.unsent()
+                router.released(route)
+                raise
         if self._stopping and batch:
             slot.unsent()
             router.released(route)

@@ -11,6 +11,12 @@ Each deployment gets one :class:`LocalLimiter`. Two mechanisms work together:
   explicitly; the default is none. A timer that fires late does not cost throughput:
   the schedule keeps its slots (see ``CATCH_UP``).
 
+Both count from when a request *leaves* for the provider, not from its grant: a ledger
+entry is dated by its send (:meth:`_Grant.sent`), and a second pacer over the sends holds
+a request that would leave closer to the ones before it than the pace allows
+(:meth:`_Grant.send_delay`). A stall of the loop or a slow commit between grant and send
+then delays requests instead of bunching them up at the server.
+
 Waiters are served in (priority, arrival) order — never by size, so a large request
 is not starved by small ones — and are woken by a single timer set for the moment the
 head of the queue can go, or by a release. Nothing polls, and no lock is held across
@@ -67,9 +73,10 @@ class RateLimitSnapshot:
 class Reservation(Protocol):
     """Capacity granted to one attempt; settle it exactly once it is known what happened.
 
-    A reservation may also have ``sent(at)``, called with the loop's time as the attempt
-    leaves for the provider: a limiter that counts from the send rather than the grant
-    covers whatever came between (a stall of the loop, the commit of the attempt's intent).
+    A reservation may also have ``send_delay(now) -> float`` (seconds to hold the attempt
+    before it leaves) and ``sent(at)``, called with the loop's time as it leaves: a limiter
+    that counts from the send rather than the grant covers whatever came between (a stall
+    of the loop, the commit of the attempt's intent). Both are optional.
     """
 
     tokens: int
@@ -122,10 +129,11 @@ CATCH_UP = 0.020
 #: The pacer spaces grants ``1 + PACE_MARGIN / min(window, PACED_SPAN)`` times wider than
 #: ``window / limit``, so that a server counting over a window shorter than ours (down to
 #: ``PACED_SPAN``: 100 per 10 s for our 600 per minute) is not sent one request too many
-#: when grants reach it unevenly. What can bring two requests closer than their slots:
-#: a timer that fired late and was caught up (``CATCH_UP``), and network jitter; a send
-#: delayed by more (a loop stall, a slow commit of the attempt's intent) pushes the
-#: schedule instead (see ``LocalLimiter._sent``). Costs 0.3 % of a 60 s window's rate.
+#: when requests reach it unevenly. What can bring two requests closer than their slots:
+#: the pacers' ``CATCH_UP`` tolerance (a timer that fired late is caught up), and network
+#: jitter; grants held back longer (a loop stall, a slow commit of the attempt's intent)
+#: are spaced again as they leave (see ``LocalLimiter._send_delay``). Costs 0.3 % of a
+#: 60 s window's rate.
 PACE_MARGIN = CATCH_UP + 0.010
 PACED_SPAN = 10.0
 
@@ -181,9 +189,9 @@ class _Entry:
 
 
 class _Grant:
-    __slots__ = ("_counted", "_entry", "_limiter", "_open", "_paced", "tokens")
+    __slots__ = ("_counted", "_entry", "_limiter", "_open", "_paced", "_sent", "tokens")
 
-    def __init__(self, limiter: LocalLimiter, entry: _Entry, tokens: int, paced: tuple[float, int, int]) -> None:
+    def __init__(self, limiter: LocalLimiter, entry: _Entry, tokens: int) -> None:
         self._limiter = limiter
         self._entry = entry
         self._open = True
@@ -191,20 +199,29 @@ class _Grant:
         #: What this grant adds to its ledger entry (the entry may hold other grants too);
         #: None once refunded.
         self._counted: int | None = tokens
-        #: (its pacer slot, the requests and the tokens granted before it): where its send
-        #: should have been, and how far the schedule has moved on since.
-        self._paced = paced
+        self._sent = False
+        #: It has its place in the send pacer (``send_delay`` was asked).
+        self._paced = False
+
+    def send_delay(self, now: float) -> float:
+        """Seconds to hold it before it leaves (0 almost always): requests leave no closer
+        together than the pace allows, however the grants before them straggled. Ask once,
+        just before sending: it takes the request's place in the send pacer."""
+        if self._paced or self._counted is None:
+            return 0.0
+        return self._limiter._send_delay(self, now)
 
     def sent(self, at: float) -> None:
         """It was handed to the provider at ``at`` (the loop's clock): the window and the
-        pacer count from when it left, not from when it was granted."""
-        if self._counted is not None:
-            self._limiter._sent(self, at)
+        send pacer count from when it left, not from when it was granted."""
+        if self._counted is not None and not self._sent:
+            self._sent = True
+            self._limiter._left(self, at)
 
     def reconcile(self, actual_tokens: int) -> None:
         if self._counted is not None:
             delta, self._counted = actual_tokens - self._counted, actual_tokens
-            self._limiter._adjust(self._entry, requests=0, tokens=delta)
+            self._limiter._adjust(self._entry, requests=0, tokens=delta, sent=self._paced)
 
     def done(self) -> None:
         if self._open:
@@ -249,8 +266,6 @@ class LocalLimiter:
         "_ext_tokens",
         "_ext_until_requests",
         "_ext_until_tokens",
-        "_granted_requests",
-        "_granted_tokens",
         "_hard_tokens",
         "_hard_tokens_per",
         "_heap",
@@ -259,6 +274,8 @@ class LocalLimiter:
         "_loop",
         "_pace",
         "_paused_until",
+        "_send_tat_requests",
+        "_send_tat_tokens",
         "_seq",
         "_tat_requests",
         "_tat_tokens",
@@ -306,9 +323,9 @@ class LocalLimiter:
         self._tat_requests = -math.inf
         self._tat_tokens = -math.inf
         self._pace = pace_factor(window)
-        #: Requests and tokens granted so far (how far the schedule moved on since a grant).
-        self._granted_requests = 0
-        self._granted_tokens = 0
+        #: The pacer again, over the moments requests leave (see ``_send_delay``).
+        self._send_tat_requests = -math.inf
+        self._send_tat_tokens = -math.inf
         self._ext_requests = 0.0
         self._ext_until_requests = -math.inf
         self._ext_tokens = 0.0
@@ -548,43 +565,51 @@ class LocalLimiter:
             ledger.append(entry)
         self._used_requests += 1
         self._used_tokens += tokens
-        slot = now
         if self.requests_limit is not None:
-            slot = _next_slot(self._tat_requests, now)
-            self._tat_requests = slot + self.window * self._pace / self.requests_limit
+            self._tat_requests = _next_slot(self._tat_requests, now) + self.window * self._pace / self.requests_limit
         if self.tokens_limit is not None and tokens:
             self._tat_tokens = _next_slot(self._tat_tokens, now) + tokens * self.window * self._pace / self.tokens_limit
-        paced = (slot, self._granted_requests, self._granted_tokens)
-        self._granted_requests += 1
-        self._granted_tokens += tokens
         self._in_flight += 1
-        return _Grant(self, entry, tokens, paced)
+        return _Grant(self, entry, tokens)
 
-    def _sent(self, grant: _Grant, at: float) -> None:
-        """A grant left for the provider at ``at``. Its ledger entry counts from then (it
-        cannot reach the server sooner), and a send later than its pacer slot by more than
-        ``CATCH_UP`` moves the schedule on as if it had been sent on time: requests granted
-        after it keep their spacing from it as it arrives, not as it was granted."""
+    def _send_delay(self, grant: _Grant, now: float) -> float:
+        """How long ``grant`` waits before it leaves, and its place in the send pacer: the
+        grant pacer's schedule kept over the moments requests actually leave (with the same
+        ``CATCH_UP`` tolerance). Grants that a stall of the loop or a slow commit held back
+        leave spaced as they were granted, not in a bunch the server would count in one
+        slice; requests that are all a little late keep their spacing and wait for nothing.
+        Called once per grant, as it is about to leave: its slot is taken here, so two
+        requests that wait at once do not leave at once."""
+        at = now
+        requests = self.requests_limit is not None
+        tokens = self.tokens_limit is not None and grant.tokens > 0
+        if requests:
+            at = max(at, self._send_tat_requests - CATCH_UP)
+        if tokens:
+            at = max(at, self._send_tat_tokens - CATCH_UP)
+        if requests:
+            assert self.requests_limit is not None
+            self._send_tat_requests = max(self._send_tat_requests, at) + self.window * self._pace / self.requests_limit
+        if tokens:
+            assert self.tokens_limit is not None
+            interval = self.window * self._pace / self.tokens_limit
+            self._send_tat_tokens = max(self._send_tat_tokens, at) + grant.tokens * interval
+        grant._paced = True
+        return at - now
+
+    def _left(self, grant: _Grant, at: float) -> None:
+        """``grant`` left for the provider at ``at``: its ledger entry counts from then (it
+        cannot reach the server sooner). One that skipped ``send_delay`` (a caller that does
+        not ask) takes its send pacer slot now."""
         entry = grant._entry
         if at > entry.t and not entry.gone:
             entry.t = at
-        slot, requests_before, tokens_before = grant._paced
-        late = at - slot - CATCH_UP
-        if late <= 0:
-            return
-        if self.requests_limit is not None:
-            since = self._granted_requests - requests_before
-            self._tat_requests = max(
-                self._tat_requests, at - CATCH_UP + since * self.window * self._pace / self.requests_limit
-            )
-        if self.tokens_limit is not None:
-            since = self._granted_tokens - tokens_before
-            self._tat_tokens = max(
-                self._tat_tokens, at - CATCH_UP + since * self.window * self._pace / self.tokens_limit
-            )
+        if not grant._paced:
+            self._send_delay(grant, at)
 
-    def _adjust(self, entry: _Entry, *, requests: int, tokens: int) -> None:
-        """Correct a grant after the fact (reconcile or refund) in ledger and pacer."""
+    def _adjust(self, entry: _Entry, *, requests: int, tokens: int, sent: bool = False) -> None:
+        """Correct a grant after the fact (reconcile or refund) in ledger and pacers
+        (``sent``: it has its place in the send pacer, which counts it too)."""
         if not requests and not tokens:
             return
         now = self._now()
@@ -599,6 +624,8 @@ class LocalLimiter:
             self._tat_requests += requests * self.window * self._pace / self.requests_limit
         if tokens and self.tokens_limit is not None:
             self._tat_tokens += tokens * self.window * self._pace / self.tokens_limit
+            if sent:
+                self._send_tat_tokens += tokens * self.window * self._pace / self.tokens_limit
         if requests < 0 or tokens < 0:
             self._wake()
 

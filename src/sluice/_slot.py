@@ -123,6 +123,11 @@ class Slot:
         if self._intent is not None:
             self._settle_intent(0.0, answered=False)
 
+    def send_delay(self, now: float) -> float:
+        """Seconds to hold the attempt before it leaves, as its limiter asks (0 almost always)."""
+        delay = getattr(self.reservation, "send_delay", None)  # optional in the Reservation protocol
+        return float(delay(now)) if delay is not None else 0.0
+
     def sending(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         """It goes to the provider now."""
         tally = self.tally

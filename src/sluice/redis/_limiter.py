@@ -186,6 +186,11 @@ class _Grant:
         self._delta = actual_tokens - self.tokens
         self._schedule()
 
+    def send_delay(self, now: float) -> float:
+        """No hold: the shared window counts from Redis's clock (``SHARED_WINDOW_MARGIN``);
+        a fail-open local grant is spaced as locally."""
+        return self._local.send_delay(now) if self._local is not None else 0.0
+
     def sent(self, at: float) -> None:
         """Counted from the grant on Redis's clock (``SHARED_WINDOW_MARGIN`` covers the send);
         a grant of the fail-open local limiter counts from its send, as locally."""
