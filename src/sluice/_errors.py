@@ -13,7 +13,8 @@
     ├── BudgetExhaustedError         not run: its worst case no longer fits the budget
     ├── UnknownPriceError            a budgeted run met a model with no known price
     ├── StoreError                   the state file cannot be written (disk full, read-only...)
-    ├── EmbeddingError               embed() could not give every text a vector (in _embeddings)
+    ├── GroupExhausted               every deployment of a model is cooling or failed the request
+    ├── EmbeddingError               embed() could not give every text a vector
     └── ProviderError                the provider (or the way to it) failed
         ├── RetryableError           worth another attempt
         │   ├── RateLimitError           429
@@ -37,6 +38,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ._embeddings import EmbeddingResult
     from ._limits import RateLimitSnapshot
 
 __all__ = [
@@ -48,8 +50,10 @@ __all__ = [
     "CapacityError",
     "ConfigError",
     "ConnectError",
+    "EmbeddingError",
     "EngineClosedError",
     "FatalProviderError",
+    "GroupExhausted",
     "InvalidInputError",
     "InvalidRequestError",
     "MalformedResponseError",
@@ -142,6 +146,29 @@ class UnknownPriceError(SluiceError):
     """A budgeted run met a model with no known price (set one, or allow unpriced models)."""
 
     kind = "unknown_price"
+
+
+class GroupExhausted(SluiceError):
+    """Every deployment of the model is cooling down or has failed this request: the
+    engine moves it to the next model of its fallbacks."""
+
+    kind = "no_deployment"
+
+
+class EmbeddingError(SluiceError):
+    """``embed()`` could not give every text a vector. ``results`` holds every text's
+    :class:`~sluice.EmbeddingResult` in input order (the vectors that were made are there,
+    and in the store: a rerun embeds only the failed texts); ``failed`` the ones without."""
+
+    kind = "embedding_failed"
+
+    def __init__(self, message: str, results: list[EmbeddingResult]) -> None:
+        super().__init__(message)
+        self.results = results
+
+    @property
+    def failed(self) -> list[EmbeddingResult]:
+        return [r for r in self.results if not r.ok]
 
 
 class ProviderError(SluiceError):

@@ -1,10 +1,9 @@
 """``Engine.map``'s fan-out: a source read as capacity frees up, results as they finish.
 
-Split from the engine for size; it is the engine's own machinery and uses its internals
-(the gate, the task registry, the stop flag). One producer task reads the source only
-while fewer than ``engine.buffer`` results wait to be taken, turns each item into a job
-(or a Result saying why it cannot be one) and starts a task per job once the gate has a
-slot; the consumer hands results out as they finish, or in input order.
+A front end on the attempt core: one producer task reads the source only while fewer
+than ``room`` results wait to be taken, turns each item into a job (or a Result saying
+why it cannot be one) and starts a task per job once the runtime's gate has a slot; the
+consumer hands results out as they finish, or in input order.
 """
 
 from __future__ import annotations
@@ -17,10 +16,12 @@ from typing import TYPE_CHECKING
 from ._budget import Budget
 from ._coerce import RequestLike, aiterate
 from ._errors import CancelledError, EngineClosedError
+from ._inorder import InOrder
 from ._models import Result
 
 if TYPE_CHECKING:
-    from ._engine import Engine, _Job
+    from ._attempts import Attempts
+    from ._job import Job
 
 __all__ = ["fan_out"]
 
@@ -28,75 +29,73 @@ _NEVER_STARTED = "cancelled before it started; it was never sent"
 
 
 async def fan_out(
-    engine: Engine,
+    attempts: Attempts,
     requests: Iterable[RequestLike] | AsyncIterable[RequestLike],
     *,
     model: str | None,
     ordered: bool,
     priority: int,
     budget: Budget | None,
+    room: int,
 ) -> AsyncIterator[Result]:
     """See :meth:`Engine.map`."""
-    if engine._closed:
-        raise EngineClosedError("the engine is closed")
+    runtime = attempts.runtime
+    runtime.check_open()
     loop = asyncio.get_running_loop()
     finished: asyncio.Queue[tuple[int, Result] | BaseException | None] = asyncio.Queue()
-    room = _Room(engine.buffer)
+    space = _Room(room)
     tasks: set[asyncio.Task[Result]] = set()
     taken = 0
     producer_done = False
 
-    def on_done(task: asyncio.Task[Result], *, index: int, job: _Job) -> None:
+    def on_done(task: asyncio.Task[Result], *, index: int, job: Job) -> None:
         tasks.discard(task)
-        engine._tasks.discard(task)
-        engine._stop_cancelled.discard(task)
         if task.cancelled():  # its result was reported as it was cancelled; hand it out
             if not job.started:  # cancelled before its first step: its gate slot is still taken
-                engine._gate.release()
+                runtime.gate.release()
             result = job.cancelled
             if result is None:  # cancelled before it ever ran
                 result = Result(job.request, error=CancelledError(_NEVER_STARTED), index=index)
-                engine._emit(result)
+                runtime.emit(result)
             finished.put_nowait((index, result))
         else:
             error = task.exception()
             finished.put_nowait(error if error is not None else (index, task.result()))
-        engine._maybe_idle()
+        runtime.untrack(task)
 
     async def produce() -> None:
         nonlocal taken
         try:
             async for item in aiterate(requests):
-                await room.take()
+                await space.take()
                 index = taken
                 taken += 1
-                prepared = engine._prepare_item(item, index, model, priority, budget)
+                prepared = attempts.prepare_item(item, index, model, priority, budget)
                 if isinstance(prepared, Result):
                     finished.put_nowait((index, prepared))
                     continue
                 try:
-                    await engine._gate.acquire(prepared.priority, prepared.seq)
+                    await runtime.gate.acquire(prepared.priority, prepared.seq)
                 except asyncio.CancelledError:  # closed while it waited: it still gets its result
-                    finished.put_nowait((index, engine._not_started(prepared)))
+                    finished.put_nowait((index, attempts.not_started(prepared)))
                     raise
-                if engine._stopping:
-                    engine._gate.release()
-                    finished.put_nowait((index, engine._not_started(prepared)))
+                if runtime.stopping:
+                    runtime.gate.release()
+                    finished.put_nowait((index, attempts.not_started(prepared)))
                     break
-                task = loop.create_task(engine._admitted(prepared))
+                task = loop.create_task(attempts.admitted(prepared))
                 tasks.add(task)
-                engine._tasks.add(task)
+                runtime.track(task)
                 task.add_done_callback(functools.partial(on_done, index=index, job=prepared))
-                if engine._stopping:
+                if runtime.stopping:
                     break
         finally:
             finished.put_nowait(None)
 
     producer = loop.create_task(produce())
-    engine._producers.add(producer)
+    runtime.producers.add(producer)
     received = 0
-    waiting: dict[int, Result] = {}
-    next_index = 0
+    in_order: InOrder[Result] = InOrder()
     try:
         while not producer_done or received < taken:
             item = await finished.get()
@@ -108,20 +107,17 @@ async def fan_out(
             received += 1
             index, result = item
             if not ordered:
-                room.give()
+                space.give()
                 yield result
                 continue
-            waiting[index] = result
-            while next_index in waiting:
-                ready = waiting.pop(next_index)
-                next_index += 1
-                room.give()
+            for ready in in_order.arrived(index, result):
+                space.give()
                 yield ready
         if producer.cancelled():
             raise EngineClosedError("the engine was closed while map() was still reading its source")
         await producer  # surfaces an error raised by the source itself
     finally:
-        engine._producers.discard(producer)
+        runtime.producers.discard(producer)
         if not producer.done():
             producer.cancel()
         for task in tasks:

@@ -35,6 +35,7 @@ from ._errors import (
     CapacityError,
     ConfigError,
     ConnectError,
+    GroupExhausted,
     InvalidRequestError,
     MalformedResponseError,
     NotFoundError,
@@ -64,12 +65,6 @@ __all__ = [
 
 #: Failures that say the deployment (not the request) is in trouble.
 _TROUBLE = (ServerError, OverloadedError, ConnectError, AttemptTimeoutError, MalformedResponseError, RateLimitError)
-
-
-class GroupExhausted(SluiceError):
-    """Every deployment of the model is cooling down or has failed this request."""
-
-    kind = "no_deployment"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._models import Result
+from ._models import Result, Usage
+
+if TYPE_CHECKING:
+    from ._embeddings import EmbeddingResult
+    from ._errors import SluiceError
 
 __all__ = ["LatencyHistogram", "Stats"]
 
@@ -95,21 +99,31 @@ class Stats:
             self.maybe_billed_usd += dollars
 
     def record(self, result: Result) -> None:
-        if result.cached:
+        """Count a request's Result."""
+        self._count(result.ok, result.cached, result.error, result.usage, result.timings.latency, result.cost_usd)
+
+    def record_embedding(self, result: EmbeddingResult) -> None:
+        """Count one text's embedding as a Result is counted."""
+        self._count(result.ok, result.cached, result.error, result.usage, result.latency, result.cost_usd)
+
+    def _count(
+        self, ok: bool, cached: bool, error: SluiceError | None, usage: Usage, latency: float, cost: float | None
+    ) -> None:
+        if cached:
             self.cached += 1
-        if result.ok:
+        if ok:
             self.succeeded += 1
-            if not result.cached:  # tokens and latency of this run only
-                self.input_tokens += result.usage.input_tokens
-                self.output_tokens += result.usage.output_tokens
-                self.latency.add(result.timings.latency)
-                if result.cost_usd is None:
+            if not cached:  # tokens and latency of this run only
+                self.input_tokens += usage.input_tokens
+                self.output_tokens += usage.output_tokens
+                self.latency.add(latency)
+                if cost is None:
                     self.unpriced += 1
-        elif result.error is not None and result.error.kind == "cancelled":
+        elif error is not None and error.kind == "cancelled":
             self.cancelled += 1
         else:
             self.failed += 1
-            self.errors[result.error.kind if result.error is not None else "error"] += 1
+            self.errors[error.kind if error is not None else "error"] += 1
 
     def snapshot(self) -> dict[str, Any]:
         return {

@@ -12,9 +12,11 @@ delta is read from the connection when it is asked for. Each attempt is a
 :class:`~sluice._slot.Slot` like any request's (rate-limit reservation, worst-case budget
 hold, durable intent), settled exactly once.
 
-- **Retries only before the first delta.** A 429, a 5xx, a reset or an ``error`` event
-  before any text is retried like any attempt (``Engine._after_failure`` decides). After
-  the first delta nothing is retried: an error (a cut connection, an ``error`` event, a
+- **Retries only before the first delta.** An attempt's send is the opening of the
+  provider's stream up to its first delta, run by the attempt core's one retry loop
+  (:meth:`~sluice._attempts.Attempts.until_outcome`): a 429, a 5xx, a reset or an
+  ``error`` event before any text is retried like any attempt. After the first delta
+  nothing is retried: an error (a cut connection, an ``error`` event, a
   malformed chunk, an idle or attempt timeout) ends the stream with an error Result, and a
   second answer is never spliced onto the first. Such an attempt counts as possibly billed,
   at its worst case.
@@ -46,14 +48,12 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ._attempts import Opening
 from ._errors import (
     AttemptTimeoutError,
     CancelledError,
     FatalProviderError,
-    ProviderError,
-    RateLimitError,
     SluiceError,
-    StoreError,
 )
 from ._models import Result, Usage
 from ._slot import Slot, Tally
@@ -70,7 +70,9 @@ from .providers._events import (
 )
 
 if TYPE_CHECKING:
-    from ._engine import Engine, _Job
+    from ._attempts import Attempts
+    from ._job import Job
+    from ._router import Route
     from .providers import Provider
 
 __all__ = ["Delta", "Stream"]
@@ -96,15 +98,16 @@ class Stream:
     """One streamed request; made by :meth:`Engine.stream`. Use it as ``async with``."""
 
     __slots__ = (
+        "_attempts",
         "_calls",
         "_deadline",
-        "_engine",
         "_entered",
         "_events",
         "_finish",
         "_first",
         "_job",
         "_limit",
+        "_pending",
         "_replay",
         "_result",
         "_slot",
@@ -115,8 +118,8 @@ class Stream:
         "_waited",
     )
 
-    def __init__(self, engine: Engine, job: _Job) -> None:
-        self._engine = engine
+    def __init__(self, attempts: Attempts, job: Job) -> None:
+        self._attempts = attempts
         self._job = job
         self._entered = False
         self._tally = Tally(job.submitted)
@@ -126,6 +129,7 @@ class Stream:
         self._limit: float | None = None  # seconds this attempt may wait for the provider
         self._waited = 0.0  # ... and has waited so far
         self._replay: list[Delta] = []  # a stored answer's deltas, still to hand out
+        self._pending: list[StreamEvent | None] = []  # read while opening, not yet taken (None: the end)
         self._result: Result | None = None
         self._first: float | None = None
         self._text: list[str] = []
@@ -141,31 +145,27 @@ class Stream:
         sent until the first delta is asked for."""
         if self._entered:
             raise RuntimeError("a Stream can be entered once")
-        engine, job = self._engine, self._job
-        engine._active_calls += 1
+        runtime, job = self._attempts.runtime, self._job
+        runtime.call_began()
         try:
-            await engine._gate.acquire(job.priority, job.seq)
+            await runtime.gate.acquire(job.priority, job.seq)
         except BaseException:
-            engine._active_calls -= 1
-            engine._maybe_idle()
+            runtime.call_ended()
             raise
         self._entered = True
-        loop = asyncio.get_running_loop()
-        self._tally = Tally(loop.time())
-        if engine.retry.deadline is not None:
-            self._deadline = self._tally.started + engine.retry.deadline
+        self._tally = Tally(asyncio.get_running_loop().time())
+        self._deadline = self._attempts.deadline(self._tally)
         return self
 
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
         """Close the connection if the stream has not ended, settle, and free the gate."""
-        engine = self._engine
+        runtime = self._attempts.runtime
         try:
             if self._result is None:
                 await self._cut_short()
         finally:
-            engine._gate.release()
-            engine._active_calls -= 1
-            engine._maybe_idle()
+            runtime.gate.release()
+            runtime.call_ended()
 
     def __aiter__(self) -> Stream:
         return self
@@ -226,43 +226,61 @@ class Stream:
                 return self._replay.pop(0)
             if self._result is not None:
                 return None
-            if self._events is None:
+            if self._slot is None:
                 await self._open()
                 continue
-            event = await self._pull()
+            event = self._pending.pop(0) if self._pending else await self._pull()
             if isinstance(event, SluiceError):
-                if not await self._retry_after(event):
-                    await self._end(error=event)
+                await self._failed_after_first(event)
             elif event is None:
                 await self._answered()
             else:
                 delta = self._take(event)
                 if delta is not None:
-                    if self._first is None:
-                        self._first = asyncio.get_running_loop().time()
                     return delta
 
     async def _open(self) -> None:
-        """Admission, then the request goes out (or the stream ends: not sent, final)."""
-        engine, job, tally = self._engine, self._job, self._tally
+        """The attempt core's loop until the provider's stream has sent its first delta
+        (then the slot is this stream's to settle), or the stream ends: a final error."""
+        attempts, job, tally = self._attempts, self._job, self._tally
         if not tally.attempts and self._replayed():
             return
-        slot = await engine._admit(job, tally, self._deadline)
-        if isinstance(slot, SluiceError):
-            await self._end(error=slot)
+        outcome = await attempts.until_outcome(job, tally, self._deadline, self._opening)
+        if isinstance(outcome, SluiceError):
+            await self._end(error=outcome)
             return
-        route = slot.route
-        slot.sending()
-        self._slot = slot
-        timeout = engine.retry.attempt_timeout
+        assert isinstance(outcome, _Opened)
+        slot = outcome.slot
+        assert slot is not None
+        self._slot, self._events = slot, outcome.events
+        self._pending = [*outcome.seen, None] if outcome.ended else list(outcome.seen)
+        self._first = outcome.first
+        timeout = attempts.retry.attempt_timeout
         if self._deadline is not None:
             timeout = min(timeout or self._deadline - slot.sent_at, self._deadline - slot.sent_at)
-        self._limit, self._waited = timeout, 0.0
+        self._limit, self._waited = timeout, outcome.waited
+
+    async def _opening(self, route: Route) -> _Opened:
+        """One attempt's send: open the provider's stream and read it up to its first delta
+        (an error before it is the attempt's; the core retries it)."""
+        job = self._job
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         self._usage, self._finish, self._start = None, None, StreamStart()
         try:
-            self._events = _events_of(route.provider, job, route.deployment)
+            events = _events_of(route.provider, job, route.deployment)
         except Exception as exc:  # raised by the call itself, not by its iterator
-            self._events = _raising(exc)
+            events = _raising(exc)
+        seen: list[StreamEvent] = []
+        try:
+            while (event := await anext(events, None)) is not None:
+                seen.append(event)
+                if (isinstance(event, TextDelta) and event.text) or isinstance(event, ToolCallDelta):
+                    return _Opened(events, seen, loop.time(), loop.time() - began, ended=False)
+        except BaseException:
+            await _aclose(events)
+            raise
+        return _Opened(events, seen, None, loop.time() - began, ended=True)
 
     async def _pull(self) -> StreamEvent | SluiceError | None:
         """The provider's next event (None: its stream ended), or the error that ended it."""
@@ -324,31 +342,23 @@ class Stream:
 
     # -- how an attempt ends -------------------------------------------------------------
 
-    async def _retry_after(self, error: SluiceError) -> bool:
-        """Settle the failed attempt; wait and return True when it is retried (only before
-        the first delta), else False."""
+    async def _failed_after_first(self, error: SluiceError) -> None:
+        """An error after the first delta: nothing is retried (a second answer is never
+        spliced onto the first); the attempt counts as possibly billed, and the
+        deployment's health still learns from it."""
         slot = self._slot
         assert slot is not None
         self._slot = None
-        delivered = self._first is not None
-        billed = delivered or (error.maybe_billed if isinstance(error, ProviderError) else False)
         try:
             await self._close_events()
         finally:  # settled even if cancelled while closing
-            slot.settle(None if billed else 0.0, answered=False, cut_off=False)
-        if delivered:  # never a second answer spliced onto the first; the deployment's health still learns
-            self._engine.router.failed(slot.route, error, guarded=self._job.guarded, placed_at=slot.placed_at)
-            return False
-        delay = self._engine._after_failure(self._job, error, self._tally.attempts, self._deadline)
-        if delay is None:
-            return False
-        if delay > 0 and not isinstance(error, RateLimitError):  # a 429's pause is the limiter's
-            await asyncio.sleep(delay)
-        return True
+            slot.settle(None, answered=False, cut_off=False)
+        self._attempts.router.failed(slot.route, error, guarded=self._job.guarded, placed_at=slot.placed_at)
+        await self._end(error=error)
 
     async def _answered(self) -> None:
         """The provider's stream ended whole: settle at the reported usage."""
-        engine, job = self._engine, self._job
+        attempts, job = self._attempts, self._job
         slot = self._slot
         assert slot is not None
         self._slot, self._events = None, None
@@ -357,10 +367,10 @@ class Stream:
         charge: float | None = None  # no usage reported: its worst case
         if usage is not None:
             slot.reservation.reconcile(usage.total_tokens or job.tokens)
-            charge = engine.spending.cost(route.deployment, usage) or 0.0
+            charge = attempts.spending.cost(route.deployment, usage) or 0.0
         latency = self._waited  # time waiting on the provider, not the consumer's own time
         output = usage.output_tokens if usage is not None else 0
-        engine.router.succeeded(route, latency, output, slot.placed_at)
+        attempts.router.succeeded(route, latency, output, slot.placed_at)
         slot.settle(charge, answered=True, cut_off=False)
         text = "".join(self._text) if self._text or not self._calls else None
         raw = self._raw(text, usage or Usage(), route.deployment.model_name)
@@ -376,7 +386,9 @@ class Stream:
                 await self._close_events()
             finally:  # settled even if cancelled again while closing
                 slot.settle(None, answered=False, cut_off=False)
-                self._engine.router.released(slot.route)  # leaving early says nothing of the deployment
+                self._attempts.router.released(slot.route)  # leaving early says nothing of the deployment
+            note = "it was sent and may have been billed"
+        elif self._tally.at_provider:  # left while it was being opened
             note = "it was sent and may have been billed"
         else:
             note = "its earlier attempts failed and it was not sent again" if self._tally.sent else "it was never sent"
@@ -384,33 +396,26 @@ class Stream:
 
     async def _end(self, *, error: SluiceError | None = None, reply: Reply | None = None) -> None:
         """The Result: recorded (durably, with a store) before anyone is told, as ``complete()`` does."""
-        engine, job, tally = self._engine, self._job, self._tally
-        result = engine._finish(job, tally, error=error, reply=reply, emit=False)
+        attempts, job, tally = self._attempts, self._job, self._tally
+        result = attempts.finish(job, tally, error=error, reply=reply, emit=False)
         first = None if self._first is None else self._first - job.submitted
         result = dataclasses.replace(result, timings=dataclasses.replace(result.timings, first_token=first))
         self._result = result
         try:
-            store = engine.store
-            if job.key is not None and store is not None and tally.attempts and not isinstance(error, CancelledError):
-                try:
-                    await store.put(job.key, result)
-                except StoreError as exc:
-                    engine._store_failed(exc)  # the answer still goes out
+            await attempts.record(job, tally, result)
         finally:
-            engine._emit(result)
+            attempts.runtime.emit(result)
 
     async def _close_events(self) -> None:
         events, self._events = self._events, None
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            with contextlib.suppress(Exception):  # closing must not hide how it ended
-                await aclose()
+        if events is not None:
+            await _aclose(events)
 
     # -- the store ---------------------------------------------------------------------------
 
     def _replayed(self) -> bool:
         """A stored answer (or kept rejection) for this request: replay it, send nothing."""
-        stored = self._engine._from_store(self._job)  # emitted there
+        stored = self._attempts.from_store(self._job)  # emitted there
         if stored is None:
             return False
         deltas: list[Delta] = [TextDelta(stored.text)] if stored.text else []
@@ -472,14 +477,43 @@ class _Deltas:
         return delta
 
 
-def _events_of(provider: Provider, job: _Job, deployment: Any) -> AsyncIterator[StreamEvent]:
+class _Opened(Opening):
+    """A stream opened up to its first delta: the provider's events, those read so far,
+    when the first delta came (None: the stream ended before one) and how long it took."""
+
+    __slots__ = ("ended", "events", "first", "seen", "waited")
+
+    def __init__(
+        self,
+        events: AsyncIterator[StreamEvent],
+        seen: list[StreamEvent],
+        first: float | None,
+        waited: float,
+        *,
+        ended: bool,
+    ) -> None:
+        self.events = events
+        self.seen = seen
+        self.first = first
+        self.waited = waited
+        self.ended = ended
+
+
+async def _aclose(events: AsyncIterator[StreamEvent]) -> None:
+    aclose = getattr(events, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):  # closing must not hide how it ended
+            await aclose()
+
+
+def _events_of(provider: Provider, job: Job, deployment: Any) -> AsyncIterator[StreamEvent]:
     """The provider's stream of one attempt; a provider that cannot stream answers whole."""
     if isinstance(provider, StreamingProvider):
         return provider.stream(job.request, deployment, idempotency_key=job.idempotency_key)
     return _whole(provider, job, deployment)
 
 
-async def _whole(provider: Provider, job: _Job, deployment: Any) -> AsyncIterator[StreamEvent]:
+async def _whole(provider: Provider, job: Job, deployment: Any) -> AsyncIterator[StreamEvent]:
     reply = await provider.send(job.request, deployment, idempotency_key=job.idempotency_key)
     for event in reply_events(reply):
         yield event

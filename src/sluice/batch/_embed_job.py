@@ -198,7 +198,7 @@ async def stream_embeddings(
                 yield EmbedItem(text, embed, scope)
         progress.source_exhausted = True
 
-    pipeline = EmbedPipeline(engine, priority=Priority.BATCH, ordered=spec.ordered)
+    pipeline = EmbedPipeline(engine.attempts, priority=Priority.BATCH, ordered=spec.ordered)
     output = _Output(file, progress)
     async with running(engine, store, output, progress, on_tick) as watch:
         async for result in pipeline.results(items()):

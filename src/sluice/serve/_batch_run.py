@@ -382,7 +382,7 @@ class BatchRun:
                     owners[next(numbering)] = (line, position)
                     yield EmbedItem(text, spec, self.id)
 
-        pipeline = EmbedPipeline(engine, priority=Priority.BATCH, budget=self.budget)
+        pipeline = EmbedPipeline(engine.attempts, priority=Priority.BATCH, budget=self.budget)
         async for result in pipeline.results(source()):
             line, position = owners.pop(result.index)
             if not line.add(position, result):

@@ -1,0 +1,591 @@
+"""The attempt core: admit -> send -> settle -> learn from a failure -> back off, and again.
+
+Every front end runs its requests through :meth:`Attempts.until_outcome`, the one retry
+loop: a chat request (``complete()``, ``map()``), a stream (until its first delta; after
+it nothing is retried), an embeddings pack (sending itself). Around the loop:
+
+* :meth:`Attempts.job` makes a :class:`~sluice._job.Job` of a Request: its store key,
+  the model its budget lets it use, the groups it may go to (its model's deployments,
+  then its fallbacks'), its token estimate and worst case;
+* :meth:`Attempts.admit` takes money, then capacity, then (with a store) the durable
+  intent: a :class:`~sluice._slot.Slot`, settled exactly once whatever happens;
+* :meth:`Attempts.after_failure` learns from a failed attempt (a 429 pauses the
+  deployment, failures cool it, a model that cannot take the request hands it to the
+  next of its fallbacks) and says how long to wait, or to give up;
+* :meth:`Attempts.finish` makes the Result, :meth:`Attempts.record` makes it durable
+  before anyone is told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
+
+from ._budget import Budget, BudgetHold
+from ._coerce import coerce
+from ._errors import (
+    AttemptTimeoutError,
+    CancelledError,
+    DeadlineExceededError,
+    FatalProviderError,
+    GroupExhausted,
+    InvalidRequestError,
+    ProviderError,
+    RateLimitError,
+    SluiceError,
+    StoreError,
+)
+from ._job import Job
+from ._limits import RateLimitSnapshot
+from ._models import Request, Result, Timings, Usage, store_key
+from ._records import result_from_record
+from ._retry import RetryPolicy
+from ._router import Route, Router, deployment_fault, model_cannot_take
+from ._runtime import Runtime
+from ._slot import AttemptTimer, Slot, Tally, settle_unsettled, stopped_note
+from ._spending import Spending
+from ._stats import Stats
+from .providers import Reply
+
+if TYPE_CHECKING:
+    from .store import SettlingStore, Store
+
+__all__ = ["Attempts", "Opening", "RetryEvent"]
+
+_log = logging.getLogger("sluice")
+
+_NEVER_SENT = "cancelled while an identical request was in flight; it was never sent"
+
+
+class _Answer(Protocol):
+    """What an attempt's reply carries for the loop: usage, and what the headers said."""
+
+    @property
+    def usage(self) -> Usage: ...
+
+    @property
+    def ratelimit(self) -> RateLimitSnapshot | None: ...
+
+
+_A = TypeVar("_A", bound=_Answer)
+
+
+class Opening:
+    """A send whose answer goes on after it returns (a stream past its first delta). The
+    attempt then leaves its slot unsettled, in :attr:`slot`, for the caller to settle when
+    the answer ends; nothing is reconciled or learnt from it yet."""
+
+    usage: ClassVar[Usage] = Usage()
+    ratelimit: ClassVar[RateLimitSnapshot | None] = None
+    slot: Slot | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryEvent:
+    """Told to ``on_retry`` before the engine waits and tries again."""
+
+    request: Request
+    error: SluiceError
+    attempt: int
+    delay: float
+    deployment: str
+
+
+class Attempts:
+    """One engine's attempt core (see the module docstring)."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        router: Router,
+        spending: Spending,
+        retry: RetryPolicy,
+        stats: Stats,
+        store: Store | None,
+        *,
+        retry_failed: bool = False,
+        on_retry: Callable[[RetryEvent], object] | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.router = router
+        self.spending = spending
+        self.retry = retry
+        self.stats = stats
+        self.store = store
+        self.retry_failed = retry_failed
+        self.on_retry = on_retry
+        self.timer = AttemptTimer()
+        #: The store writes a result and settles its last attempt's intent in one op.
+        self.settling = callable(getattr(store, "put_settled", None))  # not isinstance: no sqlite3 import here
+        self._inflight: dict[str, asyncio.Future[Result]] = {}
+        self._worst_of = self.worst  # bound once: every Slot calls it with its job
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    def job(self, request: Request, priority: int, index: int | None = None, budget: Budget | None = None) -> Job:
+        """The Job of ``request``; raises (before anything is sent) when it cannot be one."""
+        budget = budget or self.spending.budget
+        try:
+            key = store_key(request) if self.store is not None else None  # as asked: before a switch or a cap
+        except (TypeError, ValueError) as exc:  # text that is not valid Unicode, or not JSON at all
+            raise InvalidRequestError(f"the request cannot be stored: {exc}") from None
+        request = self.spending.choose_model(request, budget)
+        groups = self.router.chain(request.model)
+        route = groups[0].routes[0]
+        request, worst = self.spending.prepare(request, route.deployment, budget)
+        tokens = route.provider.estimate_tokens(request, route.deployment)
+        fits = route.fits(tokens) or any(r.fits(tokens) for group in groups for r in group.routes)
+        if not fits:
+            route.limiter.check(tokens)  # no deployment it may use can ever take it: its CapacityError
+        self.stats.submitted += 1
+        loop = asyncio.get_running_loop()
+        job = Job(request, route, tokens, priority, self.runtime.next_seq(), loop.time(), index, key, budget, worst)
+        job.groups = groups
+        job.guarded = self.router.has_alternative(groups)
+        if budget is not None and job.guarded:
+            job.worst_cost = self._worst_of_candidates(job)
+        return job
+
+    def prepare_item(
+        self, item: object, index: int, model: str | None, priority: int, budget: Budget | None
+    ) -> Job | Result:
+        """A job for an input item of ``map()``, or a failed Result saying why it cannot be one."""
+        try:
+            request = coerce(item, model)
+            return self.job(request, priority if request.priority is None else request.priority, index, budget)
+        except Exception as exc:  # one odd item must never stop the rest
+            error = exc if isinstance(exc, SluiceError) else InvalidRequestError(f"{type(exc).__name__}: {exc}")
+            self.stats.submitted += 1
+            key = item.get("id") if isinstance(item, Mapping) else None
+            result = Result(
+                request=item if isinstance(item, Request) else None,
+                error=error,
+                index=index,
+                key=key if isinstance(key, str) else None,
+            )
+            self.runtime.emit(result)
+            return result
+
+    def not_started(self, job: Job) -> Result:
+        result = Result(job.request, error=CancelledError("not started: the engine was stopping"), index=job.index)
+        self.runtime.emit(result)
+        return result
+
+    def _worst_of_candidates(self, job: Job) -> float:
+        """Under a budget: the worst case of the dearest deployment that may still run it."""
+        worst = 0.0
+        for group in job.groups[job.step :]:
+            for route in group.routes:
+                worst = max(worst, self.spending.prepare(job.request, route.deployment, job.budget)[1])
+        return worst
+
+    def _fall_back(self, job: Job) -> bool:
+        """Move the job to the next model of its fallback list; False when there is none."""
+        if job.step + 1 >= len(job.groups):
+            return False
+        job.step += 1
+        job.tried = frozenset()
+        route = job.groups[job.step].routes[0]
+        job.tokens = route.provider.estimate_tokens(job.request, route.deployment)
+        if job.budget is not None:
+            job.worst_cost = self._worst_of_candidates(job)
+        self.stats.fallbacks += 1
+        return True
+
+    def worst(self, job: Job) -> float:
+        """What an attempt counts for when it may have been billed unseen: its worst case."""
+        if job.budget is not None or job.own_worst:
+            return job.worst_cost
+        deployment = job.route.deployment
+        if not self.spending.pricing.has_price(deployment):
+            return 0.0  # what worst_cost says for an unknown price, without counting the prompt's bytes
+        return self.spending.worst_cost(job.request, deployment)
+
+    # -- a chat request to its Result ---------------------------------------------------------
+
+    async def admitted(self, job: Job) -> Result:
+        """A ``map()`` job that holds a gate slot: run it, then give the slot back."""
+        job.started = True  # from here the finally below gives the gate's slot back
+        try:
+            if job.key is None:  # nothing to share or serve from a store: one coroutine less
+                return await self.run(job)
+            return await self.execute(job)
+        finally:
+            self.runtime.gate.release()
+
+    def from_store(self, job: Job) -> Result | None:
+        """The stored result for this job, emitted, if the store has one worth reusing:
+        an answer, or (unless ``retry_failed``) the provider's rejection of the request."""
+        if self.store is None or job.key is None:
+            return None
+        stored = self.store.get(job.key)
+        if stored is None or not (stored.ok or (stored.kept and not self.retry_failed)):
+            return None
+        result = result_from_record(job.request, stored.record, index=job.index)
+        self.runtime.emit(result)
+        return result
+
+    async def execute(self, job: Job) -> Result:
+        """Run a job, or share the result of an identical one in flight or already stored."""
+        if job.key is None:
+            return await self.run(job)
+        try:
+            while (leader := self._inflight.get(job.key)) is not None:
+                shared = await asyncio.shield(leader)
+                if not isinstance(shared.error, CancelledError):
+                    free = 0.0 if shared.cost_usd is not None else None  # paid for once, by the leader
+                    result = dataclasses.replace(
+                        shared, request=job.request, index=job.index, cached=True, cost_usd=free
+                    )
+                    self.runtime.emit(result)
+                    return result
+        except asyncio.CancelledError:
+            job.cancelled = self.finish(
+                job, Tally(asyncio.get_running_loop().time()), error=CancelledError(_NEVER_SENT)
+            )
+            raise
+        stored = self.from_store(job)  # checked here, after the gate: an identical one may have landed
+        if stored is not None:
+            return stored
+        future = self._inflight[job.key] = asyncio.get_running_loop().create_future()
+        try:
+            result = await self.run(job)
+        except BaseException:
+            future.set_result(Result(job.request, error=CancelledError("cancelled")))
+            raise
+        finally:
+            if self._inflight.get(job.key) is future:
+                del self._inflight[job.key]
+        future.set_result(result)
+        return result
+
+    async def run(self, job: Job) -> Result:
+        """Attempt until an outcome, then record it (durably, with a store) and report it."""
+        tally = Tally(asyncio.get_running_loop().time())
+        try:
+            outcome = await self.until_outcome(job, tally, self.deadline(tally), hand_over=self.settling)
+        except asyncio.CancelledError:
+            note = "it was sent and may have been answered" if tally.sent else "it was never sent"
+            job.cancelled = self.finish(job, tally, error=CancelledError(f"cancelled; {note}"))
+            raise
+        if isinstance(outcome, SluiceError):
+            result = self.finish(job, tally, error=outcome, emit=False)
+        else:
+            result = self.finish(job, tally, reply=outcome, emit=False)
+        await self.record(job, tally, result)
+        self.runtime.emit(result)
+        return result
+
+    def deadline(self, tally: Tally) -> float | None:
+        """When the job's ``RetryPolicy.deadline`` runs out (the loop's clock)."""
+        return tally.started + self.retry.deadline if self.retry.deadline is not None else None
+
+    # -- the one loop ---------------------------------------------------------------------------
+
+    async def until_outcome(
+        self,
+        job: Job,
+        tally: Tally,
+        deadline: float | None,
+        send: Callable[[Route], Awaitable[_A]] | None = None,
+        *,
+        hand_over: bool = False,
+    ) -> _A | Reply | SluiceError:
+        """Attempt until an answer, a final error, the attempt budget, the deadline or a stop.
+
+        ``send`` sends one attempt to the deployment chosen for it (an embeddings pack, a
+        stream's opening); by default the job's chat request. A stop (batch work only)
+        ends it with a ``CancelledError`` outcome, never a cancelled task; any other
+        cancellation propagates, with what the attempt held settled."""
+        try:
+            while True:
+                if self.runtime.stopping and job.batch:  # not sent (again): the rerun does it
+                    return CancelledError(stopped_note(tally))
+                outcome = await self.attempt(job, tally, deadline, send, hand_over=hand_over)
+                if not isinstance(outcome, SluiceError):
+                    return outcome
+                if not tally.sent_this_time:  # budget, capacity, deadline, store or stop: final
+                    return outcome
+                delay = self.after_failure(job, outcome, tally.attempts, deadline)
+                if delay is None:
+                    return outcome
+                settle_unsettled(tally, self.store, self.runtime.store_failed)  # it goes again
+                if delay > 0 and not isinstance(outcome, RateLimitError):  # a 429's pause is the limiter's
+                    with self.runtime.waiting_while(job.batch):
+                        await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            settle_unsettled(tally, self.store, self.runtime.store_failed)
+            if not self.runtime.absorb_stop():
+                raise
+            return CancelledError(stopped_note(tally))  # stop() wants a result, not a cancelled task
+
+    async def attempt(
+        self,
+        job: Job,
+        tally: Tally,
+        deadline: float | None,
+        send: Callable[[Route], Awaitable[_A]] | None = None,
+        *,
+        hand_over: bool = False,
+    ) -> _A | Reply | SluiceError:
+        """One attempt: admission (money, capacity, the intent), then the provider. What
+        the slot holds is settled before it returns, whatever happens (unless the send
+        returns an :class:`Opening`: then its caller settles it).
+
+        ``hand_over``: the intent's settlement is left in ``tally.unsettled``, for the
+        caller to write with the result (one store write per answer)."""
+        slot = await self.admit(job, tally, deadline)
+        if isinstance(slot, SluiceError):
+            return slot
+        route: Route = slot.route
+        timeout = self.retry.attempt_timeout
+        loop = asyncio.get_running_loop()
+        slot.sending(loop)
+        if deadline is not None:
+            timeout = min(timeout or deadline - slot.sent_at, deadline - slot.sent_at)
+        charge: float | None = None  # None: it may have been billed, at its worst case
+        answered = cut_off = timed_out = kept = False
+        # one shared timer for every attempt's timeout, not an asyncio.timeout() each
+        watch = self.timer.arm(loop, slot.sent_at + timeout) if timeout is not None else None
+        try:
+            try:
+                if send is None:
+                    reply: _A | Reply = await route.provider.send(
+                        job.request, route.deployment, idempotency_key=job.idempotency_key
+                    )
+                else:
+                    reply = await send(route)
+            finally:
+                timed_out = self.timer.disarm(watch)
+        except asyncio.CancelledError:
+            if timed_out:  # the timer's own cancellation: a timeout
+                return AttemptTimeoutError(f"no answer from {route.deployment.label} within {timeout:g} s")
+            cut_off = True
+            raise
+        except TimeoutError:
+            return AttemptTimeoutError(f"no answer from {route.deployment.label} within {timeout:g} s")
+        except ProviderError as exc:
+            if not exc.maybe_billed:
+                charge = 0.0
+            return exc
+        except SluiceError as exc:  # raised before anything went out (a missing key, say)
+            charge = 0.0
+            return exc
+        except Exception as exc:  # a provider's own bug must not take the whole job down
+            return FatalProviderError(f"{type(exc).__name__} in provider {route.provider.name!r}: {exc}")
+        else:
+            if isinstance(reply, Opening):  # the answer goes on: its caller settles
+                reply.slot = slot
+                kept = True
+                return reply
+            if reply.ratelimit is not None:  # learn before the slot frees and wakes the next
+                route.limiter.observe(reply.ratelimit)
+            slot.reservation.reconcile(reply.usage.total_tokens or job.tokens)
+            charge = self.spending.cost(route.deployment, reply.usage) or 0.0
+            answered = True
+            latency = asyncio.get_running_loop().time() - slot.sent_at
+            self.router.succeeded(route, latency, reply.usage.output_tokens, slot.placed_at)
+            return reply
+        finally:
+            if not kept:
+                slot.settle(charge, answered=answered, cut_off=cut_off, hand_over=hand_over)
+                if cut_off:  # cancelled at the provider: no verdict on the deployment (a probe is freed)
+                    self.router.released(route)
+
+    async def admit(self, job: Job, tally: Tally, deadline: float | None) -> Slot | SluiceError:
+        """Money, then capacity, then (with a store) the durable intent: a Slot ready to
+        send, or why the attempt cannot be made (final: it was not sent)."""
+        loop = asyncio.get_running_loop()
+        router, runtime = self.router, self.runtime
+        batch = job.batch
+        tally.sent_this_time = False
+        waited_from = loop.time()
+        hold: BudgetHold | None = None
+        try:
+            # The common case, no budget and room at once, takes no timer and no await.
+            group = job.groups[job.step]
+            granted = None
+            if job.budget is None:
+                granted = router.try_acquire(
+                    group, job.tokens, job.tried, guarded=job.guarded, can_fall_back=job.step + 1 < len(job.groups)
+                )
+            while granted is None:
+                with runtime.waiting_while(batch):
+                    async with asyncio.timeout_at(deadline):
+                        hold = await self.spending.reserve(job.budget, job.worst_cost)
+                        try:
+                            granted = await router.acquire(
+                                job.groups[job.step],
+                                job.tokens,
+                                job.priority,
+                                job.seq,
+                                job.tried,
+                                guarded=job.guarded,
+                                can_fall_back=job.step + 1 < len(job.groups),
+                            )
+                        except GroupExhausted:
+                            _commit(hold, 0.0)
+                            hold = None
+                            self._fall_back(job)
+            route, reservation = granted
+            job.route = route
+            job.placed_at = route.health.epoch
+        except TimeoutError:
+            _commit(hold, 0.0)
+            return DeadlineExceededError(f"its deadline ({self.retry.deadline:g} s) passed while it waited")
+        except SluiceError as exc:  # no money left, or a limit learnt since that it can never fit
+            _commit(hold, 0.0)
+            return exc
+        except BaseException:
+            _commit(hold, 0.0)
+            raise
+        finally:
+            tally.waited += loop.time() - waited_from
+        store = self.store if job.key is not None else None
+        slot = Slot(route, reservation, hold, tally, self.stats, self._worst_of, job, store, runtime.store_failed)
+        if store is not None:
+            assert job.key is not None
+            try:
+                failed = await slot.note(job.key)
+            except BaseException:
+                router.released(route)
+                raise
+            if failed is not None:
+                router.released(route)
+                runtime.store_failed(failed)
+                return CancelledError(f"not sent: {failed.message}")
+        delay = slot.send_delay(loop.time())  # 0 unless what came before it left late
+        if delay > 0:
+            try:
+                with runtime.waiting_while(batch):
+                    await asyncio.sleep(delay)
+            except BaseException:
+                slot.unsent()
+                router.released(route)
+                raise
+        if runtime.stopping and batch:
+            slot.unsent()
+            router.released(route)
+            return CancelledError(stopped_note(tally))
+        return slot
+
+    def after_failure(self, job: Job, error: SluiceError, attempt: int, deadline: float | None) -> float | None:
+        """Learn from a failed attempt; the delay before the next, or None to give up.
+
+        The next attempt may go elsewhere: to another deployment of the group (at once,
+        when one has not failed this request yet), or to the next model of the request's
+        fallbacks when the error says this model cannot take it (its context window, its
+        content policy) or every deployment of the model has failed it.
+        """
+        route = job.route
+        if isinstance(error, ProviderError) and error.ratelimit is not None:
+            route.limiter.observe(error.ratelimit)
+        if isinstance(error, RateLimitError):
+            self.stats.rate_limited += 1
+            # the server's hint within RetryPolicy.max_retry_after, else the un-jittered backoff:
+            # one 429 saying "retry-after: 86400" must not pause a deployment for a day
+            route.limiter.penalize(self.retry.pause(error, attempt))
+        self.router.failed(route, error, guarded=job.guarded, placed_at=job.placed_at)
+        if job.guarded:
+            job.tried = {*job.tried, route}
+        if attempt >= self.retry.max_attempts:
+            return None
+        elsewhere = job.guarded and any(r not in job.tried for r in job.groups[job.step].routes)
+        can_fall_back = job.step + 1 < len(job.groups)
+        if can_fall_back and (model_cannot_take(error) or (deployment_fault(error) and not elsewhere)):
+            self._fall_back(job)  # this model cannot take it, or none of its deployments can be used
+            delay = 0.0
+        elif elsewhere and deployment_fault(error):  # this deployment's key, model or setup
+            delay = 0.0
+        elif not self.retry.should_retry(error, attempt):
+            return None
+        else:
+            delay = 0.0 if elsewhere else self.retry.delay(error, attempt)
+        now = asyncio.get_running_loop().time()
+        if deadline is not None and now + delay >= deadline:
+            return None
+        self.stats.retries += 1
+        if self.on_retry is not None:
+            try:
+                self.on_retry(RetryEvent(job.request, error, attempt, delay, route.deployment.label))
+            except Exception:
+                self.stats.hook_errors += 1
+                _log.exception("the on_retry hook raised; carrying on")
+        return delay
+
+    # -- the end --------------------------------------------------------------------------
+
+    def finish(
+        self,
+        job: Job,
+        tally: Tally,
+        *,
+        error: SluiceError | None = None,
+        reply: Reply | None = None,
+        emit: bool = True,
+    ) -> Result:
+        """The job's Result from its tally and its outcome (reported too, with ``emit``)."""
+        now = asyncio.get_running_loop().time()
+        priced = self.spending.pricing.has_price(job.route.deployment)
+        result = Result(
+            job.request,
+            text=reply.text if reply is not None else None,
+            error=error,
+            usage=reply.usage if reply is not None else Usage(),
+            raw=reply.raw if reply is not None else None,
+            attempts=tally.attempts,
+            timings=Timings(
+                queued=tally.started - job.submitted,
+                limiter_wait=tally.waited,
+                latency=tally.latency,
+                total=now - job.submitted,
+            ),
+            deployment=job.route.deployment.label,
+            model=job.route.deployment.model if tally.attempts else None,
+            finish_reason=reply.finish_reason if reply is not None else None,
+            request_id=reply.request_id if reply is not None else None,
+            index=job.index,
+            cost_usd=tally.charged if priced and tally.attempts else None,
+        )
+        if emit:
+            self.runtime.emit(result)
+        return result
+
+    async def record(self, job: Job, tally: Tally, result: Result) -> None:
+        """Make the Result durable before anyone is told (with the last attempt's intent
+        settled in the same write, when the store can). A cancelled job, or one never sent,
+        is not stored: the rerun does it."""
+        store = self.store
+        if job.key is None or store is None or not tally.attempts or isinstance(result.error, CancelledError):
+            settle_unsettled(tally, store, self.runtime.store_failed)
+            return
+        unsettled, tally.unsettled = tally.unsettled, None
+        if unsettled is not None and self.settling:
+            intent, charge, answered = unsettled
+            await self.durably(
+                cast("SettlingStore", store).put_settled(job.key, result, intent, charge, answered=answered)
+            )
+            return
+        if unsettled is not None:
+            try:
+                store.settle(*unsettled[:2], answered=unsettled[2])
+            except StoreError as exc:
+                self.runtime.store_failed(exc)
+        await self.durably(store.put(job.key, result))
+
+    async def durably(self, write: Awaitable[Any]) -> None:
+        """Await a store write; a store that cannot take it stops the engine (the answer still
+        goes out: the output may keep it)."""
+        try:
+            await write
+        except StoreError as exc:
+            self.runtime.store_failed(exc)
+
+
+def _commit(hold: BudgetHold | None, charge: float) -> None:
+    if hold is not None:
+        hold.commit(charge)

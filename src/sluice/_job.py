@@ -1,0 +1,66 @@
+"""One logical request as the engine runs it: what is asked, where it may go, what it may cost.
+
+A :class:`Job` lives from admission to its Result. Its attempts may go to several
+deployments (a group) and to the models of its fallbacks; ``step`` says which of
+``groups`` it is on, ``tried`` which deployments failed it. Values only: the attempt
+loop (:mod:`._attempts`) is what changes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._budget import Budget
+    from ._models import Request, Result
+    from ._router import Group, Route
+
+__all__ = ["Job"]
+
+
+@dataclass(slots=True)
+class Job:
+    request: Request
+    #: Where the latest attempt went (before the first: the first deployment it may use).
+    route: Route
+    tokens: int
+    priority: int
+    seq: int
+    submitted: float
+    index: int | None = None
+    key: str | None = None
+    budget: Budget | None = None
+    worst_cost: float = 0.0
+    #: What was reported when the job's task was cancelled (``map`` hands it out).
+    cancelled: Result | None = None
+    #: The groups of deployments it may use: its model's, then its fallbacks'.
+    groups: tuple[Group, ...] = ()
+    #: Which of ``groups`` it is on now.
+    step: int = 0
+    #: Deployments that failed this request (a retry goes elsewhere when it can); a shared
+    #: empty frozenset until the first one (no set per request on the hot path).
+    tried: set[Route] | frozenset[Route] = frozenset()
+    #: Cooldowns apply: the request has somewhere else to go.
+    guarded: bool = False
+    #: Its task began to run (a task cancelled before that still holds a gate slot).
+    started: bool = False
+    #: ``worst_cost`` is an attempt's worst case with or without a budget (an embeddings
+    #: request, priced from its inputs: see ``_embeddings``).
+    own_worst: bool = False
+    #: The health epoch of the deployment when its latest attempt was placed: a failure
+    #: of an attempt placed before a cooldown began does not lengthen that cooldown.
+    placed_at: int | None = None
+
+    @property
+    def batch(self) -> bool:
+        """Batch work (``map()``, embeddings packs): a stop sends it nothing new."""
+        return self.index is not None
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """A header-safe form of the store key (ids may hold any character)."""
+        if self.key is None:
+            return None
+        return "sluice-" + hashlib.sha256(self.key.encode()).hexdigest()[:32]
