@@ -12,9 +12,9 @@ Each deployment gets one :class:`LocalLimiter`. Two mechanisms work together:
   the schedule keeps its slots (see ``CATCH_UP``).
 
 Both count from when a request *leaves* for the provider, not from its grant: a ledger
-entry is dated by its send (:meth:`_Grant.sent`), and a second pacer over the sends holds
+entry is dated by its send (:meth:`Grant.sent`), and a second pacer over the sends holds
 a request that would leave closer to the ones before it than the pace allows
-(:meth:`_Grant.send_delay`). A stall of the loop or a slow commit between grant and send
+(:meth:`Grant.send_delay`). A stall of the loop or a slow commit between grant and send
 then delays requests instead of bunching them up at the server.
 
 Waiters are served in (priority, arrival) order — never by size, so a large request
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 _L = TypeVar("_L", bound="LocalLimiter")
 
-__all__ = ["Claim", "Limiter", "LocalLimiter", "RateLimitSnapshot", "Reservation"]
+__all__ = ["Claim", "Grant", "Limiter", "LocalLimiter", "RateLimitSnapshot", "Reservation", "sane_snapshot"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +148,7 @@ def _next_slot(tat: float, now: float) -> float:
     return tat if tat >= now - CATCH_UP else now
 
 
-def _sane(snapshot: RateLimitSnapshot) -> RateLimitSnapshot:
+def sane_snapshot(snapshot: RateLimitSnapshot) -> RateLimitSnapshot:
     """Drop header values that cannot be limits: 0, negatives ("unlimited"), NaN, inf,
     and every count whose window is not a positive number of seconds."""
 
@@ -188,7 +188,9 @@ class _Entry:
         self.gone = False
 
 
-class _Grant:
+class Grant:
+    """A :class:`LocalLimiter`'s reservation (see :class:`Reservation`)."""
+
     __slots__ = ("_counted", "_entry", "_limiter", "_open", "_paced", "_sent", "tokens")
 
     def __init__(self, limiter: LocalLimiter, entry: _Entry, tokens: int) -> None:
@@ -252,7 +254,7 @@ class Claim:
 class _Waiter:
     __slots__ = ("claim", "future", "tokens")
 
-    def __init__(self, future: asyncio.Future[_Grant], tokens: int, claim: Claim | None = None) -> None:
+    def __init__(self, future: asyncio.Future[Grant], tokens: int, claim: Claim | None = None) -> None:
         self.future = future
         self.tokens = tokens
         self.claim = claim
@@ -359,7 +361,7 @@ class LocalLimiter:
         if error is not None:
             raise error
 
-    def try_acquire(self, tokens: int) -> _Grant | None:
+    def try_acquire(self, tokens: int) -> Grant | None:
         self.check(tokens)
         if self._heap:
             return None  # first come, first served: never jump the queue
@@ -368,14 +370,14 @@ class LocalLimiter:
 
     async def acquire(
         self, tokens: int, priority: int = 0, seq: int | None = None, *, claim: Claim | None = None
-    ) -> _Grant:
+    ) -> Grant:
         granted = self.try_acquire(tokens) if claim is None or not claim.taken else None
         if granted is not None:
             if claim is not None:
                 claim.taken = True
             return granted
         loop = self._loop or self._bind()
-        future: asyncio.Future[_Grant] = loop.create_future()
+        future: asyncio.Future[Grant] = loop.create_future()
         order = next(self._seq) if seq is None else seq
         heapq.heappush(self._heap, (priority, order, next(self._tie), _Waiter(future, tokens, claim)))
         self._wake()
@@ -395,7 +397,7 @@ class LocalLimiter:
             self._wake()
 
     def observe(self, snapshot: RateLimitSnapshot) -> None:
-        snapshot = _sane(snapshot)
+        snapshot = sane_snapshot(snapshot)
         now = self._now()
         self._expire(now)
         own = self.window
@@ -553,7 +555,7 @@ class LocalLimiter:
             f"{cap:g} tokens per {self._hard_tokens_per:g} s; lower max_tokens or shorten the prompt"
         )
 
-    def _grant(self, tokens: int, now: float) -> _Grant:
+    def _grant(self, tokens: int, now: float) -> Grant:
         ledger = self._ledger
         if ledger and now - ledger[-1].t <= LEDGER_TICK:
             entry = ledger[-1]  # one entry per millisecond, its time the latest grant's
@@ -570,9 +572,9 @@ class LocalLimiter:
         if self.tokens_limit is not None and tokens:
             self._tat_tokens = _next_slot(self._tat_tokens, now) + tokens * self.window * self._pace / self.tokens_limit
         self._in_flight += 1
-        return _Grant(self, entry, tokens)
+        return Grant(self, entry, tokens)
 
-    def _send_delay(self, grant: _Grant, now: float) -> float:
+    def _send_delay(self, grant: Grant, now: float) -> float:
         """How long ``grant`` waits before it leaves, and its place in the send pacer: the
         grant pacer's schedule kept over the moments requests actually leave (with the same
         ``CATCH_UP`` tolerance). Grants that a stall of the loop or a slow commit held back
@@ -597,7 +599,7 @@ class LocalLimiter:
         grant._paced = True
         return at - now
 
-    def _left(self, grant: _Grant, at: float) -> None:
+    def _left(self, grant: Grant, at: float) -> None:
         """``grant`` left for the provider at ``at``: its ledger entry counts from then (it
         cannot reach the server sooner). One that skipped ``send_delay`` (a caller that does
         not ask) takes its send pacer slot now."""

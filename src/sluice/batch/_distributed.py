@@ -38,10 +38,10 @@ from ..redis._job_entries import request_fields, shared_defaults, shared_deploym
 from ..redis._job_worker import STOP_SLACK_S, Worker
 from ..redis._jobs import UNREACHABLE, JobQueue, JobSettings, WorkerRegistry, connect, job_id_for
 from ..store import SqliteStore
-from ._inputs import InputItem, read_inputs
+from ._inputs import EMBEDDING_IN_CHAT_JOB, InputItem, embeds, read_inputs, request_of
 from ._job import Distributed, FailFast, JobProgress, JobSpec
-from ._output import DoneLines, OutputFile, output_record
-from ._runner import EMBEDDING_IN_CHAT_JOB, _note_deployments, _Output, _request_of, is_embedding_job
+from ._output import DoneLines, JobOutput, OutputFile, output_record
+from ._running import note_deployments
 
 __all__ = ["coordinate"]
 
@@ -69,12 +69,12 @@ async def coordinate(
 ) -> None:
     """Run the job through Redis until every line has its record, or it is stopped."""
     assert spec.distributed is not None
-    if is_embedding_job(spec):
+    if embeds(spec.input, spec.inputs):
         raise ConfigError("--redis runs chat jobs; run an embeddings job without --redis")
     started_at = store.meta().get("started_at")
     job_id = job_id_for(socket.gethostname(), str(spec.state.resolve()), started_at)
     progress.worker_stats = Stats()
-    coordinator = _Coordinator(spec, spec.distributed, progress, store, done, _Output(file, progress), job_id)
+    coordinator = _Coordinator(spec, spec.distributed, progress, store, done, JobOutput(file, progress), job_id)
     await coordinator.run(on_tick)
 
 
@@ -90,7 +90,7 @@ class _Coordinator:
         progress: JobProgress,
         store: SqliteStore,
         done: DoneLines,
-        output: _Output,
+        output: JobOutput,
         job_id: str,
     ) -> None:
         self.spec = spec
@@ -220,7 +220,7 @@ class _Coordinator:
             self.output.close()
             if self.worker is not None and self.worker.engine is not None:
                 self.progress.deployments = self.worker.engine.deployment_status()
-                _note_deployments(self.store, self.worker.engine, self.progress.done)
+                note_deployments(self.store, self.worker.engine, self.progress.done)
             on_tick()
             with contextlib.suppress(Exception):
                 await self.client.aclose()
@@ -280,7 +280,7 @@ class _Coordinator:
                     if not self.finished and not await self.queue.is_running():
                         await self._lost()
                 if self.worker is not None and self.worker.engine is not None:
-                    _note_deployments(self.store, self.worker.engine, self.progress.done)
+                    note_deployments(self.store, self.worker.engine, self.progress.done)
 
     def _say_workers(self, capacity: int) -> None:
         """Without a local worker, say when no worker is there to answer (a job that
@@ -330,7 +330,7 @@ class _Coordinator:
                 error = item.error or InvalidInputError(f"line {item.line}: {EMBEDDING_IN_CHAT_JOB}", line=item.line)
                 self._write_here(item, Result(None, error=error))
                 continue
-            request = _request_of(item, spec.cache)
+            request = request_of(item, spec.cache)
             key = store_key(request)
             stored = self.store.get(key)
             if stored is not None and (stored.ok or (stored.kept and not spec.retry_failed)):

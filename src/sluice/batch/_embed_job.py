@@ -33,8 +33,8 @@ from ..store import SqliteStore
 from ._embed_inputs import EmbeddingInput, embedding_hash
 from ._inputs import InputItem, read_inputs
 from ._job import JobProgress, JobSpec
-from ._output import DoneLines, OutputFile
-from ._runner import _Output, engine_for, running
+from ._output import DoneLines, JobOutput, OutputFile
+from ._running import engine_for, running
 
 __all__ = ["CHAT_IN_EMBEDDING_JOB", "EmbedLine", "stream_embeddings"]
 
@@ -199,7 +199,7 @@ async def stream_embeddings(
         progress.source_exhausted = True
 
     pipeline = EmbedPipeline(engine.attempts, priority=Priority.BATCH, ordered=spec.ordered)
-    output = _Output(file, progress)
+    output = JobOutput(file, progress)
     async with running(engine, store, output, progress, on_tick) as watch:
         async for result in pipeline.results(items()):
             line, position = owners.pop(result.index)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._config import JobConfig
 from .._models import Deployment, Usage
 from .._pricing import Pricing
 from .._tokens import estimate_message_tokens, estimate_text_tokens
-from ..cli._config import JobConfig
 from ..providers import estimate_request_tokens
 from ._embed_inputs import EmbeddingInput
 from ._inputs import InputOptions, read_inputs
@@ -71,7 +71,7 @@ class Estimate:
         return f"${low:,.4f} (prompts only) .. ${high:,.4f} (every max_tokens used){expected}"
 
     def rows(self) -> list[tuple[str, str]]:
-        from ..cli._progress import format_duration
+        from .._format import format_duration
 
         rows = [
             ("records", f"{self.records:,}"),

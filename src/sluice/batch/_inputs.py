@@ -23,6 +23,7 @@ runner can say so) unless ``--force-model`` sends every record to ``--model``.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import string
@@ -33,10 +34,25 @@ from typing import Any, BinaryIO, Literal
 
 from .. import _json
 from .._errors import InvalidInputError, SluiceError
-from .._models import Request
+from .._models import Request, seal
 from ._embed_inputs import EMBEDDING_URLS, EmbeddingInput, embedding_from_body, embedding_from_row
 
-__all__ = ["InputItem", "InputOptions", "Template", "count_records", "detect_format", "read_inputs"]
+__all__ = [
+    "EMBEDDING_IN_CHAT_JOB",
+    "InputItem",
+    "InputOptions",
+    "Template",
+    "count_records",
+    "detect_format",
+    "embeds",
+    "read_inputs",
+    "request_of",
+]
+
+EMBEDDING_IN_CHAT_JOB = (
+    "an embeddings request in a job of chat requests (its first request is one); "
+    "run embeddings from a file of their own"
+)
 
 Format = Literal["auto", "jsonl", "csv"]
 
@@ -132,6 +148,28 @@ def read_inputs(path: Path, options: InputOptions) -> Iterator[InputItem]:
         yield from _read_csv(path, options)
     else:
         yield from _read_jsonl(path, options)
+
+
+def embeds(path: Path, options: InputOptions) -> bool:
+    """Whether a job over ``path`` embeds texts (``--embed``, or its first request is an
+    embeddings line); its other kind of line is then refused, one endpoint per file as in
+    OpenAI's Batch API."""
+    if options.embed_field is not None:
+        return True
+    for item in read_inputs(path, options):
+        if item.request is not None or item.embedding is not None:
+            return item.embedding is not None
+    return False
+
+
+def request_of(item: InputItem, cache: bool) -> Request:
+    """The request a chat line makes, sealed (its key is needed twice: by the engine and for
+    ``request_hash``). With ``--no-cache`` it is keyed by its line, so identical lines are
+    not shared."""
+    assert item.request is not None
+    if cache or item.request.id is not None:
+        return seal(item.request)
+    return dataclasses.replace(item.request, id=f"line-{item.line}")
 
 
 def count_records(path: Path, options: InputOptions) -> int:

@@ -12,10 +12,10 @@ from ..store import Recovered, Spend
 from ._output import max_tokens_added
 
 if TYPE_CHECKING:
+    from .._config import JobConfig
     from .._engine import Engine
     from .._router import RouteStatus
     from .._stats import Stats
-    from ..cli._config import JobConfig
     from ._inputs import InputOptions
 
 __all__ = ["Distributed", "FailFast", "JobProgress", "JobSpec", "Outcome"]

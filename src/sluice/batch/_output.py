@@ -13,6 +13,7 @@ answers to questions nobody asks any more.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hashlib
@@ -22,7 +23,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _errors, _json
 from .._errors import ConfigError
@@ -30,9 +31,13 @@ from .._models import Request, Result, store_key
 from .._records import error_record, usage_record, usd_record
 from ._inputs import InputItem
 
+if TYPE_CHECKING:
+    from ._job import JobProgress
+
 __all__ = [
     "KEPT_KINDS",
     "DoneLines",
+    "JobOutput",
     "OutputFile",
     "OutputWriter",
     "Prepared",
@@ -378,3 +383,65 @@ class OutputFile:
 
 #: The name the writers of a job's records use for the open output.
 OutputWriter = OutputFile
+
+
+class JobOutput:
+    """The output writer, with a failure (disk full...) turned into a clean stop.
+
+    :meth:`write_soon` gathers the records of one event-loop tick into one ``write``: a
+    fast job lands a dozen answers a tick, and a write (with the file-system journal it
+    touches) per record was a large part of a job's own cost."""
+
+    def __init__(self, writer: OutputFile, progress: JobProgress) -> None:
+        self._writer = writer
+        self._progress = progress
+        self._lines: list[bytes] = []
+        self._then: list[Callable[[], None]] = []
+
+    def write(self, record: dict[str, object]) -> bool:
+        """Write one record now; False (and the job stops) when the file cannot take it."""
+        self.flush()  # after what was queued before it
+        return self._write([_json.dumps_line(record)])
+
+    def write_soon(self, record: dict[str, object], then: Callable[[], None]) -> None:
+        """Queue a record for this tick's write; ``then`` runs once it is in the file (never,
+        if the file cannot take it: the job stops, the answer is in the state)."""
+        if self._progress.output_error is not None:
+            self._progress.not_written += 1
+            return
+        if not self._lines:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._lines.append(_json.dumps_line(record))
+        self._then.append(then)
+
+    def flush(self) -> None:
+        """Write what is queued."""
+        lines, then = self._lines, self._then
+        if not lines:
+            return
+        self._lines, self._then = [], []
+        if self._write(lines):
+            for written in then:
+                written()
+
+    def close(self) -> None:
+        self.flush()
+        try:
+            self._writer.close()
+        except OSError as exc:
+            self._failed(exc)
+
+    def _write(self, lines: list[bytes]) -> bool:
+        if self._progress.output_error is None:
+            try:
+                self._writer.write_lines(lines)
+                return True
+            except OSError as exc:
+                self._failed(exc)
+        self._progress.not_written += len(lines)
+        return False
+
+    def _failed(self, exc: OSError) -> None:
+        if self._progress.output_error is None:
+            self._progress.output_error = f"cannot write the output {self._writer.path}: {exc.strerror or exc}"
+            self._progress.stop()

@@ -26,7 +26,7 @@ from ..providers import check_deployment
 from ._inputs import InputItem, detect_format, read_inputs
 
 if TYPE_CHECKING:
-    from ..cli._config import JobConfig
+    from .._config import JobConfig
     from ._inputs import InputOptions
     from ._job import JobSpec
 

@@ -1,5 +1,10 @@
 """A batch job: an input file streamed through the engine into an output file.
 
+The runner checks the job, takes its state and its output, prepares both for a rerun,
+and hands the work to the job of the input's kind beside it: chat lines
+(:mod:`._chat_job`), embeddings (:mod:`._embed_job`), or, with ``--redis``, the
+distributed coordinator (:mod:`._distributed`).
+
 Durable and idempotent: the engine notes every attempt in the SQLite state before it is
 sent and commits every answer as it lands, the output is appended after, and a rerun of
 the same command skips what the output already holds, writes what only the state holds,
@@ -9,35 +14,24 @@ says so); the job's budget covers every run, crashed ones included.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import dataclasses
-import functools
 import gc
-import itertools
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .. import _json
-from .._engine import Engine
-from .._errors import CancelledError, ConfigError, InvalidInputError, SluiceError, StoreError
-from .._models import Request, Result, seal
+from .._errors import ConfigError, SluiceError, StoreError
 from ..store import SqliteStore
 from ._embed_inputs import embedding_hash
-from ._inputs import InputItem, count_records, read_inputs
-from ._job import FailFast, JobProgress, JobSpec
-from ._output import DoneLines, OutputFile, looks_like_output, output_record, prepare_output, request_hash
+from ._inputs import count_records, embeds, read_inputs, request_of
+from ._job import JobProgress, JobSpec
+from ._output import JobOutput, OutputFile, looks_like_output, prepare_output, request_hash
 from ._preflight import checked_spec
+from ._running import fold_deployments
 
-__all__ = ["JobProgress", "JobSpec", "default_state_path", "engine_for", "is_embedding_job", "run_job"]
-
-EMBEDDING_IN_CHAT_JOB = (
-    "an embeddings request in a job of chat requests (its first request is one); "
-    "run embeddings from a file of their own"
-)
+__all__ = ["JobProgress", "JobSpec", "default_state_path", "run_job"]
 
 
 def default_state_path(output: Path) -> Path:
@@ -178,15 +172,17 @@ async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[]
             from ._distributed import coordinate  # here: only a distributed job imports redis
 
             await coordinate(spec, progress, store, prepared.done, on_tick, output)
-        elif is_embedding_job(spec):
-            from ._embed_job import stream_embeddings  # here: it reuses this module's parts
+        elif embeds(spec.input, spec.inputs):
+            from ._embed_job import stream_embeddings
 
             await stream_embeddings(spec, progress, store, prepared.done, on_tick, output)
         else:
-            await _stream(spec, progress, store, prepared.done, on_tick, output)
+            from ._chat_job import stream_chat
+
+            await stream_chat(spec, progress, store, prepared.done, on_tick, output)
     finally:
         if output is not None:
-            _Output(output, progress).close()
+            JobOutput(output, progress).close()
         progress.finished = time.monotonic()
         status = "finished" if progress.complete else "interrupted"
         with contextlib.suppress(SluiceError):
@@ -197,230 +193,6 @@ async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[]
 def _line_hashes(spec: JobSpec) -> Iterator[tuple[int, str]]:
     for item in read_inputs(spec.input, spec.inputs):
         if item.request is not None:
-            yield item.line, request_hash(_request_of(item, spec.cache))
+            yield item.line, request_hash(request_of(item, spec.cache))
         elif item.embedding is not None:
             yield item.line, embedding_hash(item.embedding)
-
-
-def is_embedding_job(spec: JobSpec) -> bool:
-    """Whether the job embeds texts (``--embed``, or its first request is an embeddings
-    line); its other kind of line is then refused, one endpoint per file as in OpenAI's
-    Batch API."""
-    if spec.inputs.embed_field is not None:
-        return True
-    for item in read_inputs(spec.input, spec.inputs):
-        if item.request is not None or item.embedding is not None:
-            return item.embedding is not None
-    return False
-
-
-def engine_for(spec: JobSpec, progress: JobProgress, store: SqliteStore) -> Engine:
-    """The job's engine: its config's deployments, limits and budget (which counts what
-    earlier runs spent)."""
-    config = spec.config
-    engine = Engine(
-        config.deployments,
-        retry=config.retry,
-        concurrency=config.concurrency,
-        store=store,
-        retry_failed=spec.retry_failed,
-        budget_usd=config.budget_usd,
-        allow_unpriced=config.allow_unpriced,
-        defaults=config.defaults,
-        fallbacks=config.fallbacks,
-        cooldown=config.cooldown,
-        grace=spec.grace,
-    )
-    progress.engine = engine
-    if engine.spending.budget is not None:  # the budget is the job's, over all its runs
-        engine.spending.budget.add_spent(progress.spent_before)
-    if progress.stopping:
-        engine.stop()
-    return engine
-
-
-async def _stream(
-    spec: JobSpec,
-    progress: JobProgress,
-    store: SqliteStore,
-    done: DoneLines,
-    on_tick: Callable[[], None],
-    file: OutputFile,
-) -> None:
-    engine = engine_for(spec, progress, store)
-    pending: dict[int, InputItem] = {}
-    numbering = itertools.count()
-
-    def source() -> Iterator[Request | SluiceError]:
-        for item in read_inputs(spec.input, spec.inputs):
-            if item.line in done:
-                continue
-            if item.error is not None and spec.strict:
-                progress.strict_error = item.error.message
-                return  # the records before it still finish
-            if item.own_model is not None:
-                progress.note_own_model(item.own_model)
-            pending[next(numbering)] = item
-            if item.error is not None:
-                yield item.error
-            elif item.embedding is not None:
-                yield InvalidInputError(f"line {item.line}: {EMBEDDING_IN_CHAT_JOB}", line=item.line)
-            else:
-                yield _request_of(item, spec.cache)
-        progress.source_exhausted = True
-
-    output = _Output(file, progress)
-    async with running(engine, store, output, progress, on_tick) as watch:
-
-        def written(result: Result, sent: Request | None) -> None:
-            progress.count(result, sent)
-            watch(result)
-
-        async for result in engine.map(source(), ordered=spec.ordered):
-            assert result.index is not None
-            item = pending.pop(result.index)
-            if isinstance(result.error, CancelledError):
-                progress.not_done += 1  # not written: the rerun does it
-                continue
-            sent = _request_of(item, spec.cache) if item.request is not None else None
-            output.write_soon(output_record(item, result, sent), functools.partial(written, result, sent))
-
-
-@contextlib.asynccontextmanager
-async def running(
-    engine: Engine, store: SqliteStore, output: _Output, progress: JobProgress, on_tick: Callable[[], None]
-) -> AsyncIterator[Callable[[Result], None]]:
-    """The engine at work for a job: progress ticking and the output flushed meanwhile;
-    afterwards the output closed, the store's failure (if any) noted, each deployment's
-    state saved for ``sluice report``. Yields the check each written result goes through
-    (a job whose first requests all fail the same way stops early)."""
-    fail_fast = FailFast(progress.total)
-
-    def watch(result: Result) -> None:
-        verdict = fail_fast.observe(result)
-        if verdict is not None and progress.fatal is None:
-            progress.fatal = verdict
-            progress.stop()
-
-    ticker = asyncio.get_running_loop().create_task(
-        _tick(output, on_tick, lambda: _note_deployments(store, engine, progress.done))
-    )
-    try:
-        async with engine:
-            yield watch
-    finally:
-        ticker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticker
-        output.close()
-        progress.deployments = engine.deployment_status()  # while the loop runs: cooldowns still count
-        if engine.store_error is not None:
-            progress.store_error = engine.store_error.message
-        else:
-            _note_deployments(store, engine, progress.done)
-        on_tick()
-
-
-def _note_deployments(store: SqliteStore, engine: Engine, written: int) -> None:
-    """Each deployment's state this run (cooling down, answered, failed), and the records
-    written so far, for `sluice report` on a running or interrupted job."""
-    rows = [dataclasses.asdict(status) for status in engine.deployment_status()]
-    with contextlib.suppress(SluiceError):
-        store.set_meta_soon(deployments=rows, deployments_at=time.time(), written=written)
-
-
-def fold_deployments(earlier: object, last_run: object) -> dict[str, dict[str, int]]:
-    """Answers and failed attempts per deployment over every run before this one: the
-    totals so far plus the last run's rows (which `_note_deployments` wrote)."""
-    totals: dict[str, dict[str, int]] = {}
-    if isinstance(earlier, dict):
-        for label, counts in earlier.items():
-            if isinstance(counts, dict):
-                totals[str(label)] = {k: int(counts.get(k) or 0) for k in ("answered", "failed")}
-    for row in last_run if isinstance(last_run, list) else ():
-        if isinstance(row, dict) and row.get("deployment") is not None:
-            counts = totals.setdefault(str(row["deployment"]), {"answered": 0, "failed": 0})
-            for k in ("answered", "failed"):
-                counts[k] += int(row.get(k) or 0)
-    return totals
-
-
-class _Output:
-    """The output writer, with a failure (disk full...) turned into a clean stop.
-
-    :meth:`write_soon` gathers the records of one event-loop tick into one ``write``: a
-    fast job lands a dozen answers a tick, and a write (with the file-system journal it
-    touches) per record was a large part of a job's own cost."""
-
-    def __init__(self, writer: OutputFile, progress: JobProgress) -> None:
-        self._writer = writer
-        self._progress = progress
-        self._lines: list[bytes] = []
-        self._then: list[Callable[[], None]] = []
-
-    def write(self, record: dict[str, object]) -> bool:
-        """Write one record now; False (and the job stops) when the file cannot take it."""
-        self.flush()  # after what was queued before it
-        return self._write([_json.dumps_line(record)])
-
-    def write_soon(self, record: dict[str, object], then: Callable[[], None]) -> None:
-        """Queue a record for this tick's write; ``then`` runs once it is in the file (never,
-        if the file cannot take it: the job stops, the answer is in the state)."""
-        if self._progress.output_error is not None:
-            self._progress.not_written += 1
-            return
-        if not self._lines:
-            asyncio.get_running_loop().call_soon(self.flush)
-        self._lines.append(_json.dumps_line(record))
-        self._then.append(then)
-
-    def flush(self) -> None:
-        """Write what is queued."""
-        lines, then = self._lines, self._then
-        if not lines:
-            return
-        self._lines, self._then = [], []
-        if self._write(lines):
-            for written in then:
-                written()
-
-    def close(self) -> None:
-        self.flush()
-        try:
-            self._writer.close()
-        except OSError as exc:
-            self._failed(exc)
-
-    def _write(self, lines: list[bytes]) -> bool:
-        if self._progress.output_error is None:
-            try:
-                self._writer.write_lines(lines)
-                return True
-            except OSError as exc:
-                self._failed(exc)
-        self._progress.not_written += len(lines)
-        return False
-
-    def _failed(self, exc: OSError) -> None:
-        if self._progress.output_error is None:
-            self._progress.output_error = f"cannot write the output {self._writer.path}: {exc.strerror or exc}"
-            self._progress.stop()
-
-
-def _request_of(item: InputItem, cache: bool) -> Request:
-    """With --no-cache a record is keyed by its line, so identical lines are not shared."""
-    assert item.request is not None
-    if cache or item.request.id is not None:
-        return seal(item.request)  # its key is needed twice: by the engine and for request_hash
-    return dataclasses.replace(item.request, id=f"line-{item.line}")
-
-
-async def _tick(output: _Output, on_tick: Callable[[], None], note: Callable[[], None]) -> None:
-    ticks = 0
-    while True:
-        await asyncio.sleep(0.25)
-        output.flush()
-        on_tick()
-        ticks += 1
-        if ticks % 8 == 0:  # every 2 s: what `sluice report` shows of a running job
-            note()

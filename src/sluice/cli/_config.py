@@ -34,16 +34,16 @@ import dataclasses
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._config import JobConfig, TrustState
 from .._errors import ConfigError, SluiceError
 from .._models import Deployment, Price, Secret
 from .._pricing import effective_base_url
 from .._retry import RetryPolicy
 from .._router import Cooldown
-from ._trust import TrustState, check_trust
+from ._trust import check_trust
 
 __all__ = [
     "DEFAULT_FILE",
@@ -77,26 +77,6 @@ _COOLDOWN_KEYS = {f.name for f in dataclasses.fields(Cooldown)}
 _DEPLOYMENT_KEYS = {f.name for f in dataclasses.fields(Deployment)}
 _RETRY_KEYS = {f.name for f in dataclasses.fields(RetryPolicy)}
 _KEY_ENV = {"openai": "OPENAI_API_KEY", "azure": "AZURE_OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
-
-
-@dataclass(frozen=True, slots=True)
-class JobConfig:
-    deployments: tuple[Deployment, ...] = ()
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    concurrency: int = 256
-    model: str | None = None
-    budget_usd: float | None = None
-    allow_unpriced: bool = False
-    source: Path | None = None
-    #: Deployment fields for every model that has no deployment here (``--rpm`` and the
-    #: like without ``--model``): the engine serves such a model as ``Deployment(model, **defaults)``.
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-    #: For a file found in the working directory: whether the user trusted it (else None).
-    trust: TrustState | None = None
-    #: ``[fallbacks]``: for a model, the models to try next when it cannot take a request.
-    fallbacks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    #: ``[cooldown]``: when a failing deployment of a group is taken out, and for how long.
-    cooldown: Cooldown = field(default_factory=Cooldown)
 
 
 def load_config(path: Path | None, *, require_trust: bool = True) -> JobConfig:

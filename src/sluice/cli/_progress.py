@@ -7,25 +7,16 @@ summary table that says where the output and the state are.
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from typing import IO, Any
 
 import click
 
+from .._format import format_duration, usd
 from ..batch._job import JobProgress
 
 __all__ = ["ProgressView", "format_duration", "summary_rows", "table", "usd"]
-
-
-def format_duration(seconds: float | None) -> str:
-    if seconds is None or seconds != seconds or seconds == float("inf"):
-        return "?"
-    seconds = max(0, round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def _compact(n: float) -> str:
@@ -60,18 +51,6 @@ def status_line(progress: JobProgress) -> str:
     if progress.stopping:
         parts.append("stopping: finishing in-flight requests (Ctrl-C again to abort)")
     return "  ".join(parts)
-
-
-def usd(amount: float) -> str:
-    """Dollars with the precision that matters: cents for large sums, 1/100 cent for small
-    ones, and two significant digits below that, so a real cost never shows as $0.0000."""
-    size = abs(amount)
-    if size >= 10 or size == 0:
-        return f"${amount:,.2f}"
-    if size >= 0.01:
-        return f"${amount:,.4f}"
-    decimals = min(12, 1 - math.floor(math.log10(size)))
-    return f"${amount:,.{decimals}f}"
 
 
 def _spend(progress: JobProgress) -> str:

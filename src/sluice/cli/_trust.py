@@ -25,13 +25,12 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
+from .._config import TrustState
 from .._errors import ConfigError
 
 __all__ = ["TrustCheck", "TrustState", "check_trust", "fingerprint", "revoke", "trust", "trust_file"]
 
-TrustState = Literal["trusted", "untrusted", "changed"]
 _VERSION = 1
 
 

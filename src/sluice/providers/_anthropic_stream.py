@@ -21,10 +21,10 @@ from typing import Any
 from .. import _json
 from .._errors import MalformedResponseError, ProviderError, error_for_status
 from .._models import Usage
+from ._anthropic_names import FINISH_REASONS, JSON_TOOL_NAME
 from ._events import Finish, StreamEvent, StreamStart, TextDelta, ToolCallDelta, UsageUpdate
 from ._http import token_count
 from ._sse import SseEvent
-from ._translate import FINISH_REASONS, JSON_TOOL_NAME
 
 __all__ = ["AnthropicStreamDecoder"]
 

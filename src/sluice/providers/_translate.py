@@ -9,9 +9,10 @@ already Anthropic (content blocks, tools with ``input_schema``, ``tool_choice``
 objects, ``system``, ``stop_sequences``, ``thinking``...) passes through unchanged, and
 so does any parameter that is not one of Chat Completions' own.
 
-:func:`anthropic_reply` reads a Messages reply into the common shape: text, OpenAI
-``tool_calls``, OpenAI finish reasons, and an OpenAI ``chat.completion`` body as
-``Reply.raw`` with Anthropic's own body under ``"provider_response"``.
+:func:`anthropic_reply` (:mod:`._anthropic_reply`) reads a Messages reply into the common
+shape: text, OpenAI ``tool_calls``, OpenAI finish reasons, and an OpenAI
+``chat.completion`` body as ``Reply.raw`` with Anthropic's own body under
+``"provider_response"``.
 
 Sources relied on (Anthropic's OpenAPI-generated types in anthropic-sdk-python,
 ``src/anthropic/types/``: ``message_create_params.py``, ``content_block_param.py``,
@@ -34,10 +35,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from .._errors import InvalidRequestError, MalformedResponseError
-from .._models import Request, Usage
-from ._base import Reply
-from ._http import token_count
+from .._errors import InvalidRequestError
+from .._models import Request
+from ._anthropic_names import FINISH_REASONS, JSON_TOOL_DESCRIPTION, JSON_TOOL_NAME, LEADING_USER_TEXT
+from ._anthropic_reply import anthropic_reply, openai_completion
 
 __all__ = [
     "FINISH_REASONS",
@@ -47,29 +48,6 @@ __all__ = [
     "anthropic_reply",
     "openai_completion",
 ]
-
-#: JSON mode rides on a forced tool of this name (Anthropic's documented way to get JSON:
-#: docs.anthropic.com/en/docs/build-with-claude/tool-use, "JSON mode"); a reply's call of
-#: it comes back as ``message.content`` JSON text. A user tool may not take the name, so
-#: a reply is never ambiguous.
-JSON_TOOL_NAME = "sluice_json_output"
-_JSON_TOOL_DESCRIPTION = "Give the final answer as this tool's input: a JSON object."
-
-#: The user turn put before a conversation that opens with an assistant message. Older
-#: API versions refused that ("The first message must always use the user role"), the
-#: current docs no longer say so; a one-word user turn is safe under both.
-LEADING_USER_TEXT = "(continue)"
-
-#: Anthropic ``stop_reason`` -> OpenAI ``finish_reason``; anything else (``pause_turn``)
-#: passes through as it is, since Chat Completions has no word for it.
-FINISH_REASONS: Mapping[str, str] = {
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "max_tokens": "length",
-    "model_context_window_exceeded": "length",  # OpenAI also says "length" at the window
-    "tool_use": "tool_calls",
-    "refusal": "content_filter",
-}
 
 #: Content block types Anthropic takes in ``messages`` (content_block_param.py): passed through.
 _ANTHROPIC_BLOCKS = frozenset(
@@ -547,7 +525,7 @@ def _json_tool(response_format: Any) -> dict[str, Any] | None:
         return None
     if kind == "json_object":
         schema: Mapping[str, Any] = {"type": "object", "additionalProperties": True}
-        description = _JSON_TOOL_DESCRIPTION
+        description = JSON_TOOL_DESCRIPTION
     elif kind == "json_schema":
         spec = response_format.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, Mapping) else None  # type: ignore[assignment]
@@ -556,7 +534,7 @@ def _json_tool(response_format: Any) -> dict[str, Any] | None:
         if schema.get("type", "object") != "object":
             _refuse("params.response_format", "a schema whose top level is not an object cannot be a tool input")
         assert isinstance(spec, Mapping)
-        description = str(spec.get("description") or _JSON_TOOL_DESCRIPTION)
+        description = str(spec.get("description") or JSON_TOOL_DESCRIPTION)
     else:
         _refuse("params.response_format", f"type {kind!r} has no Anthropic equivalent")
     return {"name": JSON_TOOL_NAME, "description": description, "input_schema": {"type": "object", **schema}}
@@ -656,89 +634,3 @@ def _check_thinking(body: Mapping[str, Any]) -> None:
             "extended thinking cannot be combined with a forced tool (JSON mode, "
             "tool_choice 'required' or a named tool)",
         )
-
-
-# -- the reply ---------------------------------------------------------------------------
-
-
-def anthropic_reply(body: Mapping[str, Any], *, created: int) -> Reply:
-    """A Messages reply in the common shape; ``raw`` is an OpenAI ``chat.completion`` body
-    (``created`` is its timestamp: Anthropic's reply has none) holding Anthropic's own
-    body under ``"provider_response"``. Raises MalformedResponseError for a body that is
-    not a Messages reply."""
-    content = body.get("content")
-    if not isinstance(content, list) or (not content and body.get("stop_reason") != "end_turn"):
-        raise MalformedResponseError("response has no content blocks")
-    texts: list[str] = []
-    calls: list[dict[str, Any]] = []
-    answer: str | None = None
-    for block in content:
-        if not isinstance(block, Mapping):
-            continue
-        if block.get("type") == "text":
-            texts.append(str(block.get("text", "")))
-        elif block.get("type") == "tool_use":
-            name, arguments = block.get("name"), block.get("input")
-            if not isinstance(name, str) or not isinstance(arguments, Mapping):
-                raise MalformedResponseError("a tool_use block without a name or an input object")
-            encoded = json.dumps(arguments, ensure_ascii=False)
-            if name == JSON_TOOL_NAME:
-                answer = encoded  # JSON mode: the tool's input is the answer
-            else:
-                function = {"name": name, "arguments": encoded}
-                calls.append({"id": str(block.get("id", "")), "type": "function", "function": function})
-    stop = body.get("stop_reason")
-    finish = FINISH_REASONS.get(stop, stop) if isinstance(stop, str) else None
-    if answer is not None and not calls and finish == "tool_calls":
-        finish = "stop"
-    text = answer if answer is not None else "".join(texts) if texts else None
-    usage = _usage(body.get("usage"))
-    return Reply(
-        text=text,
-        usage=usage,
-        raw=openai_completion(body, text=text, tool_calls=calls, finish_reason=finish, usage=usage, created=created),
-        finish_reason=finish,
-    )
-
-
-def _usage(raw: Any) -> Usage:
-    usage = raw if isinstance(raw, Mapping) else {}
-    cache_read = token_count(usage.get("cache_read_input_tokens"))
-    cache_write = token_count(usage.get("cache_creation_input_tokens"))
-    return Usage(
-        # Anthropic's input_tokens leave out the cached ones; OpenAI's prompt_tokens include them
-        input_tokens=token_count(usage.get("input_tokens")) + cache_read + cache_write,
-        output_tokens=token_count(usage.get("output_tokens")),
-        cached_input_tokens=cache_read,
-        cache_write_tokens=cache_write,
-    )
-
-
-def openai_completion(
-    body: Mapping[str, Any],
-    *,
-    text: str | None,
-    tool_calls: Sequence[Mapping[str, Any]],
-    finish_reason: str | None,
-    usage: Usage,
-    created: int,
-) -> dict[str, Any]:
-    """An OpenAI ``chat.completion`` body for an Anthropic reply, so a consumer of a
-    fallback sees one shape; Anthropic's body is kept whole under ``provider_response``."""
-    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-    if tool_calls:
-        message["tool_calls"] = [dict(call) for call in tool_calls]
-    return {
-        "id": body.get("id"),
-        "object": "chat.completion",
-        "created": created,
-        "model": body.get("model"),
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
-        "usage": {
-            "prompt_tokens": usage.input_tokens,
-            "completion_tokens": usage.output_tokens,
-            "total_tokens": usage.total_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_input_tokens},
-        },
-        "provider_response": dict(body),
-    }

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from redis.exceptions import AuthenticationError, AuthorizationError, RedisError, ResponseError
 
 from .. import _json
+from .._config import engine_from
 from .._engine import Engine
 from .._errors import CancelledError, SluiceError
 from .._models import Priority, Result
@@ -47,7 +48,7 @@ from ._jobs import (
 )
 
 if TYPE_CHECKING:
-    from ..cli._config import JobConfig
+    from .._config import JobConfig
 
 __all__ = ["Worker", "default_worker_name"]
 
@@ -366,15 +367,13 @@ class Worker:
             budget = RedisBudget(self.url, name, settings.budget_usd, namespace=self.namespace, create=False)
             shared.append(budget)
             options["shared_budget"] = budget
-        engine = Engine(
-            deployments,
-            retry=config.retry,
+        engine = engine_from(
+            config,
+            deployments=deployments,
             concurrency=self.concurrency,
             budget_usd=None,  # the job's budget is the shared one
             allow_unpriced=settings.allow_unpriced or config.allow_unpriced,
             defaults=config.defaults or defaults_from_shared(settings.defaults),
-            fallbacks=config.fallbacks,
-            cooldown=config.cooldown,
             grace=self.grace,
             **options,
         )

@@ -44,14 +44,14 @@ import uuid
 from typing import Any
 
 from .._errors import CapacityError
-from .._limits import CATCH_UP, WINDOW_MARGIN, LocalLimiter, RateLimitSnapshot, _sane
+from .._limits import CATCH_UP, WINDOW_MARGIN, LocalLimiter, RateLimitSnapshot, sane_snapshot
 from .._models import Deployment, Secret
 from ..providers._anthropic import DEFAULT_BASE_URL as ANTHROPIC_BASE
 from ..providers._openai import DEFAULT_BASE_URL as OPENAI_BASE
 from . import _scripts
 from ._connection import Connection, RedisDown, RedisFailed
 
-__all__ = ["RedisLimiter", "RedisLimits", "deployment_fingerprint"]
+__all__ = ["RedisLimiter", "RedisLimits", "SharedGrant", "deployment_fingerprint"]
 
 log = logging.getLogger("sluice.redis")
 
@@ -164,7 +164,7 @@ class RedisLimits:
         return f"<RedisLimits {self.connection.target} {state} deployments={len(self._limiters)}>"
 
 
-class _Grant:
+class SharedGrant:
     """One reservation from the shared limiter; settled exactly once (in the background)."""
 
     __slots__ = ("_delta", "_done", "_flush", "_limiter", "_local", "id", "tokens")
@@ -251,7 +251,7 @@ class _Grant:
 class _Waiter:
     __slots__ = ("future", "tokens")
 
-    def __init__(self, future: asyncio.Future[_Grant], tokens: int) -> None:
+    def __init__(self, future: asyncio.Future[SharedGrant], tokens: int) -> None:
         self.future = future
         self.tokens = tokens
 
@@ -302,15 +302,15 @@ class RedisLimiter:
                 f"{cap:g} tokens per {self._hard_tokens_per:g} s; lower max_tokens or shorten the prompt"
             )
 
-    def try_acquire(self, tokens: int) -> _Grant | None:
+    def try_acquire(self, tokens: int) -> SharedGrant | None:
         """Never at once: every grant is Redis's to give (one round trip, in :meth:`acquire`)."""
         self.check(tokens)
         return None
 
-    async def acquire(self, tokens: int, priority: int = 0, seq: int | None = None) -> _Grant:
+    async def acquire(self, tokens: int, priority: int = 0, seq: int | None = None) -> SharedGrant:
         self.check(tokens)
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[_Grant] = loop.create_future()
+        future: asyncio.Future[SharedGrant] = loop.create_future()
         order = next(self._seq) if seq is None else seq
         heapq.heappush(self._heap, (priority, order, next(self._tie), _Waiter(future, tokens)))
         if self._pump is None or self._pump.done():
@@ -333,7 +333,7 @@ class RedisLimiter:
 
     def observe(self, snapshot: RateLimitSnapshot) -> None:
         """Tighten the shared limits when the provider's headers say so (for every process)."""
-        snapshot = _sane(snapshot)
+        snapshot = sane_snapshot(snapshot)
         own = self.window
         if snapshot.limit_tokens is not None and (
             self._hard_tokens is None or snapshot.limit_tokens < self._hard_tokens
@@ -491,7 +491,7 @@ class RedisLimiter:
                 await self._sleep(max(0.0, value) / 1000)
                 continue
             self.next_slot_at = 0.0
-            grant = _Grant(self, grant_id, waiter.tokens)
+            grant = SharedGrant(self, grant_id, waiter.tokens)
             self._in_flight += 1
             if self.max_in_flight is not None:
                 self._leases.add(grant_id)
@@ -526,7 +526,7 @@ class RedisLimiter:
                 local = await fallback.acquire(waiter.tokens)
         except TimeoutError:
             return
-        grant = _Grant(self, self._limits._new_id(), waiter.tokens, local)
+        grant = SharedGrant(self, self._limits._new_id(), waiter.tokens, local)
         self._in_flight += 1
         if waiter.future.done():
             grant.refund()
@@ -553,7 +553,7 @@ class RedisLimiter:
             self._ttl_ms(),
         ]
 
-    def _settle(self, grant: _Grant, *, delta: int, refund: bool, release: bool) -> None:
+    def _settle(self, grant: SharedGrant, *, delta: int, refund: bool, release: bool) -> None:
         args = [
             grant.id,
             str(delta),

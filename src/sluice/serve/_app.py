@@ -35,11 +35,10 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from .._engine import Engine
+from .._config import JobConfig, engine_from
 from .._errors import ConfigError, SluiceError
 from .._limits import Limiter
 from .._models import Deployment
-from ..cli._config import JobConfig
 from ..store import SqliteStore
 from ._batches import setup_batch_api
 from ._body import BODY_TIMEOUT, BodyTimeout, read_body, read_json, timed_out
@@ -131,16 +130,9 @@ def build_app(
         limiter.on_grant = save_spend
         return limiter
 
-    engine = Engine(
-        config.deployments,
-        retry=config.retry,
-        concurrency=config.concurrency,
+    engine = engine_from(
+        config,
         store=store,
-        budget_usd=config.budget_usd,
-        allow_unpriced=config.allow_unpriced,
-        defaults=config.defaults,
-        fallbacks=config.fallbacks,
-        cooldown=config.cooldown,
         limiter_factory=limiter_factory,
         shared_budget=redis.engine_budget(config.budget_usd) if redis is not None else None,
         on_retry=lambda event: metrics_box[0].retry(event) if metrics_box else None,

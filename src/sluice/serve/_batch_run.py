@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _json
 from .._embeddings import EmbedItem, EmbedPipeline, EmbedSpec
 from .._errors import CancelledError, CapacityError, InvalidInputError, SluiceError, StoreError
-from .._limits import LocalLimiter, _Grant
+from .._limits import Grant, LocalLimiter
 from .._models import Priority, Request, Result, Usage
 from ..batch._embed_job import EmbedLine
 from ..batch._inputs import InputItem, InputOptions, read_inputs
@@ -123,7 +123,7 @@ class BatchRun:
         self.stopping = True
         self._halt.set()
 
-    async def _client_quota(self, limiter: LocalLimiter, tokens: int) -> _Grant | None:
+    async def _client_quota(self, limiter: LocalLimiter, tokens: int) -> Grant | None:
         """Wait for the client's rpm/tpm to let a line go; None if the batch halts first."""
         acquiring = asyncio.ensure_future(limiter.acquire(tokens, Priority.BATCH))
         halted = asyncio.ensure_future(self._halt.wait())
@@ -318,7 +318,7 @@ class BatchRun:
         # (a batch must not be a way around them): a line waits for it before the engine
         # takes it, and its quota is trued up to the usage once it is answered.
         limiter: LocalLimiter | None = getattr(self.owner, "limiter", None)
-        grants: dict[int, _Grant] = {}
+        grants: dict[int, Grant] = {}
 
         async def source() -> AsyncIterator[Request]:
             async for item in self._lines(store, window):

@@ -24,10 +24,10 @@ import math
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
-from .._limits import Claim, LocalLimiter, _Grant
+from .._limits import Claim, Grant, LocalLimiter
 from .._models import Deployment
 
-__all__ = ["Admission", "QueueFull", "ServeLimiter", "Ticket", "WaitTooLong", "serve_limiter"]
+__all__ = ["Admission", "QueueFull", "ServeLimiter", "Ticket", "WaitTooLong", "mark_granted", "serve_limiter"]
 
 T = TypeVar("T")
 
@@ -52,7 +52,8 @@ class Ticket:
             self.granted.set_result(None)
 
 
-def _mark() -> None:
+def mark_granted() -> None:
+    """The current request's capacity was granted: tell the server, which stops timing its wait."""
     ticket = _TICKET.get()
     if ticket is not None:
         ticket.grant()
@@ -72,7 +73,7 @@ class ServeLimiter(LocalLimiter):
         #: already taken): the server writes client spend there, so a kill -9 loses none.
         self.on_grant: Callable[[], None] | None = None
 
-    def try_acquire(self, tokens: int) -> _Grant | None:
+    def try_acquire(self, tokens: int) -> Grant | None:
         grant = super().try_acquire(tokens)
         if grant is not None:
             self._granted()
@@ -80,13 +81,13 @@ class ServeLimiter(LocalLimiter):
 
     async def acquire(
         self, tokens: int, priority: int = 0, seq: int | None = None, *, claim: Claim | None = None
-    ) -> _Grant:
+    ) -> Grant:
         grant = await super().acquire(tokens, priority, seq, claim=claim)
         self._granted()
         return grant
 
     def _granted(self) -> None:
-        _mark()
+        mark_granted()
         if self.on_grant is not None:
             self.on_grant()
 

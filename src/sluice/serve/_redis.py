@@ -23,8 +23,8 @@ from typing import Any
 
 from .._models import Deployment
 from ..redis import BudgetTotals, RedisBudget, RedisLimiter, RedisLimits, deployment_fingerprint
-from ..redis._limiter import _Grant
-from ._queue import _mark, pacing_interval
+from ..redis._limiter import SharedGrant
+from ._queue import mark_granted, pacing_interval
 from ._settings import ClientSpec
 
 __all__ = ["ServeRedis", "ServeRedisLimiter"]
@@ -42,9 +42,9 @@ class ServeRedisLimiter(RedisLimiter):
         self.penalties = 0
         self.on_grant: Any = None
 
-    async def acquire(self, tokens: int, priority: int = 0, seq: int | None = None) -> _Grant:
+    async def acquire(self, tokens: int, priority: int = 0, seq: int | None = None) -> SharedGrant:
         grant = await super().acquire(tokens, priority, seq)
-        _mark()
+        mark_granted()
         if self.on_grant is not None:
             self.on_grant()
         return grant

@@ -1,0 +1,104 @@
+"""The engine at work for a batch job: built from the job's config, its progress ticking,
+its output flushed, each deployment's state noted for ``sluice report``, and the check
+each written result goes through (a job whose first requests all fail the same way
+stops early). Shared by the chat job and the embeddings job."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable
+
+from .._config import engine_from
+from .._engine import Engine
+from .._errors import SluiceError
+from .._models import Result
+from ..store import SqliteStore
+from ._job import FailFast, JobProgress, JobSpec
+from ._output import JobOutput
+
+__all__ = ["engine_for", "fold_deployments", "note_deployments", "running"]
+
+
+def engine_for(spec: JobSpec, progress: JobProgress, store: SqliteStore) -> Engine:
+    """The job's engine: its config's deployments, limits and budget (which counts what
+    earlier runs spent)."""
+    engine = engine_from(spec.config, store=store, retry_failed=spec.retry_failed, grace=spec.grace)
+    progress.engine = engine
+    if engine.spending.budget is not None:  # the budget is the job's, over all its runs
+        engine.spending.budget.add_spent(progress.spent_before)
+    if progress.stopping:
+        engine.stop()
+    return engine
+
+
+@contextlib.asynccontextmanager
+async def running(
+    engine: Engine, store: SqliteStore, output: JobOutput, progress: JobProgress, on_tick: Callable[[], None]
+) -> AsyncIterator[Callable[[Result], None]]:
+    """The engine at work for a job: progress ticking and the output flushed meanwhile;
+    afterwards the output closed, the store's failure (if any) noted, each deployment's
+    state saved for ``sluice report``. Yields the check each written result goes through
+    (a job whose first requests all fail the same way stops early)."""
+    fail_fast = FailFast(progress.total)
+
+    def watch(result: Result) -> None:
+        verdict = fail_fast.observe(result)
+        if verdict is not None and progress.fatal is None:
+            progress.fatal = verdict
+            progress.stop()
+
+    ticker = asyncio.get_running_loop().create_task(
+        _tick(output, on_tick, lambda: note_deployments(store, engine, progress.done))
+    )
+    try:
+        async with engine:
+            yield watch
+    finally:
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+        output.close()
+        progress.deployments = engine.deployment_status()  # while the loop runs: cooldowns still count
+        if engine.store_error is not None:
+            progress.store_error = engine.store_error.message
+        else:
+            note_deployments(store, engine, progress.done)
+        on_tick()
+
+
+def note_deployments(store: SqliteStore, engine: Engine, written: int) -> None:
+    """Each deployment's state this run (cooling down, answered, failed), and the records
+    written so far, for `sluice report` on a running or interrupted job."""
+    rows = [dataclasses.asdict(status) for status in engine.deployment_status()]
+    with contextlib.suppress(SluiceError):
+        store.set_meta_soon(deployments=rows, deployments_at=time.time(), written=written)
+
+
+def fold_deployments(earlier: object, last_run: object) -> dict[str, dict[str, int]]:
+    """Answers and failed attempts per deployment over every run before this one: the
+    totals so far plus the last run's rows (which `_note_deployments` wrote)."""
+    totals: dict[str, dict[str, int]] = {}
+    if isinstance(earlier, dict):
+        for label, counts in earlier.items():
+            if isinstance(counts, dict):
+                totals[str(label)] = {k: int(counts.get(k) or 0) for k in ("answered", "failed")}
+    for row in last_run if isinstance(last_run, list) else ():
+        if isinstance(row, dict) and row.get("deployment") is not None:
+            counts = totals.setdefault(str(row["deployment"]), {"answered": 0, "failed": 0})
+            for k in ("answered", "failed"):
+                counts[k] += int(row.get(k) or 0)
+    return totals
+
+
+async def _tick(output: JobOutput, on_tick: Callable[[], None], note: Callable[[], None]) -> None:
+    ticks = 0
+    while True:
+        await asyncio.sleep(0.25)
+        output.flush()
+        on_tick()
+        ticks += 1
+        if ticks % 8 == 0:  # every 2 s: what `sluice report` shows of a running job
+            note()

@@ -1,0 +1,138 @@
+"""The code's layers, as a test: no module reaches into another's private names, nothing
+outside the engine reads ``engine._...``, nothing below the CLI imports it, no import
+cycles in the engine's and the batch job's modules, and modules stay a readable size."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "sluice"
+MAX_LINES = 700
+MAX_ENGINE_LINES = 500
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for path in sorted(SRC.rglob("*.py")):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        yield name, path
+
+
+def _imports(name: str, path: Path) -> Iterator[tuple[str, str | None, int]]:
+    """(module imported, name imported from it or None, line) for each import of ``path``."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            module = f"{base}.{node.module}" if node.level and node.module else base if node.level else node.module
+            for alias in node.names:
+                yield module or "", alias.name, node.lineno
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, None, node.lineno
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    found = []
+    for name, path in _modules():
+        for module, imported, line in _imports(name, path):
+            if imported is None or not module.startswith("sluice") or imported == "*":
+                continue
+            private = imported.startswith("_") and not imported.startswith("__")
+            is_module = (SRC.parent / module.replace(".", "/") / imported).with_suffix(".py").exists() or (
+                SRC.parent / module.replace(".", "/") / imported / "__init__.py"
+            ).exists()
+            if private and not is_module:
+                found.append(f"{path.relative_to(SRC)}:{line} imports {imported} from {module}")
+    assert found == []
+
+
+def test_nothing_outside_the_engine_reads_its_privates() -> None:
+    pattern = re.compile(r"\bengine\._[a-z]")
+    found = [
+        f"{path.relative_to(SRC)}:{number}"
+        for name, path in _modules()
+        if path.name != "_engine.py"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert found == []
+
+
+def test_nothing_below_the_cli_imports_it() -> None:
+    found = [
+        f"{path.relative_to(SRC)}:{line} imports {module}"
+        for name, path in _modules()
+        if not name.startswith(("sluice.cli", "sluice._entry"))
+        for module, _, line in _imports(name, path)
+        if module.startswith("sluice.cli")
+    ]
+    assert found == []
+
+
+def _graph(prefixes: tuple[str, ...]) -> dict[str, set[str]]:
+    """Module -> the modules it imports at import time (not inside functions, not under
+    TYPE_CHECKING), among those named by ``prefixes``."""
+    names = {name for name, _ in _modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in _modules():
+        if not name.startswith(prefixes):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: set[str] = set()
+        for node in tree.body:  # top level only: an import inside a function runs later
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, ast.ImportFrom):
+                base = package
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                module = f"{base}.{node.module}" if node.level and node.module else base if node.level else node.module
+                for alias in node.names:
+                    target = f"{module}.{alias.name}"
+                    edges.add(target if target in names else str(module))
+        graph[name] = {edge for edge in edges if edge.startswith(prefixes) and edge != name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)) is not None:
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)) is not None:
+            return found
+    return None
+
+
+@pytest.mark.parametrize("cluster", [("sluice._", "sluice.providers"), ("sluice.batch",), ("sluice.serve",)])
+def test_no_import_cycle(cluster: tuple[str, ...]) -> None:
+    assert _cycle(_graph(cluster)) is None
+
+
+def test_modules_stay_a_readable_size() -> None:
+    sizes = {
+        path.relative_to(SRC).as_posix(): len(path.read_text(encoding="utf-8").splitlines()) for _, path in _modules()
+    }
+    assert {p: n for p, n in sizes.items() if n > MAX_LINES} == {}
+    assert sizes["_engine.py"] < MAX_ENGINE_LINES
