@@ -179,38 +179,21 @@ async def post_embeddings(
     encoding: str,
     idempotency_key: str | None,
 ) -> EmbedReply:
-    """One embeddings request through the provider's pooled session, its errors typed as
-    :meth:`HttpProvider.send` types them (the same ladder: a send can be a stream or a
-    batch of inputs, the transport's failures mean the same)."""
-    import aiohttp
-
-    _, headers = provider._endpoint_for(deployment)
-    if idempotency_key is not None:
-        headers = {**headers, "idempotency-key": idempotency_key}
+    """One embeddings request through the provider's round trip (:meth:`HttpProvider.post`:
+    the pooled session, the same typed errors as a chat request's)."""
     try:
         data = _json.dumps(embed_body(deployment.model_name, texts, params, encoding))
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         raise InvalidRequestError(f"the inputs cannot be sent as JSON: {exc}") from None
-    session = provider._transport.session()
     # Past 1 MiB aiohttp wants a stream (it writes one in chunks, yielding between them)
     # and warns about raw bytes; a 300k-token request is ~1.2 MB.
     body: bytes | io.BytesIO = io.BytesIO(data) if len(data) > _LARGE_BODY else data
+    payload, request_id, ratelimit = await provider.post(deployment, body, url=url, idempotency_key=idempotency_key)
     try:
-        async with session.post(url, data=body, headers=headers, allow_redirects=False) as response:
-            payload = await response.read()
-            status = response.status
-            response_headers: Mapping[str, str] = response.headers
-    except (TimeoutError, aiohttp.ClientError) as exc:
-        raise provider._transport.failure(exc, deployment.label) or exc from None
-    request_id = response_headers.get(provider.request_id_header)
-    ratelimit = provider.parse_ratelimit(response_headers)
-    if status != 200:
-        raise provider._error(status, payload, response_headers, request_id, ratelimit, deployment)
-    try:
-        body = _json.loads(payload)
-        if not isinstance(body, Mapping):
+        answer = _json.loads(payload)
+        if not isinstance(answer, Mapping):
             raise TypeError("the body is not a JSON object")
-        vectors, usage = parse_embeddings(body, len(texts))
+        vectors, usage = parse_embeddings(answer, len(texts))
     except MalformedResponseError as exc:
         raise MalformedResponseError(f"{deployment.label}: {exc.message}", request_id=request_id) from None
     except (TypeError, ValueError, OverflowError) as exc:

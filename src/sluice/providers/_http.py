@@ -11,6 +11,7 @@ pool; each provider says how its events read (:class:`StreamDecoder`).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from abc import ABC, abstractmethod
@@ -240,17 +241,26 @@ class HttpProvider(ABC):
             text = text.replace(secret, "****")
         return text
 
-    async def send(self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None) -> Reply:
+    async def post(
+        self,
+        deployment: Deployment,
+        data: bytes | io.BytesIO,
+        *,
+        url: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[bytes, str | None, RateLimitSnapshot | None]:
+        """One round trip to ``deployment`` (its endpoint, or ``url``) through the pooled
+        session: the 200 body, the provider's request id and what the rate-limit headers
+        said. Any other status, and a failure on the way, raise the typed ProviderError."""
         import aiohttp
 
-        url, headers = self._endpoint_for(deployment)
+        endpoint, headers = self._endpoint_for(deployment)
         if idempotency_key is not None:
             headers = {**headers, "idempotency-key": idempotency_key}
-        data = self._encode(self.build_body(request, deployment))  # a translation error stays as it is
         session = self._transport.session()
         try:
             # never follow a redirect: aiohttp would carry x-api-key / api-key to the new origin
-            async with session.post(url, data=data, headers=headers, allow_redirects=False) as response:
+            async with session.post(url or endpoint, data=data, headers=headers, allow_redirects=False) as response:
                 payload = await response.read()
                 status = response.status
                 response_headers: Mapping[str, str] = response.headers
@@ -260,6 +270,11 @@ class HttpProvider(ABC):
         ratelimit = self.parse_ratelimit(response_headers)
         if status != 200:
             raise self._error(status, payload, response_headers, request_id, ratelimit, deployment)
+        return payload, request_id, ratelimit
+
+    async def send(self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None) -> Reply:
+        data = self._encode(self.build_body(request, deployment))  # a translation error stays as it is
+        payload, request_id, ratelimit = await self.post(deployment, data, idempotency_key=idempotency_key)
         try:
             body = _json.loads(payload)
         except ValueError:
