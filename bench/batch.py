@@ -9,7 +9,10 @@ own process on the other:
 * library: ``Engine.map`` over a generator of the same requests (nothing read from disk,
   nothing stored) — the floor for what the CLI adds;
 * cli: ``sluice run INPUT -o OUTPUT`` — reads the file, stores every answer in SQLite as
-  it lands, writes the output, shows progress.
+  it lands, writes the output, shows progress; on uvloop, the command's default where it
+  is installed;
+* cli on asyncio: the same with ``SLUICE_LOOP=asyncio`` (the default loop), to measure
+  what uvloop gives.
 
 Reported per path: wall time, records/s, peak RSS of that process (``wait4``), and the
 CLI's rate as a ratio to the library's. Targets (issue 3): CLI peak RSS < 200 MB
@@ -94,7 +97,8 @@ def main() -> None:
         return
 
     server_cpus, client_cpus = cpu_plan()
-    runs: dict[str, list[dict[str, float]]] = {"library (Engine.map)": [], "cli (sluice run)": []}
+    cli_runs = {"cli (sluice run)": "auto", "cli on asyncio (SLUICE_LOOP=asyncio)": "asyncio"}
+    runs: dict[str, list[dict[str, float]]] = {"library (Engine.map)": [], **{name: [] for name in cli_runs}}
     received = duplicates = 0
     with tempfile.TemporaryDirectory(prefix="sluice-batch-") as folder:
         source, output = Path(folder) / "in.jsonl", Path(folder) / "out.jsonl"
@@ -119,18 +123,19 @@ def main() -> None:
             received += stats.get("received", 0)
             duplicates += stats.get("duplicate_successes", 0)
 
-            for stale in Path(folder).glob("out*"):  # each round a fresh job, not a resumed one
-                stale.unlink()
-            with fresh_server() as server:
-                cli_env = {**env, "OPENAI_BASE_URL": server.openai_url, "OPENAI_API_KEY": "x"}
-                cli = [sys.executable, "-m", "sluice", "run", str(source), "-o", str(output), "--model", MODEL]
-                cli += ["--concurrency", str(args.concurrency), "--log-every", "60"]
-                seconds, rss, _, cpu = run_measured(cli, cli_env, client_cpus)
-                stats = server.stats()
-            lines = sum(1 for _ in output.open())
-            runs["cli (sluice run)"].append({"seconds": seconds, "ok": lines, "rss": rss, "cpu": cpu})
-            received += stats.get("received", 0)
-            duplicates += stats.get("duplicate_successes", 0)
+            for name, loop in cli_runs.items():
+                for stale in Path(folder).glob("out*"):  # each run a fresh job, not a resumed one
+                    stale.unlink()
+                with fresh_server() as server:
+                    cli_env = {**env, "OPENAI_BASE_URL": server.openai_url, "OPENAI_API_KEY": "x", "SLUICE_LOOP": loop}
+                    cli = [sys.executable, "-m", "sluice", "run", str(source), "-o", str(output), "--model", MODEL]
+                    cli += ["--concurrency", str(args.concurrency), "--log-every", "60"]
+                    seconds, rss, _, cpu = run_measured(cli, cli_env, client_cpus)
+                    stats = server.stats()
+                lines = sum(1 for _ in output.open())
+                runs[name].append({"seconds": seconds, "ok": lines, "rss": rss, "cpu": cpu})
+                received += stats.get("received", 0)
+                duplicates += stats.get("duplicate_successes", 0)
 
     library_rates = [r["ok"] / r["seconds"] for r in runs["library (Engine.map)"]]
     table = []
@@ -159,7 +164,7 @@ def main() -> None:
     print()
     print("targets: cli peak RSS < 200 MB; cli >= 0.8 x library (issue 12)")
     print(
-        f"servers (a fresh one per run): {received:,} requests received for {2 * args.n * args.rounds:,} sent; "
+        f"servers (a fresh one per run): {received:,} requests received for {len(runs) * args.n * args.rounds:,} sent; "
         f"duplicate successes: {duplicates} (expected 0)"
     )
     save_results(

@@ -7,7 +7,6 @@ deployments' keys and budget to the network.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import logging
 import tomllib
@@ -16,6 +15,7 @@ from pathlib import Path
 import click
 
 from .._errors import ConfigError
+from ._loop import run_on_loop
 from ._worker import checked_redis_url
 
 __all__ = ["serve_command"]
@@ -164,4 +164,4 @@ def serve_command(
             ready=lambda url: click.echo(f"sluice serve: listening on {url} (base_url {url}/v1); clients: {who}"),
         )
 
-    asyncio.run(main())
+    run_on_loop(main())

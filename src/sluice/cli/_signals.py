@@ -8,6 +8,8 @@ import signal
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from ._loop import run_on_loop
+
 __all__ = ["run_until_stopped"]
 
 
@@ -36,7 +38,7 @@ def run_until_stopped(main: Callable[[], Coroutine[Any, Any, None]], on_first: C
     # back the command's own quiet handler (``_entry``) for the summary that follows.
     before = signal.getsignal(signal.SIGINT)
     try:
-        asyncio.run(guarded())
+        run_on_loop(guarded())
     except (KeyboardInterrupt, asyncio.CancelledError):
         return True
     finally:
