@@ -207,16 +207,6 @@ class Attempts:
 
     # -- a chat request to its Result ---------------------------------------------------------
 
-    async def admitted(self, job: Job) -> Result:
-        """A ``map()`` job that holds a gate slot: run it, then give the slot back."""
-        job.started = True  # from here the finally below gives the gate's slot back
-        try:
-            if job.key is None:  # nothing to share or serve from a store: one coroutine less
-                return await self.run(job)
-            return await self.execute(job)
-        finally:
-            self.runtime.gate.release()
-
     def from_store(self, job: Job) -> Result | None:
         """The stored result for this job, emitted, if the store has one worth reusing:
         an answer, or (unless ``retry_failed``) the provider's rejection of the request."""

@@ -9,9 +9,10 @@ consumer hands results out as they finish, or in input order.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from ._budget import Budget
 from ._coerce import RequestLike, aiterate
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from ._job import Job
 
 __all__ = ["fan_out"]
+
+T = TypeVar("T")
 
 _NEVER_STARTED = "cancelled before it started; it was never sent"
 
@@ -42,7 +45,7 @@ async def fan_out(
     runtime = attempts.runtime
     runtime.check_open()
     loop = asyncio.get_running_loop()
-    finished: asyncio.Queue[tuple[int, Result] | BaseException | None] = asyncio.Queue()
+    finished: _Finished[tuple[int, Result] | BaseException | None] = _Finished()
     space = _Room(room)
     tasks: set[asyncio.Task[Result]] = set()
     taken = 0
@@ -50,17 +53,16 @@ async def fan_out(
 
     def on_done(task: asyncio.Task[Result], *, index: int, job: Job) -> None:
         tasks.discard(task)
+        runtime.gate.release()  # the slot the producer took for it, however it ended
         if task.cancelled():  # its result was reported as it was cancelled; hand it out
-            if not job.started:  # cancelled before its first step: its gate slot is still taken
-                runtime.gate.release()
             result = job.cancelled
             if result is None:  # cancelled before it ever ran
                 result = Result(job.request, error=CancelledError(_NEVER_STARTED), index=index)
                 runtime.emit(result)
-            finished.put_nowait((index, result))
+            finished.put((index, result))
         else:
             error = task.exception()
-            finished.put_nowait(error if error is not None else (index, task.result()))
+            finished.put(error if error is not None else (index, task.result()))
         runtime.untrack(task)
 
     async def produce() -> None:
@@ -72,25 +74,26 @@ async def fan_out(
                 taken += 1
                 prepared = attempts.prepare_item(item, index, model, priority, budget)
                 if isinstance(prepared, Result):
-                    finished.put_nowait((index, prepared))
+                    finished.put((index, prepared))
                     continue
                 try:
                     await runtime.gate.acquire(prepared.priority, prepared.seq)
                 except asyncio.CancelledError:  # closed while it waited: it still gets its result
-                    finished.put_nowait((index, attempts.not_started(prepared)))
+                    finished.put((index, attempts.not_started(prepared)))
                     raise
                 if runtime.stopping:
                     runtime.gate.release()
-                    finished.put_nowait((index, attempts.not_started(prepared)))
+                    finished.put((index, attempts.not_started(prepared)))
                     break
-                task = loop.create_task(attempts.admitted(prepared))
+                # nothing to share or serve from a store: one coroutine less
+                task = loop.create_task(attempts.run(prepared) if prepared.key is None else attempts.execute(prepared))
                 tasks.add(task)
                 runtime.track(task)
                 task.add_done_callback(functools.partial(on_done, index=index, job=prepared))
                 if runtime.stopping:
                     break
         finally:
-            finished.put_nowait(None)
+            finished.put(None)
 
     producer = loop.create_task(produce())
     runtime.producers.add(producer)
@@ -123,6 +126,32 @@ async def fan_out(
         for task in tasks:
             task.cancel()
         await asyncio.gather(producer, *tasks, return_exceptions=True)
+
+
+class _Finished(Generic[T]):
+    """What the tasks hand the consumer: a deque and, while it waits, one future (an
+    ``asyncio.Queue`` keeps waiter lists and a task counter the one consumer never needs)."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[T] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: T) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> T:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
 
 
 class _Room:

@@ -44,8 +44,6 @@ class Job:
     tried: set[Route] | frozenset[Route] = frozenset()
     #: Cooldowns apply: the request has somewhere else to go.
     guarded: bool = False
-    #: Its task began to run (a task cancelled before that still holds a gate slot).
-    started: bool = False
     #: ``worst_cost`` is an attempt's worst case with or without a budget (an embeddings
     #: request, priced from its inputs: see ``_embeddings``).
     own_worst: bool = False

@@ -263,6 +263,8 @@ class Router:
         self._defaults = dict(defaults or {})
         self._on_new = on_new_deployment
         self._groups: dict[str, Group] = {}
+        #: ``chain()``'s answer per model, until a deployment is added.
+        self._chains: dict[str, tuple[Group, ...]] = {}
         self._labels: dict[str, Route] = {}
         self.routes: list[Route] = []
         self.fallbacks: dict[str, tuple[str, ...]] = {}
@@ -277,6 +279,7 @@ class Router:
         if deployment.label in self._labels:
             raise ConfigError(f"two deployments are named {deployment.label!r}; give each a distinct name=")
         route = self._make_route(deployment)
+        self._chains.clear()
         self.routes.append(route)
         self._labels[deployment.label] = route
         for key in _model_keys(deployment):
@@ -311,12 +314,16 @@ class Router:
 
     def chain(self, model: str) -> tuple[Group, ...]:
         """The groups a request for ``model`` may use, in order: its own, then its fallbacks."""
+        known = self._chains.get(model)
+        if known is not None:
+            return known
         groups = [self.group(model)]
         for fallback in self._fallbacks_of(model):
             group = self.group(fallback)
             if group not in groups:
                 groups.append(group)
-        return tuple(groups)
+        chain = self._chains[model] = tuple(groups)
+        return chain
 
     def _fallbacks_of(self, model: str) -> tuple[str, ...]:
         """The fallback list of ``model`` under any name it goes by: ``big`` and
