@@ -40,7 +40,7 @@ from ._errors import (
     StoreError,
 )
 from ._job import Job
-from ._limits import RateLimitSnapshot
+from ._limits import RateLimitSnapshot, Reservation
 from ._models import Request, Result, Timings, Usage, store_key
 from ._records import result_from_record
 from ._retry import RetryPolicy
@@ -284,6 +284,7 @@ class Attempts:
         send: Callable[[Route], Awaitable[_A]] | None = None,
         *,
         hand_over: bool = False,
+        streamed: bool = False,
     ) -> _A | Reply | SluiceError:
         """Attempt until an answer, a final error, the attempt budget, the deadline or a stop.
 
@@ -295,7 +296,7 @@ class Attempts:
             while True:
                 if self.runtime.stopping and job.batch:  # not sent (again): the rerun does it
                     return CancelledError(stopped_note(tally))
-                outcome = await self.attempt(job, tally, deadline, send, hand_over=hand_over)
+                outcome = await self.attempt(job, tally, deadline, send, hand_over=hand_over, streamed=streamed)
                 if not isinstance(outcome, SluiceError):
                     return outcome
                 if not tally.sent_this_time:  # budget, capacity, deadline, store or stop: final
@@ -321,24 +322,34 @@ class Attempts:
         send: Callable[[Route], Awaitable[_A]] | None = None,
         *,
         hand_over: bool = False,
+        streamed: bool = False,
     ) -> _A | Reply | SluiceError:
         """One attempt: admission (money, capacity, the intent), then the provider. What
         the slot holds is settled before it returns, whatever happens (unless the send
         returns an :class:`Opening`: then its caller settles it).
 
         ``hand_over``: the intent's settlement is left in ``tally.unsettled``, for the
-        caller to write with the result (one store write per answer)."""
+        caller to write with the result (one store write per answer). An answer sent whole
+        is silent until it is ready, so its ``idle_timeout`` is timed here too; a stream's
+        (``streamed``) is its transport's, between chunks."""
         slot = await self.admit(job, tally, deadline)
         if isinstance(slot, SluiceError):
             return slot
         route: Route = slot.route
-        timeout = self.retry.attempt_timeout
+        retry = self.retry
+        timeout = retry.attempt_timeout
+        idle = None if streamed else retry.idle_timeout
+        if idle is not None and (timeout is None or idle < timeout):
+            timeout = idle
+        else:
+            idle = None  # the attempt timeout comes first
         loop = asyncio.get_running_loop()
-        slot.sending(loop)
-        if deadline is not None:
-            timeout = min(timeout or deadline - slot.sent_at, deadline - slot.sent_at)
+        slot.sending(slot.ready_at)
+        if deadline is not None and (timeout is None or deadline - slot.sent_at < timeout):
+            timeout, idle = deadline - slot.sent_at, None
         charge: float | None = None  # None: it may have been billed, at its worst case
         answered = cut_off = timed_out = kept = False
+        ended: float | None = None  # when the answer came (None: ask the loop when it settles)
         # one shared timer for every attempt's timeout, not an asyncio.timeout() each
         watch = self.timer.arm(loop, slot.sent_at + timeout) if timeout is not None else None
         try:
@@ -353,11 +364,11 @@ class Attempts:
                 timed_out = self.timer.disarm(watch)
         except asyncio.CancelledError:
             if timed_out:  # the timer's own cancellation: a timeout
-                return AttemptTimeoutError(f"no answer from {route.deployment.label} within {timeout:g} s")
+                return _timed_out(route, timeout, idle)
             cut_off = True
             raise
         except TimeoutError:
-            return AttemptTimeoutError(f"no answer from {route.deployment.label} within {timeout:g} s")
+            return _timed_out(route, timeout, idle)
         except ProviderError as exc:
             if not exc.maybe_billed:
                 charge = 0.0
@@ -377,34 +388,86 @@ class Attempts:
             slot.reservation.reconcile(reply.usage.total_tokens or job.tokens)
             charge = self.spending.cost(route.deployment, reply.usage) or 0.0
             answered = True
-            latency = asyncio.get_running_loop().time() - slot.sent_at
-            self.router.succeeded(route, latency, reply.usage.output_tokens, slot.placed_at)
+            ended = loop.time()
+            self.router.succeeded(route, ended - slot.sent_at, reply.usage.output_tokens, slot.placed_at)
             return reply
         finally:
             if not kept:
-                slot.settle(charge, answered=answered, cut_off=cut_off, hand_over=hand_over)
+                slot.settle(charge, answered=answered, cut_off=cut_off, hand_over=hand_over, now=ended)
                 if cut_off:  # cancelled at the provider: no verdict on the deployment (a probe is freed)
                     self.router.released(route)
 
     async def admit(self, job: Job, tally: Tally, deadline: float | None) -> Slot | SluiceError:
         """Money, then capacity, then (with a store) the durable intent: a Slot ready to
         send, or why the attempt cannot be made (final: it was not sent)."""
-        loop = asyncio.get_running_loop()
         router, runtime = self.router, self.runtime
         batch = job.batch
         tally.sent_this_time = False
+        hold: BudgetHold | None = None
+        try:
+            granted = None
+            if job.budget is None:  # the common case, no budget and room at once: no timer, no await
+                can_fall_back = job.step + 1 < len(job.groups)
+                group = job.groups[job.step]
+                granted = router.try_acquire(
+                    group, job.tokens, job.tried, guarded=job.guarded, can_fall_back=can_fall_back
+                )
+            if granted is None:
+                granted, hold = await self._wait_for_room(job, tally, deadline)
+        except TimeoutError:
+            return DeadlineExceededError(f"its deadline ({self.retry.deadline:g} s) passed while it waited")
+        except SluiceError as exc:  # no money left, or a limit learnt since that it can never fit
+            return exc
+        route, reservation = granted
+        job.route = route
+        job.placed_at = route.health.epoch
+        store = self.store if job.key is not None else None
+        slot = Slot(
+            route, reservation, hold, tally, self.stats, self._worst_of, job, store, runtime.store_failed, job.placed_at
+        )
+        if store is not None:
+            assert job.key is not None
+            try:
+                failed = await slot.note(job.key)
+            except BaseException:
+                router.released(route)
+                raise
+            if failed is not None:
+                router.released(route)
+                runtime.store_failed(failed)
+                return CancelledError(f"not sent: {failed.message}")
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        delay = slot.send_delay(now)  # 0 unless what came before it left late
+        if delay > 0:
+            try:
+                with runtime.waiting_while(batch):
+                    await asyncio.sleep(delay)
+            except BaseException:
+                slot.unsent()
+                router.released(route)
+                raise
+            now = loop.time()
+        if runtime.stopping and batch:
+            slot.unsent()
+            router.released(route)
+            return CancelledError(stopped_note(tally))
+        slot.ready_at = now
+        return slot
+
+    async def _wait_for_room(
+        self, job: Job, tally: Tally, deadline: float | None
+    ) -> tuple[tuple[Route, Reservation], BudgetHold | None]:
+        """The slow path of admission: wait for money, then for a deployment with room
+        (moving to a fallback when the group is exhausted); the grant and the hold."""
+        loop = asyncio.get_running_loop()
+        router = self.router
         waited_from = loop.time()
         hold: BudgetHold | None = None
         try:
-            # The common case, no budget and room at once, takes no timer and no await.
-            group = job.groups[job.step]
             granted = None
-            if job.budget is None:
-                granted = router.try_acquire(
-                    group, job.tokens, job.tried, guarded=job.guarded, can_fall_back=job.step + 1 < len(job.groups)
-                )
             while granted is None:
-                with runtime.waiting_while(batch):
+                with self.runtime.waiting_while(job.batch):
                     async with asyncio.timeout_at(deadline):
                         hold = await self.spending.reserve(job.budget, job.worst_cost)
                         try:
@@ -421,47 +484,12 @@ class Attempts:
                             _commit(hold, 0.0)
                             hold = None
                             self._fall_back(job)
-            route, reservation = granted
-            job.route = route
-            job.placed_at = route.health.epoch
-        except TimeoutError:
-            _commit(hold, 0.0)
-            return DeadlineExceededError(f"its deadline ({self.retry.deadline:g} s) passed while it waited")
-        except SluiceError as exc:  # no money left, or a limit learnt since that it can never fit
-            _commit(hold, 0.0)
-            return exc
+            return granted, hold
         except BaseException:
             _commit(hold, 0.0)
             raise
         finally:
             tally.waited += loop.time() - waited_from
-        store = self.store if job.key is not None else None
-        slot = Slot(route, reservation, hold, tally, self.stats, self._worst_of, job, store, runtime.store_failed)
-        if store is not None:
-            assert job.key is not None
-            try:
-                failed = await slot.note(job.key)
-            except BaseException:
-                router.released(route)
-                raise
-            if failed is not None:
-                router.released(route)
-                runtime.store_failed(failed)
-                return CancelledError(f"not sent: {failed.message}")
-        delay = slot.send_delay(loop.time())  # 0 unless what came before it left late
-        if delay > 0:
-            try:
-                with runtime.waiting_while(batch):
-                    await asyncio.sleep(delay)
-            except BaseException:
-                slot.unsent()
-                router.released(route)
-                raise
-        if runtime.stopping and batch:
-            slot.unsent()
-            router.released(route)
-            return CancelledError(stopped_note(tally))
-        return slot
 
     def after_failure(self, job: Job, error: SluiceError, attempt: int, deadline: float | None) -> float | None:
         """Learn from a failed attempt; the delay before the next, or None to give up.
@@ -574,6 +602,13 @@ class Attempts:
             await write
         except StoreError as exc:
             self.runtime.store_failed(exc)
+
+
+def _timed_out(route: Route, timeout: float | None, idle: float | None) -> AttemptTimeoutError:
+    label = route.deployment.label
+    if idle is not None:
+        return AttemptTimeoutError(f"{label} sent nothing for {idle:g} s (idle timeout)")
+    return AttemptTimeoutError(f"no answer from {label} within {timeout:g} s")
 
 
 def _commit(hold: BudgetHold | None, charge: float) -> None:

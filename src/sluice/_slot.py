@@ -66,6 +66,7 @@ class Slot:
         "_subject",
         "_worst",
         "placed_at",
+        "ready_at",
         "reservation",
         "route",
         "tally",
@@ -82,11 +83,12 @@ class Slot:
         subject: Any,
         store: Store | None = None,
         on_store_error: Callable[[StoreError], None] | None = None,
+        placed_at: int | None = None,
     ) -> None:
         #: Where this attempt goes (the engine's route: deployment, limiter, provider).
         self.route = route
         #: The deployment's health epoch when it was placed (see ``Health.succeeded``).
-        self.placed_at: int | None = getattr(getattr(route, "health", None), "epoch", None)
+        self.placed_at = placed_at
         self.reservation = reservation
         self.tally = tally
         self._hold = hold
@@ -99,6 +101,8 @@ class Slot:
         self._on_store_error = on_store_error
         self._intent: int | None = None
         self._sent_at = 0.0
+        #: When admission finished (the loop's time): the moment it is sent, unless it waits.
+        self.ready_at: float | None = None
 
     async def note(self, key: str) -> StoreError | None:
         """Durably record the attempt before it is sent; the error if that cannot be done
@@ -128,13 +132,15 @@ class Slot:
         delay = getattr(self.reservation, "send_delay", None)  # optional in the Reservation protocol
         return float(delay(now)) if delay is not None else 0.0
 
-    def sending(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """It goes to the provider now."""
+    def sending(self, now: float | None = None) -> None:
+        """It goes to the provider now (``now``: the loop's time, if the caller has it)."""
         tally = self.tally
         tally.attempts += 1
         tally.sent = tally.sent_this_time = tally.at_provider = True
         self._stats.attempts += 1
-        self._sent_at = now = (loop or asyncio.get_running_loop()).time()
+        if now is None:
+            now = asyncio.get_running_loop().time()
+        self._sent_at = now
         sent = getattr(self.reservation, "sent", None)  # optional in the Reservation protocol
         if sent is not None:
             sent(now)
@@ -143,7 +149,9 @@ class Slot:
     def sent_at(self) -> float:
         return self._sent_at
 
-    def settle(self, charge: float | None, *, answered: bool, cut_off: bool, hand_over: bool = False) -> None:
+    def settle(
+        self, charge: float | None, *, answered: bool, cut_off: bool, hand_over: bool = False, now: float | None = None
+    ) -> None:
         """The attempt is over. ``charge`` is what it cost (None: it may have been billed
         unseen, so its worst case); ``cut_off``: cancelled while still at the provider, so
         its intent stays open for the rerun to count. ``hand_over``: leave the intent's
@@ -151,7 +159,7 @@ class Slot:
         with :func:`settle_unsettled`)."""
         tally = self.tally
         tally.at_provider = cut_off
-        tally.latency = asyncio.get_running_loop().time() - self._sent_at
+        tally.latency = (asyncio.get_running_loop().time() if now is None else now) - self._sent_at
         self.reservation.done()
         charge = self._worst(self._subject) if charge is None else max(0.0, charge)  # a cost is never a refund
         if self._hold is not None:

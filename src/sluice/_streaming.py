@@ -245,7 +245,7 @@ class Stream:
         attempts, job, tally = self._attempts, self._job, self._tally
         if not tally.attempts and self._replayed():
             return
-        outcome = await attempts.until_outcome(job, tally, self._deadline, self._opening)
+        outcome = await attempts.until_outcome(job, tally, self._deadline, self._opening, streamed=True)
         if isinstance(outcome, SluiceError):
             await self._end(error=outcome)
             return

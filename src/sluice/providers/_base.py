@@ -62,7 +62,7 @@ _OUTPUT_CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
 def _positive_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return type(value) is int and value > 0  # not a bool (its type is bool), nor an int subclass
 
 
 def max_output_tokens(request: Request, deployment: Deployment) -> int:
@@ -71,6 +71,8 @@ def max_output_tokens(request: Request, deployment: Deployment) -> int:
     ``max_output_tokens`` in ``params``), else the deployment's ``default_max_tokens``,
     times ``params["n"]`` choices."""
     params = request.params
+    if not params:  # the common case: the request's own cap, or the deployment's default
+        return request.max_tokens if _positive_int(request.max_tokens) else deployment.default_max_tokens
     caps = [value for value in (request.max_tokens, *map(params.get, _OUTPUT_CAPS)) if _positive_int(value)]
     cap = max(caps) if caps else deployment.default_max_tokens
     choices = params.get("n", 1)

@@ -62,7 +62,7 @@ def token_count(value: Any) -> int:
     negative or absurd count raises ValueError (the answer is then a malformed response,
     charged at its worst case): taken at its word it would make the cost negative (a
     budget that grows) or overflow the state file."""
-    if not isinstance(value, int) or isinstance(value, bool):
+    if type(value) is not int:  # absent, or not a count (a bool's type is bool)
         return 0
     if not 0 <= value < MAX_TOKENS_REPORTED:
         raise ValueError(f"usage reports {value} tokens")
@@ -113,11 +113,19 @@ class HttpTransport:
                 connector=connector,
                 json_serialize=json.dumps,
                 raise_for_status=False,
-                # the engine times each attempt; a socket silent this long is a timeout
-                timeout=aiohttp.ClientTimeout(total=None, sock_read=self.idle_timeout),
+                # the engine times each attempt, the idle timeout of a plain request included
+                # (an answer sent whole is silent until it is ready): one shared timer, not
+                # aiohttp's per-read one; a stream sets its own (``stream_timeout``)
+                timeout=aiohttp.ClientTimeout(total=None),
                 auto_decompress=True,
             )
         return self._session
+
+    def stream_timeout(self) -> aiohttp.ClientTimeout:
+        """A stream's timeout: a socket silent for ``idle_timeout`` between two chunks."""
+        import aiohttp
+
+        return aiohttp.ClientTimeout(total=None, sock_read=self.idle_timeout)
 
     def failure(self, exc: BaseException, label: str, *, streaming: bool = False) -> ProviderError | None:
         """The ProviderError for what went wrong on the way to ``label`` (a socket gone idle,
@@ -333,7 +341,9 @@ class HttpProvider(ABC):
         response: aiohttp.ClientResponse | None = None
         whole = False
         try:
-            response = await self._transport.session().post(url, data=data, headers=headers, allow_redirects=False)
+            response = await self._transport.session().post(
+                url, data=data, headers=headers, allow_redirects=False, timeout=self._transport.stream_timeout()
+            )
             request_id = response.headers.get(self.request_id_header)
             ratelimit = self.parse_ratelimit(response.headers)
             if response.status != 200:
