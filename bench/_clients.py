@@ -44,6 +44,8 @@ class Settings:
     url: str
     concurrency: int
     max_tokens: int
+    #: The model the server sees ("bench": no known price; e.g. "gpt-4o-mini": priced by genai-prices).
+    model: str = MODEL_NAME
     #: Limits to configure on clients that take them (per ``window`` seconds).
     rpm: float | None = None
     tpm: float | None = None
@@ -110,7 +112,7 @@ class RawAiohttp:
         tally = Tally(retries=0, rate_limited=0)
 
         async def one(prompt: str) -> None:
-            body = {"model": MODEL_NAME, "messages": messages_for(prompt), "max_tokens": s.max_tokens}
+            body = {"model": s.model, "messages": messages_for(prompt), "max_tokens": s.max_tokens}
             async with semaphore:
                 try:
                     for attempt in range(1, s.max_attempts + 1):
@@ -155,8 +157,9 @@ class Sluice:
         self.sluice = sluice
         self.settings = settings
         self.via = via
+        self.model = f"openai/{settings.model}"
         deployment = sluice.Deployment(
-            PROVIDER_MODEL,
+            self.model,
             base_url=settings.url,
             api_key="x",
             rpm=settings.rpm,
@@ -174,16 +177,14 @@ class Sluice:
         retries, rate_limited = engine.stats.retries, engine.stats.rate_limited
         tally = Tally()
         if self.via == "map":
-            requests = (sluice.Request.from_prompt(PROVIDER_MODEL, p, max_tokens=max_tokens) for p in prompts)
+            requests = (sluice.Request.from_prompt(self.model, p, max_tokens=max_tokens) for p in prompts)
             async for result in engine.map(requests):
                 if result.ok:
                     tally.ok += 1
                 else:
                     tally.fail(result.error)
         else:
-            results = await asyncio.gather(
-                *(engine.complete(PROVIDER_MODEL, p, max_tokens=max_tokens) for p in prompts)
-            )
+            results = await asyncio.gather(*(engine.complete(self.model, p, max_tokens=max_tokens) for p in prompts))
             for result in results:
                 if result.ok:
                     tally.ok += 1
@@ -216,7 +217,7 @@ class OpenAISDK:
             async with semaphore:
                 try:
                     reply = await client.chat.completions.create(
-                        model=MODEL_NAME, messages=messages_for(prompt), max_tokens=s.max_tokens
+                        model=s.model, messages=messages_for(prompt), max_tokens=s.max_tokens
                     )
                 except openai.RateLimitError as exc:  # after its own retries
                     assert tally.rate_limited is not None
@@ -249,7 +250,7 @@ class LiteLLMRouter:
         from litellm import Router
 
         self.settings = settings
-        params: dict[str, Any] = {"model": PROVIDER_MODEL, "api_base": settings.url, "api_key": "x"}
+        params: dict[str, Any] = {"model": f"openai/{settings.model}", "api_base": settings.url, "api_key": "x"}
         per_minute = 60.0 / settings.window
         if settings.rpm is not None:
             params["rpm"] = int(settings.rpm * per_minute)
@@ -260,7 +261,7 @@ class LiteLLMRouter:
             options["routing_strategy"] = settings.litellm_strategy
         if settings.litellm_num_retries is not None:
             options["num_retries"] = settings.litellm_num_retries
-        self.router = Router(model_list=[{"model_name": MODEL_NAME, "litellm_params": params}], **options)
+        self.router = Router(model_list=[{"model_name": settings.model, "litellm_params": params}], **options)
 
     async def run(self, prompts: Sequence[str]) -> Tally:
         s, router = self.settings, self.router
@@ -271,7 +272,7 @@ class LiteLLMRouter:
             async with semaphore:
                 try:
                     reply: Any = await router.acompletion(
-                        model=MODEL_NAME, messages=messages_for(prompt), max_tokens=s.max_tokens
+                        model=s.model, messages=messages_for(prompt), max_tokens=s.max_tokens
                     )
                 except Exception as exc:
                     tally.fail(exc)

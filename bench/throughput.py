@@ -75,7 +75,7 @@ def prompt(i: int) -> str:
 
 
 async def _measure(args: argparse.Namespace) -> dict[str, Any]:
-    settings = Settings(url=args.url, concurrency=args.concurrency, max_tokens=args.max_tokens)
+    settings = Settings(url=args.url, concurrency=args.concurrency, max_tokens=args.max_tokens, model=args.model)
     try:
         client = make_client(args.client, settings)
     except NotInstalledError as exc:
@@ -128,6 +128,8 @@ def _worker_args(args: argparse.Namespace, client: str, url: str) -> list[str]:
         str(args.warmup),
         "--max-tokens",
         str(args.max_tokens),
+        "--model",
+        args.model,
     ]
 
 
@@ -541,6 +543,11 @@ def _parser() -> argparse.ArgumentParser:
     add("--rounds", type=int, default=3, help="interleaved rounds; the median is reported (default 3)")
     add("--warmup", type=int, default=200, help="untimed calls before each timed run (default 200)")
     add("--max-tokens", type=int, default=16, help="max_tokens of every call (default 16)")
+    add(
+        "--model",
+        default="bench",
+        help="the model every client asks for: bench (no known price, the default) or a priced one (gpt-4o-mini)",
+    )
     add("--clients", default=",".join(CLIENTS), help=f"comma-separated, from {', '.join(CLIENTS)}")
     add("--timeout", type=float, default=300.0, help="seconds before a client's run is killed (default 300)")
     add("--import-repeats", type=int, default=5, help="fresh interpreters per import figure; 0 skips them")
