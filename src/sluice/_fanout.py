@@ -69,7 +69,8 @@ async def fan_out(
         nonlocal taken
         try:
             async for item in aiterate(requests):
-                await space.take()
+                if not space.try_take():
+                    await space.take()
                 index = taken
                 taken += 1
                 prepared = attempts.prepare_item(item, index, model, priority, budget)
@@ -77,7 +78,8 @@ async def fan_out(
                     finished.put((index, prepared))
                     continue
                 try:
-                    await runtime.gate.acquire(prepared.priority, prepared.seq)
+                    if not runtime.gate.try_acquire():
+                        await runtime.gate.acquire(prepared.priority, prepared.seq)
                 except asyncio.CancelledError:  # closed while it waited: it still gets its result
                     finished.put((index, attempts.not_started(prepared)))
                     raise
@@ -164,6 +166,13 @@ class _Room:
     def __init__(self, size: int) -> None:
         self._free = size
         self._waiter: asyncio.Future[None] | None = None
+
+    def try_take(self) -> bool:
+        """Room at once (no coroutine on the common path)."""
+        if self._free > 0:
+            self._free -= 1
+            return True
+        return False
 
     async def take(self) -> None:
         while self._free <= 0:

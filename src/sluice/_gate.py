@@ -28,6 +28,13 @@ class PriorityGate:
     def waiting(self) -> int:
         return sum(1 for *_, f in self._heap if not f.done())
 
+    def try_acquire(self) -> bool:
+        """A slot at once if one is free and nobody waits (no coroutine on the common path)."""
+        if self._held < self.capacity and not self._heap:
+            self._held += 1
+            return True
+        return False
+
     async def acquire(self, priority: int, seq: int) -> None:
         if self._held < self.capacity and not self._heap:
             self._held += 1
