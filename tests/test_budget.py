@@ -9,6 +9,7 @@ import zlib
 from typing import Any
 
 import pytest
+from fake_provider import deployment_at
 
 from sluice import (
     Budget,
@@ -26,8 +27,7 @@ from sluice import (
 )
 from sluice._budget import BudgetLedger
 from sluice._pricing import Pricing, cost_of, worst_case_cost
-from sluice.testing import FakeServer
-from sluice.testing._virtual_time import run_in_virtual_time
+from sluice.testing import FakeServer, run_in_virtual_time
 
 PRICE = Price(input_per_mtok=2.0, output_per_mtok=8.0)
 
@@ -129,18 +129,13 @@ def test_nested_budgets_count_against_both() -> None:
     run_in_virtual_time(scenario())
 
 
-def _deployment(server: FakeServer, model: str = "openai/gpt-test", **kwargs: Any) -> Deployment:
-    kwargs.setdefault("price", PRICE)
-    return Deployment(model, base_url=server.url, api_key="sk-test", **kwargs)
-
-
 PROMPT = [{"role": "user", "content": "what does a sluice gate do?"}]
 
 
 async def test_a_thousand_concurrent_requests_never_overshoot_a_budget_for_a_hundred() -> None:
     max_tokens = 500
     async with FakeServer(api_key="sk-test", output_tokens=50, prices={"gpt-test": (2.0, 8.0)}, latency=0.01) as server:
-        probe = Engine(_deployment(server), budget_usd=100.0)
+        probe = Engine(deployment_at(server, price=PRICE), budget_usd=100.0)
         _, worst = probe.spending.prepare(
             Request("openai/gpt-test", PROMPT, max_tokens=max_tokens), probe.deployments[0], probe.spending.budget
         )
@@ -155,7 +150,7 @@ async def test_a_thousand_concurrent_requests_never_overshoot_a_budget_for_a_hun
             if budget.spent() + budget.reserved() > limit + 1e-9:
                 violations.append(f"{budget!r}")
 
-        engine = Engine(_deployment(server), budget_usd=limit, concurrency=1000, on_result=check)
+        engine = Engine(deployment_at(server, price=PRICE), budget_usd=limit, concurrency=1000, on_result=check)
         requests = [Request("openai/gpt-test", PROMPT, max_tokens=max_tokens, id=f"r{i}") for i in range(1000)]
         async with engine:
             await asyncio.gather(*(engine.complete(r) for r in requests))
@@ -174,12 +169,25 @@ async def test_a_thousand_concurrent_requests_never_overshoot_a_budget_for_a_hun
 
 async def test_costs_match_the_server_ledger_without_a_budget() -> None:
     async with FakeServer(api_key="sk-test", output_tokens=33, prices={"gpt-test": (2.0, 8.0)}) as server:
-        async with Engine(_deployment(server)) as engine:
+        async with Engine(deployment_at(server, price=PRICE)) as engine:
             results = await engine.run([Request.from_prompt("openai/gpt-test", f"q {i}" * i) for i in range(1, 30)])
         assert all(r.cost_usd is not None for r in results)
         assert engine.stats.cost_usd == pytest.approx(server.total_billed_usd)
         assert engine.spent() == pytest.approx(server.total_billed_usd)
         assert engine.remaining() == float("inf")
+
+
+async def test_timed_out_attempts_are_charged_to_the_budget() -> None:
+    async with FakeServer(api_key="sk-test", latency=1.0, prices={"gpt-test": (2.0, 8.0)}) as server:
+        policy = RetryPolicy(max_attempts=2, base_delay=0.01, attempt_timeout=0.2)
+        async with Engine(deployment_at(server, price=Price(2.0, 8.0)), budget_usd=1.0, retry=policy) as engine:
+            result = await engine.complete("openai/gpt-test", "slow", max_tokens=100)
+            spent = engine.spent()
+        await server.until(lambda: server.in_flight == 0)  # the server finishes (and bills) what we gave up on
+        assert not result.ok
+        assert result.cost_usd is not None
+        assert result.cost_usd > 0
+        assert spent >= server.total_billed_usd  # never less than what was billed
 
 
 async def test_unknown_prices_are_reported_never_zero() -> None:
@@ -211,7 +219,7 @@ async def test_unknown_prices_are_reported_never_zero() -> None:
 async def test_a_session_has_its_own_budget_inside_the_engine_budget() -> None:
     async with (
         FakeServer(api_key="sk-test", output_tokens=10) as server,
-        Engine(_deployment(server), budget_usd=1.0) as engine,
+        Engine(deployment_at(server, price=PRICE), budget_usd=1.0) as engine,
     ):
         one = await engine.complete("openai/gpt-test", "hi", max_tokens=100)
         task = engine.session(budget_usd=0.002, name="install-helper")
@@ -233,8 +241,8 @@ async def test_a_session_has_its_own_budget_inside_the_engine_budget() -> None:
 
 async def test_a_cheaper_model_takes_over_as_money_runs_low() -> None:
     async with FakeServer(api_key="sk-test", output_tokens=10) as server:
-        big = _deployment(server, "openai/gpt-big", price=Price(20.0, 80.0))
-        small = _deployment(server, "openai/gpt-small", price=Price(0.2, 0.8))
+        big = deployment_at(server, "openai/gpt-big", price=Price(20.0, 80.0))
+        small = deployment_at(server, "openai/gpt-small", price=Price(0.2, 0.8))
         rule = CheaperModel({"openai/gpt-big": "openai/gpt-small"}, below_usd=0.009)
         async with Engine([big, small], budget_usd=0.01, cheaper=rule) as engine:
             results = [await engine.complete("openai/gpt-big", f"q{i}", max_tokens=20) for i in range(6)]
@@ -247,7 +255,7 @@ async def test_a_cheaper_model_takes_over_as_money_runs_low() -> None:
 async def test_budget_reservation_caps_requests_without_max_tokens() -> None:
     async with (
         FakeServer(api_key="sk-test") as server,
-        Engine(_deployment(server, default_max_tokens=64), budget_usd=1.0) as engine,
+        Engine(deployment_at(server, price=PRICE, default_max_tokens=64), budget_usd=1.0) as engine,
     ):
         result = await engine.complete("openai/gpt-test", "no max_tokens given")
     assert result.request is not None
@@ -317,7 +325,7 @@ async def test_what_the_provider_bills_never_exceeds_the_budget(prompt: Any, bud
         fault_rates={"malformed": 0.1, "truncated": 0.1},
         seed=3,
     ) as server:
-        deployment = _deployment(server, "openai/gpt-4o", price=Price(2.5, 10.0))
+        deployment = deployment_at(server, "openai/gpt-4o", price=Price(2.5, 10.0))
         policy = RetryPolicy(max_attempts=4, base_delay=0.01, max_delay=0.05)
         requests = [Request("openai/gpt-4o", prompt(i), max_tokens=40, id=f"r{i}") for i in range(300)]
         async with Engine(deployment, budget_usd=budget_usd, concurrency=100, retry=policy) as engine:

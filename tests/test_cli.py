@@ -4,54 +4,17 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from clitools import MODEL, env_for, questions, read_output, run_cli, sluice_cmd, wait_until, write_jsonl
 
-from sluice import Request
+from sluice import Request, store_key
 from sluice._engine import _Job
-from sluice._models import store_key
 from sluice.testing import FakeServer
-
-MODEL = "openai/gpt-test"
-
-
-@pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer(api_key="sk-test").running_in_thread() as fake:
-        yield fake
-
-
-def sluice_cmd(*args: str | Path) -> list[str]:
-    return [sys.executable, "-m", "sluice", *map(str, args)]
-
-
-def env_for(server: FakeServer) -> dict[str, str]:
-    return {**os.environ, "OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "sk-test", "NO_COLOR": "1"}
-
-
-def run_cli(server: FakeServer, *args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(sluice_cmd(*args), env=env_for(server), capture_output=True, text=True, timeout=timeout)
-
-
-def write_jsonl(path: Path, records: list[Any]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
-
-
-def questions(n: int) -> list[dict[str, Any]]:
-    return [{"messages": [{"role": "user", "content": f"question {i}"}], "max_tokens": 20} for i in range(n)]
-
-
-def read_output(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_a_simple_run_writes_one_record_per_line(server: FakeServer, tmp_path: Path) -> None:
@@ -79,17 +42,13 @@ def test_resume_after_sigkill_never_resends_a_stored_success(server: FakeServer,
         sluice_cmd(*args), env=env_for(server), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if server.stats.accepted >= 100:
-                break
-            time.sleep(0.01)
+        wait_until(lambda: server.stats.accepted >= 100)
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
     finally:
         if process.poll() is None:
             process.kill()
-    time.sleep(0.1)  # let the server finish the requests the dead client left behind
+    wait_until(lambda: server.in_flight == 0)  # the server finishes the requests the dead client left behind
     first_run = server.stats.accepted
     assert 100 <= first_run < n
     from sluice.store import SqliteStore
@@ -103,6 +62,7 @@ def test_resume_after_sigkill_never_resends_a_stored_success(server: FakeServer,
         for i, q in enumerate(questions(n))
     }
 
+    server.latency = 0.0
     done = run_cli(server, *args)
     assert done.returncode == 0, done.stderr
     records = read_output(output)
@@ -277,15 +237,14 @@ def test_sigint_finishes_in_flight_work_then_the_rerun_resumes(server: FakeServe
     process = subprocess.Popen(
         sluice_cmd(*args), env=env_for(server), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    deadline = time.monotonic() + 30
-    while server.stats.accepted < 20 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: server.stats.accepted >= 20)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 130
     assert "rerun the same command to resume" in stderr
     written = read_output(output)
     assert len(written) == server.stats.accepted  # every answered request was recorded
+    server.latency = 0.0
     done = run_cli(server, *args)
     assert done.returncode == 0, done.stderr
     assert sorted(r["line"] for r in read_output(output)) == list(range(1, 301))
@@ -457,9 +416,7 @@ def test_a_second_sigint_aborts_at_once_and_the_state_stays_consistent(server: F
     process = subprocess.Popen(
         sluice_cmd(*args), env=env_for(server), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    deadline = time.monotonic() + 30
-    while server.stats.received < 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: server.stats.received >= 5)
     process.send_signal(signal.SIGINT)
     time.sleep(0.3)
     process.send_signal(signal.SIGINT)

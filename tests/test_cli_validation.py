@@ -3,19 +3,12 @@ sent: exit 2, a message naming what to change, and no file left behind."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from clitools import MODEL, questions, run_cli, write_jsonl
 
 from sluice.testing import FakeServer
-
-
-@pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer(api_key="sk-test").running_in_thread() as fake:
-        yield fake
 
 
 def assert_refused(done: object, tmp_path: Path, *expected: str, keep: tuple[str, ...] = ("in.jsonl",)) -> None:

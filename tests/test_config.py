@@ -7,7 +7,6 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +31,9 @@ CANARY = "sk-canary-7f3a9c0e5d"  # the secret a hostile sluice.toml would try to
 
 
 @pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer(api_key=CANARY).running_in_thread() as fake:
-        yield fake
+def api_key() -> str:
+    """The key the conftest ``server`` requires here."""
+    return CANARY
 
 
 def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:

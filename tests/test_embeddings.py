@@ -8,13 +8,14 @@ import contextlib
 import math
 import signal
 from array import array
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from clitools import read_output, run_cli, start_cli, wait_until, write_jsonl
+from fake_provider import deployment_at
 
 import sluice
 from sluice import (
@@ -37,10 +38,6 @@ MODEL = "openai/text-embedding-3-small"
 FAST_RETRY = RetryPolicy(max_attempts=4, base_delay=0.01, max_delay=0.05, attempt_timeout=10.0)
 
 
-def deployment(server: FakeServer, **kwargs: Any) -> Deployment:
-    return Deployment(MODEL, base_url=server.url, api_key="sk-test", **kwargs)
-
-
 def texts(n: int, start: int = 0) -> list[str]:
     return [f"text number {i}" for i in range(start, start + n)]
 
@@ -49,19 +46,13 @@ def expected(text: str, dimensions: int) -> list[float]:
     return array("f", fake_vector(text, dimensions)).tolist()
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[FakeServer]:
-    async with FakeServer(api_key="sk-test") as fake:
-        yield fake
-
-
 # -- the library -----------------------------------------------------------------------------
 
 
 async def test_vectors_come_back_in_input_order(server: FakeServer) -> None:
     server.latency_jitter = 0.02  # packs finish out of order
     inputs = texts(3000)
-    async with Engine(deployment(server), retry=FAST_RETRY) as engine:
+    async with Engine(deployment_at(server, MODEL), retry=FAST_RETRY) as engine:
         vectors = await engine.embed(inputs, model=MODEL, dimensions=8, batch_size=100)
         unordered = [r async for r in engine.embed_map(inputs, model=MODEL, dimensions=8, batch_size=100)]
         ordered = [r.index async for r in engine.embed_map(inputs, model=MODEL, dimensions=8, ordered=True)]
@@ -73,7 +64,7 @@ async def test_vectors_come_back_in_input_order(server: FakeServer) -> None:
 
 
 async def test_5000_texts_go_in_a_few_requests_each_within_the_limits(server: FakeServer) -> None:
-    async with Engine(deployment(server)) as engine:
+    async with Engine(deployment_at(server, MODEL)) as engine:
         vectors = await engine.embed(texts(5000), model=MODEL, dimensions=4)
     assert len(vectors) == 5000
     assert server.stats.received == 3  # 2048 + 2048 + 904
@@ -86,7 +77,7 @@ async def test_5000_texts_go_in_a_few_requests_each_within_the_limits(server: Fa
 async def test_packs_stay_within_the_request_token_limit_and_tpm(server: FakeServer) -> None:
     long_texts = [f"{i} " + "word " * 400 for i in range(200)]  # ~500 tokens each
     server.embeddings.max_tokens = 20_000  # as the deployment says below
-    async with Engine(deployment(server, options={"embed_batch_tokens": 20_000})) as engine:
+    async with Engine(deployment_at(server, MODEL, options={"embed_batch_tokens": 20_000})) as engine:
         await engine.embed(long_texts, model=MODEL, dimensions=4)
     assert set(server.stats.by_status) == {200}
     assert max(server.embeddings.batch_tokens) <= 20_000
@@ -99,7 +90,7 @@ async def test_a_tpm_limit_caps_each_request_and_is_never_broken() -> None:
     # full packs may share one of its windows, never three. A client that ignored its TPM
     # would send all 9,000 tokens at once: 429s.
     async with FakeServer(api_key="sk-test", tpm=6000, window=1.0) as server:
-        engine = Engine(deployment(server, tpm=3000, window=1.0))
+        engine = Engine(deployment_at(server, MODEL, tpm=3000, window=1.0))
         async with engine:
             vectors = await engine.embed(texts(2250), model=MODEL, dimensions=4)  # 9,000 tokens
     assert len(vectors) == 2250
@@ -111,7 +102,7 @@ async def test_a_tpm_limit_caps_each_request_and_is_never_broken() -> None:
 async def test_a_text_the_server_rejects_fails_alone(server: FakeServer) -> None:
     inputs = texts(5000)
     inputs[3333] = f"this one is {REJECT_MARKER}"
-    async with Engine(deployment(server)) as engine:
+    async with Engine(deployment_at(server, MODEL)) as engine:
         with pytest.raises(EmbeddingError) as caught:
             await engine.embed(inputs, model=MODEL, dimensions=4)
     results = caught.value.results
@@ -127,7 +118,7 @@ async def test_a_text_the_server_rejects_fails_alone(server: FakeServer) -> None
 
 async def test_embed_map_reports_each_failure_without_raising(server: FakeServer) -> None:
     inputs = ["fine", "", f"bad {REJECT_MARKER}", "also fine"]
-    async with Engine(deployment(server)) as engine:
+    async with Engine(deployment_at(server, MODEL)) as engine:
         results = [r async for r in engine.embed_map(inputs, model=MODEL, dimensions=4, ordered=True)]
     assert [r.ok for r in results] == [True, False, False, True]
     assert isinstance(results[1].error, InvalidRequestError)  # refused before sending
@@ -137,7 +128,7 @@ async def test_embed_map_reports_each_failure_without_raising(server: FakeServer
 
 
 async def test_a_refusal_of_the_request_itself_is_not_split_text_by_text(server: FakeServer) -> None:
-    async with Engine(deployment(server)) as engine:
+    async with Engine(deployment_at(server, MODEL)) as engine:
         with pytest.raises(EmbeddingError) as caught:
             await engine.embed(texts(5000), model=MODEL, dimensions=5000)  # too many for the model
     assert len(caught.value.failed) == 5000
@@ -147,7 +138,7 @@ async def test_a_refusal_of_the_request_itself_is_not_split_text_by_text(server:
 
 async def test_every_request_refused_stops_splitting_early(server: FakeServer) -> None:
     server.embeddings.reject_marker = ""  # every text "holds" it: every request is refused, unnamed
-    async with Engine(deployment(server)) as engine:
+    async with Engine(deployment_at(server, MODEL)) as engine:
         with pytest.raises(EmbeddingError) as caught:
             await engine.embed(texts(5000), model=MODEL, dimensions=4)
     assert len(caught.value.failed) == 5000
@@ -158,14 +149,14 @@ async def test_a_rerun_is_served_from_the_store(server: FakeServer, tmp_path: Pa
     inputs = texts(3000)
     inputs[7] = f"refused {REJECT_MARKER}"
     store = SqliteStore(tmp_path / "state.db")
-    async with Engine(deployment(server), store=store) as engine:
+    async with Engine(deployment_at(server, MODEL), store=store) as engine:
         with pytest.raises(EmbeddingError):
             await engine.embed(inputs, model=MODEL, dimensions=16)
     store.close()
     sent_first = server.stats.received
     server.reset_stats()
     store = SqliteStore(tmp_path / "state.db")
-    async with Engine(deployment(server), store=store) as engine:
+    async with Engine(deployment_at(server, MODEL), store=store) as engine:
         with pytest.raises(EmbeddingError) as caught:
             await engine.embed(inputs, model=MODEL, dimensions=16)
         # another dimension count is another vector: it is sent
@@ -179,7 +170,7 @@ async def test_a_rerun_is_served_from_the_store(server: FakeServer, tmp_path: Pa
     store.close()
     server.reset_stats()
     store = SqliteStore(tmp_path / "state.db")
-    async with Engine(deployment(server), store=store, retry_failed=True) as engine:
+    async with Engine(deployment_at(server, MODEL), store=store, retry_failed=True) as engine:
         with pytest.raises(EmbeddingError):
             await engine.embed(inputs, model=MODEL, dimensions=16)
     store.close()
@@ -187,7 +178,7 @@ async def test_a_rerun_is_served_from_the_store(server: FakeServer, tmp_path: Pa
 
 
 async def test_identical_texts_are_sent_once(server: FakeServer) -> None:
-    async with Engine(deployment(server)) as engine:
+    async with Engine(deployment_at(server, MODEL)) as engine:
         vectors = await engine.embed(["same"] * 50 + ["other"], model=MODEL, dimensions=4)
     assert server.embeddings.batch_sizes == [2]
     assert vectors[0].tolist() == vectors[49].tolist() == expected("same", 4)
@@ -197,7 +188,7 @@ async def test_identical_texts_are_sent_once(server: FakeServer) -> None:
 async def test_the_budget_is_never_exceeded() -> None:
     price = (1000.0, 0.0)  # dollars per million input tokens: a few texts cost real money here
     async with FakeServer(api_key="sk-test", tokenizer="bytes", prices={"*": price}) as server:
-        dep = deployment(server, price=Price(*price))
+        dep = deployment_at(server, MODEL, price=Price(*price))
         inputs = [f"{i}: " + "é" * 40 for i in range(1000)]  # 2 bytes a character: the hostile case
         async with Engine(dep, budget_usd=0.5) as engine:
             results = [r async for r in engine.embed_map(inputs, model=MODEL, dimensions=4)]
@@ -215,7 +206,7 @@ async def test_the_budget_is_never_exceeded() -> None:
 async def test_429s_and_5xx_are_retried(server: FakeServer) -> None:
     server.inject("429", times=2, retry_after=0.01)
     server.inject("503")
-    async with Engine(deployment(server), retry=FAST_RETRY) as engine:
+    async with Engine(deployment_at(server, MODEL), retry=FAST_RETRY) as engine:
         vectors = await engine.embed(texts(100), model=MODEL, dimensions=4)
     assert len(vectors) == 100
     assert engine.stats.rate_limited == 2
@@ -225,7 +216,7 @@ async def test_429s_and_5xx_are_retried(server: FakeServer) -> None:
 
 async def test_a_body_too_large_is_split_and_the_limit_learnt(server: FakeServer) -> None:
     big = [f"{i} " + "x" * 3000 for i in range(400)]  # one 300k-token pack is ~1.2 MB: a 413
-    async with Engine(deployment(server)) as engine:
+    async with Engine(deployment_at(server, MODEL)) as engine:
         first = await engine.embed(big, model=MODEL, dimensions=4)
         server.reset_stats()
         second = await engine.embed([t + "!" for t in big], model=MODEL, dimensions=4)
@@ -235,7 +226,7 @@ async def test_a_body_too_large_is_split_and_the_limit_learnt(server: FakeServer
 
 async def test_a_count_limit_is_learnt_from_refusals(server: FakeServer) -> None:
     server.embeddings.max_inputs = 100  # a server that takes fewer inputs than OpenAI
-    async with Engine(deployment(server)) as engine:
+    async with Engine(deployment_at(server, MODEL)) as engine:
         await engine.embed(texts(1000), model=MODEL, dimensions=4)
         refused_first = server.stats.by_status[400]
         server.reset_stats()
@@ -246,14 +237,14 @@ async def test_a_count_limit_is_learnt_from_refusals(server: FakeServer) -> None
 
 
 async def test_base64_on_the_wire_gives_the_same_vectors(server: FakeServer) -> None:
-    dep = deployment(server, options={"embedding_encoding": "base64"})
+    dep = deployment_at(server, MODEL, options={"embedding_encoding": "base64"})
     async with Engine(dep) as engine:
         vectors = await engine.embed(texts(10), model=MODEL, dimensions=32)
     assert [v.tolist() for v in vectors] == [expected(t, 32) for t in texts(10)]
 
 
 async def test_cost_comes_from_genai_prices_with_input_tokens_only(server: FakeServer) -> None:
-    async with Engine(deployment(server)) as engine:
+    async with Engine(deployment_at(server, MODEL)) as engine:
         results = [r async for r in engine.embed_map(texts(10), model=MODEL, dimensions=4)]
     tokens = sum(r.usage.input_tokens for r in results)
     assert tokens == server.stats.prompt_tokens  # the shares add up to what the server counted
@@ -272,7 +263,7 @@ async def test_memory_stays_flat_over_a_long_source(server: FakeServer) -> None:
 
     most_ahead = 0
     handed = 0
-    async with Engine(deployment(server)) as engine:
+    async with Engine(deployment_at(server, MODEL)) as engine:
         async for result in engine.embed_map(source(), model=MODEL, dimensions=4):
             assert result.ok
             handed += 1
@@ -285,7 +276,7 @@ async def test_memory_stays_flat_over_a_long_source(server: FakeServer) -> None:
 
 async def test_leaving_embed_map_early_cancels_what_is_in_flight(server: FakeServer) -> None:
     server.latency = 0.5
-    async with Engine(deployment(server)) as engine:
+    async with Engine(deployment_at(server, MODEL)) as engine:
         async with contextlib.aclosing(engine.embed_map(texts(20_000), model=MODEL, dimensions=4)) as stream:
             async for _ in stream:
                 break
@@ -294,7 +285,7 @@ async def test_leaving_embed_map_early_cancels_what_is_in_flight(server: FakeSer
 
 
 async def test_a_stop_gives_the_texts_of_a_half_full_pack_their_results(server: FakeServer) -> None:
-    async with Engine(deployment(server)) as engine:
+    async with Engine(deployment_at(server, MODEL)) as engine:
 
         def source() -> Iterator[str]:
             for i in range(1000):
@@ -380,23 +371,17 @@ async def test_the_fake_refuses_what_openai_refuses(server: FakeServer) -> None:
 # -- the batch command -----------------------------------------------------------------------
 
 
-@pytest.fixture
-def threaded() -> Iterator[FakeServer]:
-    with FakeServer(api_key="sk-test").running_in_thread() as fake:
-        yield fake
-
-
 def batch_line(i: int, text: Any, **body: Any) -> dict[str, Any]:
     body = {"model": "text-embedding-3-small", "input": text, "dimensions": 4, **body}
     return {"custom_id": f"r{i}", "method": "POST", "url": "/v1/embeddings", "body": body}
 
 
-def test_cli_runs_batch_api_embedding_lines_and_a_rerun_sends_nothing(threaded: FakeServer, tmp_path: Path) -> None:
+def test_cli_runs_batch_api_embedding_lines_and_a_rerun_sends_nothing(server: FakeServer, tmp_path: Path) -> None:
     lines = [batch_line(i, f"text {i}") for i in range(600)]
     lines.append(batch_line(600, ["first", "second"], encoding_format="base64"))
     source = write_jsonl(tmp_path / "in.jsonl", lines)
     output = tmp_path / "out.jsonl"
-    done = run_cli(threaded, "run", source, "-o", output)
+    done = run_cli(server, "run", source, "-o", output)
     assert done.returncode == 0, done.stderr
     records = {r["line"]: r for r in read_output(output)}
     assert sorted(records) == list(range(1, 602))
@@ -406,44 +391,44 @@ def test_cli_runs_batch_api_embedding_lines_and_a_rerun_sends_nothing(threaded: 
     assert records[8]["cost_usd"] > 0  # text-embedding-3-small's price, from genai-prices
     both = records[601]["embedding"]
     assert [array("f", base64.b64decode(v)).tolist() for v in both] == [expected(t, 4) for t in ("first", "second")]
-    assert threaded.stats.received == 1  # 602 texts, one request
+    assert server.stats.received == 1  # 602 texts, one request
     before = output.read_bytes()
-    again = run_cli(threaded, "run", source, "-o", output)
+    again = run_cli(server, "run", source, "-o", output)
     assert again.returncode == 0, again.stderr
-    assert threaded.stats.received == 1
+    assert server.stats.received == 1
     assert output.read_bytes() == before
 
 
-def test_cli_embeds_a_field_of_csv_rows_and_resumes_from_the_state(threaded: FakeServer, tmp_path: Path) -> None:
+def test_cli_embeds_a_field_of_csv_rows_and_resumes_from_the_state(server: FakeServer, tmp_path: Path) -> None:
     source = tmp_path / "rows.csv"
     source.write_text("name,description\n" + "".join(f"n{i},about thing {i}\n" for i in range(300)))
     output = tmp_path / "out.jsonl"
     args = ["run", source, "-o", output, "--model", MODEL, "--embed", "description", "--id-field", "name"]
-    done = run_cli(threaded, *args)
+    done = run_cli(server, *args)
     assert done.returncode == 0, done.stderr
     records = read_output(output)
     assert len(records) == 300
     by_id = {r["id"]: r for r in records}
     assert by_id["n42"]["embedding"] == expected("about thing 42", 1536)
     assert by_id["n42"]["metadata"] == {"name": "n42", "description": "about thing 42"}
-    sent = threaded.stats.received
+    sent = server.stats.received
     # the last records never reached the output (a crash): the rerun writes them from the state
     output.write_text("".join(line + "\n" for line in output.read_text().splitlines()[:-25]))
-    again = run_cli(threaded, *args)
+    again = run_cli(server, *args)
     assert again.returncode == 0, again.stderr
-    assert threaded.stats.received == sent
+    assert server.stats.received == sent
     assert len(read_output(output)) == 300
     assert "served from the state  25" in again.stdout
 
 
-def test_cli_records_a_rejected_text_and_lines_of_the_other_kind(threaded: FakeServer, tmp_path: Path) -> None:
+def test_cli_records_a_rejected_text_and_lines_of_the_other_kind(server: FakeServer, tmp_path: Path) -> None:
     lines = [batch_line(i, f"text {i}") for i in range(100)]
     lines[50] = batch_line(50, f"bad {REJECT_MARKER}")
     lines.append({"custom_id": "chat", "body": {"model": "gpt", "messages": [{"role": "user", "content": "hi"}]}})
     lines.append(batch_line(101, [1, 2, 3]))  # token arrays
     source = write_jsonl(tmp_path / "in.jsonl", lines)
     output = tmp_path / "out.jsonl"
-    done = run_cli(threaded, "run", source, "-o", output)
+    done = run_cli(server, "run", source, "-o", output)
     assert done.returncode == 1, done.stderr
     records = {r["line"]: r for r in read_output(output)}
     assert len(records) == 102
@@ -453,29 +438,29 @@ def test_cli_records_a_rejected_text_and_lines_of_the_other_kind(threaded: FakeS
     assert "token arrays" in records[102]["error"]["message"]
     assert sum(r["ok"] for r in records.values()) == 99
     chat = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}, batch_line(1, "x")])
-    mixed = run_cli(threaded, "run", chat, "-o", tmp_path / "chat-out.jsonl", "--model", "openai/gpt-test")
+    mixed = run_cli(server, "run", chat, "-o", tmp_path / "chat-out.jsonl", "--model", "openai/gpt-test")
     assert mixed.returncode == 1, mixed.stderr
     chat_records = {r["line"]: r for r in read_output(tmp_path / "chat-out.jsonl")}
     assert chat_records[1]["ok"]
     assert "embeddings request in a job of chat requests" in chat_records[2]["error"]["message"]
 
 
-def test_cli_refuses_chat_flags_with_embed(threaded: FakeServer, tmp_path: Path) -> None:
+def test_cli_refuses_chat_flags_with_embed(server: FakeServer, tmp_path: Path) -> None:
     source = tmp_path / "rows.csv"
     source.write_text("a\nx\n")
-    done = run_cli(threaded, "run", source, "-o", tmp_path / "o.jsonl", "--embed", "a", "--template", "{a}")
+    done = run_cli(server, "run", source, "-o", tmp_path / "o.jsonl", "--embed", "a", "--template", "{a}")
     assert done.returncode == 2
     assert "--template" in done.stderr
 
 
-def test_cli_ctrl_c_then_rerun_embeds_every_text_once(threaded: FakeServer, tmp_path: Path) -> None:
-    threaded.latency = 0.3
+def test_cli_ctrl_c_then_rerun_embeds_every_text_once(server: FakeServer, tmp_path: Path) -> None:
+    server.latency = 0.3
     source = write_jsonl(tmp_path / "in.jsonl", [batch_line(i, f"text {i}") for i in range(20_000)])
     output = tmp_path / "out.jsonl"
     args = ["run", source, "-o", output, "--ordered"]
-    process = start_cli(threaded, *args)
+    process = start_cli(server, *args)
     try:
-        wait_until(lambda: len(threaded.embeddings.batch_sizes) >= 2)
+        wait_until(lambda: len(server.embeddings.batch_sizes) >= 2)
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=30)
     finally:
@@ -484,11 +469,11 @@ def test_cli_ctrl_c_then_rerun_embeds_every_text_once(threaded: FakeServer, tmp_
     assert process.returncode == 130, stderr
     written = len(read_output(output))
     assert 0 < written < 20_000
-    threaded.latency = 0.0
-    done = run_cli(threaded, *args)
+    server.latency = 0.0
+    done = run_cli(server, *args)
     assert done.returncode == 0, done.stderr
     records = read_output(output)
     assert [r["line"] for r in records] == list(range(1, 20_001))
     assert records[-1]["embedding"] == expected("text 19999", 4)
-    assert sum(threaded.embeddings.batch_sizes) == 20_000  # every text embedded once, over both runs
-    assert threaded.stats.duplicate_successes == 0
+    assert sum(server.embeddings.batch_sizes) == 20_000  # every text embedded once, over both runs
+    assert server.stats.duplicate_successes == 0

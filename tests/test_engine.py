@@ -4,47 +4,46 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from fake_provider import deployment_at
 
 import sluice
 from sluice import (
     AuthenticationError,
     BadRequestError,
+    CallableProvider,
     CapacityError,
     Deployment,
     Engine,
+    FatalProviderError,
     InvalidRequestError,
+    LocalLimiter,
     NotFoundError,
+    Price,
     Request,
     Result,
     RetryEvent,
     RetryPolicy,
     ServerError,
 )
-from sluice.testing import FakeServer
+from sluice._errors import DeadlineExceededError
+from sluice.store import SqliteStore
+from sluice.testing import FakeServer, run_in_virtual_time
 
 FAST_RETRY = RetryPolicy(max_attempts=4, base_delay=0.01, max_delay=0.05, attempt_timeout=2.0)
-
-
-def openai(server: FakeServer, **kwargs: Any) -> Deployment:
-    return Deployment("openai/gpt-test", base_url=server.url, api_key="sk-test", **kwargs)
 
 
 def prompts(n: int, model: str = "openai/gpt-test", **kwargs: Any) -> list[Request]:
     return [Request.from_prompt(model, f"question {i}", id=f"q{i}", **kwargs) for i in range(n)]
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[FakeServer]:
-    async with FakeServer(api_key="sk-test") as fake:
-        yield fake
-
-
 async def test_openai_round_trip(server: FakeServer) -> None:
-    async with Engine(openai(server)) as engine:
+    async with Engine(deployment_at(server)) as engine:
         result = await engine.complete("openai/gpt-test", "hello there", max_tokens=50)
     assert result.ok, result.error
     assert result.text == "echo: hello there"
@@ -83,7 +82,7 @@ async def test_wrong_key_fails_at_once_and_never_shows_the_key(server: FakeServe
 @pytest.mark.parametrize(("fault", "error_cls"), [("400", BadRequestError), ("404", NotFoundError)])
 async def test_client_errors_are_not_retried(server: FakeServer, fault: str, error_cls: type) -> None:
     server.inject(fault, times=5)
-    async with Engine(openai(server), retry=FAST_RETRY) as engine:
+    async with Engine(deployment_at(server), retry=FAST_RETRY) as engine:
         result = await engine.complete("openai/gpt-test", "hi")
     assert isinstance(result.error, error_cls)
     assert result.attempts == 1
@@ -95,7 +94,7 @@ async def test_client_errors_are_not_retried(server: FakeServer, fault: str, err
 async def test_transient_faults_are_retried_then_succeed(server: FakeServer, fault: str) -> None:
     server.inject(fault, times=2)
     retries: list[RetryEvent] = []
-    async with Engine(openai(server), retry=FAST_RETRY, on_retry=retries.append) as engine:
+    async with Engine(deployment_at(server), retry=FAST_RETRY, on_retry=retries.append) as engine:
         result = await engine.complete("openai/gpt-test", "hi")
     assert result.ok, result.error
     assert result.attempts == 3
@@ -106,7 +105,7 @@ async def test_transient_faults_are_retried_then_succeed(server: FakeServer, fau
 @pytest.mark.parametrize("fault", ["503", "reset", "malformed", "truncated"])
 async def test_persistent_faults_are_reported_after_the_attempt_budget(server: FakeServer, fault: str) -> None:
     server.inject(fault, times=10)
-    async with Engine(openai(server), retry=FAST_RETRY) as engine:
+    async with Engine(deployment_at(server), retry=FAST_RETRY) as engine:
         result = await engine.complete("openai/gpt-test", "hi")
     assert not result.ok
     assert isinstance(result.error, sluice.RetryableError)
@@ -114,10 +113,62 @@ async def test_persistent_faults_are_reported_after_the_attempt_budget(server: F
     assert server.stats.received == FAST_RETRY.max_attempts
 
 
+async def test_a_garbled_usage_object_is_a_malformed_response() -> None:
+    from collections.abc import Mapping
+
+    from sluice import MalformedResponseError
+    from sluice.providers import HttpTransport, OpenAIProvider, Reply
+
+    class Garbled(OpenAIProvider):
+        def parse_reply(self, body: Mapping[str, Any]) -> Reply:
+            return super().parse_reply({**body, "usage": {"prompt_tokens_details": 7}})
+
+    async with FakeServer(api_key="sk-test") as server:
+        transport = HttpTransport()
+        deployment = deployment_at(server, provider=Garbled(transport))
+        async with Engine(deployment, retry=RetryPolicy(max_attempts=2, base_delay=0.01)) as engine:
+            result = await engine.complete("openai/gpt-test", "hi")
+        await transport.aclose()
+    assert isinstance(result.error, MalformedResponseError)
+    assert "unexpected body (AttributeError" in str(result.error)
+    assert result.attempts == 2
+
+
+async def test_an_absurd_usage_count_is_a_malformed_answer_not_a_dead_store(tmp_path: Path) -> None:
+    async def huge(request: web.Request) -> web.Response:
+        await request.read()
+        body = {
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 2**64 - 1, "completion_tokens": -100000},
+        }
+        return web.json_response(body)
+
+    app = web.Application()
+    app.router.add_route("POST", "/{tail:.*}", huge)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"  # type: ignore[union-attr]
+    store = SqliteStore(tmp_path / "state.db")
+    try:
+        deployment = Deployment("openai/gpt-x", base_url=url, api_key="sk-x", price=sluice.Price(1.0, 1.0))
+        policy = RetryPolicy(max_attempts=2, base_delay=0.01)
+        async with Engine(deployment, store=store, retry=policy, budget_usd=1.0) as engine:
+            result = await asyncio.wait_for(engine.complete("openai/gpt-x", "hi", max_tokens=10), 10)
+            assert result.error is not None
+            assert result.error.kind == "malformed_response"
+            assert engine.spent() > 0  # charged its worst case, never a negative cost
+            assert engine.store_error is None
+    finally:
+        store.close()
+        await runner.cleanup()
+
+
 async def test_a_hang_times_out_and_is_retried(server: FakeServer) -> None:
     server.inject("hang", times=1)
     policy = RetryPolicy(max_attempts=3, base_delay=0.01, attempt_timeout=0.3)
-    async with Engine(openai(server), retry=policy) as engine:
+    async with Engine(deployment_at(server), retry=policy) as engine:
         result = await engine.complete("openai/gpt-test", "hi")
     assert result.ok, result.error
     assert result.attempts == 2
@@ -125,7 +176,7 @@ async def test_a_hang_times_out_and_is_retried(server: FakeServer) -> None:
 
 async def test_x_should_retry_false_is_obeyed(server: FakeServer) -> None:
     server.inject("x_should_retry_false", times=3)
-    async with Engine(openai(server), retry=FAST_RETRY) as engine:
+    async with Engine(deployment_at(server), retry=FAST_RETRY) as engine:
         result = await engine.complete("openai/gpt-test", "hi")
     assert isinstance(result.error, ServerError)
     assert result.attempts == 1
@@ -134,18 +185,38 @@ async def test_x_should_retry_false_is_obeyed(server: FakeServer) -> None:
 async def test_deadline_stops_retries_that_could_not_finish_in_time(server: FakeServer) -> None:
     server.inject("503", times=5, retry_after=5.0)
     policy = RetryPolicy(max_attempts=5, deadline=1.0)
-    async with Engine(openai(server), retry=policy) as engine:
+    async with Engine(deployment_at(server), retry=policy) as engine:
         result = await engine.complete("openai/gpt-test", "hi")
     assert isinstance(result.error, ServerError)
     assert result.attempts == 1  # waiting 5 s would pass the 1 s deadline: give up now
 
 
+def test_the_deadline_bounds_the_wait_for_capacity() -> None:
+    calls = 0
+
+    async def answer(request: Request) -> str:
+        nonlocal calls
+        calls += 1
+        return "ok"
+
+    async def scenario() -> Result:
+        deployment = Deployment("mine/x", provider=CallableProvider(answer))
+        async with Engine(deployment, retry=RetryPolicy(deadline=900)) as engine:
+            engine.limiter("mine/x").penalize(3600)  # a 429 said: come back in an hour
+            return await engine.complete("mine/x", "hi")
+
+    result = run_in_virtual_time(scenario())
+    assert isinstance(result.error, DeadlineExceededError)
+    assert calls == 0
+
+
 async def test_a_429_pauses_the_whole_deployment_for_retry_after(server: FakeServer) -> None:
     loop = asyncio.get_running_loop()
     server.inject("429", times=1, retry_after=0.4)
-    async with Engine(openai(server), retry=FAST_RETRY) as engine:
+    paused = asyncio.Event()  # the engine heard the 429 (on_retry is told after the pause is set)
+    async with Engine(deployment_at(server), retry=FAST_RETRY, on_retry=lambda _: paused.set()) as engine:
         first = asyncio.create_task(engine.complete("openai/gpt-test", "first"))
-        await asyncio.sleep(0.05)  # the 429 has arrived
+        await paused.wait()
         paused_at = loop.time()
         others = await asyncio.gather(*(engine.complete("openai/gpt-test", f"q{i}") for i in range(5)))
         await first
@@ -163,7 +234,7 @@ async def test_a_429_storm_loses_nothing() -> None:
     async with FakeServer(rpm=20, window=0.5, api_key="sk-test") as server:
         policy = RetryPolicy(max_attempts=30, base_delay=0.02, max_delay=0.2)
         # max_in_flight says "send this many at once" (no adaptive slow start): a storm follows
-        async with Engine(openai(server, window=0.5, max_in_flight=200), retry=policy) as engine:
+        async with Engine(deployment_at(server, window=0.5, max_in_flight=200), retry=policy) as engine:
             results = await engine.run(prompts(120))
         assert len(results) == 120
         assert all(r.ok for r in results), [r.error for r in results if not r.ok][:3]
@@ -177,7 +248,7 @@ async def test_a_429_storm_loses_nothing() -> None:
 
 async def test_within_configured_limits_the_server_never_says_429() -> None:
     async with FakeServer(rpm=40, tpm=4_000, window=0.5, api_key="sk-test") as server:
-        deployment = openai(server, rpm=40, tpm=4_000, window=0.5)
+        deployment = deployment_at(server, rpm=40, tpm=4_000, window=0.5)
         async with Engine(deployment, retry=FAST_RETRY) as engine:
             results = await engine.run(prompts(100, max_tokens=30))
         assert all(r.ok for r in results)
@@ -194,7 +265,7 @@ async def test_priority_request_overtakes_a_queued_batch(server: FakeServer) -> 
         if len(order) == 5:
             five_done.set()
 
-    deployment = openai(server, rpm=100, window=1.0)  # one request every 10 ms
+    deployment = deployment_at(server, rpm=100, window=1.0)  # one request every 10 ms
     async with Engine(deployment, on_result=note) as engine:
         batch = asyncio.create_task(engine.run(prompts(60)))
         await five_done.wait()
@@ -210,14 +281,14 @@ async def test_priority_request_overtakes_a_queued_batch(server: FakeServer) -> 
 async def test_cancellation_leaves_no_stray_tasks_and_reports_in_flight(server: FakeServer) -> None:
     server.latency = 0.2
     seen: list[Result] = []
-    async with Engine(openai(server), concurrency=8, on_result=seen.append) as engine:
+    async with Engine(deployment_at(server), concurrency=8, on_result=seen.append) as engine:
 
         async def consume() -> None:
             async for _ in engine.map(prompts(100)):
                 pass
 
         consumer = asyncio.create_task(consume())
-        await asyncio.sleep(0.05)
+        await server.until(lambda: server.in_flight >= 8)
         consumer.cancel()
         with pytest.raises(asyncio.CancelledError):
             await consumer
@@ -239,7 +310,7 @@ def engine_tasks() -> list[asyncio.Task[Any]]:
 
 
 async def test_breaking_out_of_map_cancels_the_rest(server: FakeServer) -> None:
-    async with Engine(openai(server), concurrency=4) as engine:
+    async with Engine(deployment_at(server), concurrency=4) as engine:
         async with contextlib.aclosing(engine.map(prompts(50))) as results:
             async for result in results:
                 assert result.ok
@@ -257,6 +328,25 @@ async def test_breaking_out_of_map_cancels_the_rest(server: FakeServer) -> None:
     assert server.stats.received < 30
 
 
+async def test_leaving_map_early_never_leaks_a_concurrency_slot() -> None:
+    async def answer(request: Request) -> str:
+        await asyncio.sleep(0)
+        return "ok"
+
+    deployment = Deployment("local/echo", provider=CallableProvider(answer, name="local"))
+    async with Engine([deployment], concurrency=8, buffer=2) as engine:
+        for round_ in range(60):
+            prompts = [f"r{round_} q{i}" for i in range(40)]
+            async with contextlib.aclosing(engine.map(prompts, model="local/echo")) as results:
+                taken = 0
+                async for _ in results:
+                    taken += 1
+                    if taken == 1 + round_ % 4:
+                        break
+        assert engine._gate.held == 0
+        assert (await asyncio.wait_for(engine.complete("local/echo", "still here?"), 5)).ok
+
+
 async def test_map_back_pressures_a_huge_generator(server: FakeServer) -> None:
     pulled = 0
 
@@ -266,7 +356,7 @@ async def test_map_back_pressures_a_huge_generator(server: FakeServer) -> None:
             pulled += 1
             yield Request.from_prompt("openai/gpt-test", f"q{i}")
 
-    async with Engine(openai(server), concurrency=4, buffer=16) as engine:
+    async with Engine(deployment_at(server), concurrency=4, buffer=16) as engine:
         consumed = 0
         async for _ in engine.map(source()):
             consumed += 1
@@ -285,7 +375,7 @@ async def test_ordered_map_and_bad_items_become_results(server: FakeServer) -> N
         42,
         Request.from_prompt("nobody/model", "unknown provider"),
     ]
-    async with Engine(openai(server)) as engine:
+    async with Engine(deployment_at(server)) as engine:
         results = [r async for r in engine.map(items, model="openai/gpt-test", ordered=True)]
     assert [r.index for r in results] == list(range(6))
     assert [r.ok for r in results] == [True, True, False, False, False, False]
@@ -296,8 +386,47 @@ async def test_ordered_map_and_bad_items_become_results(server: FakeServer) -> N
     assert engine.stats.submitted == 6
 
 
+async def test_an_odd_item_is_an_error_result_not_a_hang() -> None:
+    async with FakeServer(api_key="sk-test") as server, Engine(deployment_at(server)) as engine:
+        results = await asyncio.wait_for(
+            engine.run(
+                [
+                    {"messages": [{"role": "user", "content": "fine"}]},
+                    {"messages": [{"role": "user", "content": "fine"}], "temperature": 10**400},
+                    {"messages": [{"role": "user", "content": "lone \ud800 surrogate"}]},
+                ],
+                model="openai/gpt-test",
+            ),
+            timeout=20,
+        )
+    assert results[0].ok
+    assert "temperature must be a number" in str(results[1].error)
+    assert "not valid Unicode" in str(results[2].error)
+
+
+async def test_a_provider_bug_fails_its_request_and_frees_its_slot() -> None:
+    async def broken(request: Request) -> str:
+        raise RuntimeError("oops")
+
+    class Buggy(CallableProvider):
+        async def send(self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None) -> Any:
+            raise AttributeError("'int' object has no attribute 'get'")
+
+    deployment = Deployment("mine/x", provider=Buggy(broken, name="buggy"), max_in_flight=1, price=Price(1, 1))
+    async with Engine(deployment, budget_usd=1.0) as engine:
+        results = await asyncio.wait_for(engine.run([f"q{i}" for i in range(3)], model="mine/x"), timeout=20)
+        limiter = engine.limiter("mine/x")
+        assert isinstance(limiter, LocalLimiter)
+        assert limiter.in_flight == 0
+        budget = engine.spending.budget
+        assert budget is not None
+        assert budget.reserved() == 0.0
+    assert all(isinstance(r.error, FatalProviderError) for r in results)
+    assert "AttributeError" in str(results[0].error)
+
+
 async def test_impossible_requests_are_refused_before_sending(server: FakeServer) -> None:
-    async with Engine(openai(server, tpm=1_000)) as engine:
+    async with Engine(deployment_at(server, tpm=1_000)) as engine:
         with pytest.raises(CapacityError, match="lower max_tokens"):
             await engine.complete("openai/gpt-test", "hi", max_tokens=5_000)
         with pytest.raises(InvalidRequestError, match="messages is empty"):
@@ -329,9 +458,9 @@ def test_sync_facade_without_a_loop() -> None:
 
 async def test_close_drains_in_flight_work(server: FakeServer) -> None:
     server.latency = 0.1
-    engine = Engine(openai(server))
+    engine = Engine(deployment_at(server))
     tasks = [asyncio.create_task(engine.complete("openai/gpt-test", f"q{i}")) for i in range(5)]
-    await asyncio.sleep(0.02)
+    await server.until(lambda: server.in_flight > 0)
     await engine.close()
     assert all(t.done() and t.result().ok for t in tasks)
     with pytest.raises(sluice.EngineClosedError):
@@ -341,7 +470,7 @@ async def test_close_drains_in_flight_work(server: FakeServer) -> None:
 async def test_stats_count_everything(server: FakeServer) -> None:
     server.inject("500", times=1)
     server.inject("400", times=1)
-    async with Engine(openai(server), retry=FAST_RETRY) as engine:
+    async with Engine(deployment_at(server), retry=FAST_RETRY) as engine:
         results = await engine.run(prompts(10))
     stats = engine.stats.snapshot()
     assert stats["submitted"] == 10

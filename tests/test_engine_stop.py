@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_provider import deployment_at
 
 from sluice import (
+    CallableProvider,
     CancelledError,
     Deployment,
     Engine,
@@ -24,23 +26,13 @@ from sluice import (
     RetryPolicy,
 )
 from sluice.store import SqliteStore
-from sluice.testing import FakeServer
+from sluice.testing import FakeServer, run_in_virtual_time
 
 MODEL = "openai/gpt-test"
 
 
-def deployment(server: FakeServer, **kwargs: Any) -> Deployment:
-    return Deployment(MODEL, base_url=server.url, api_key="sk-test", **kwargs)
-
-
 def prompts(n: int) -> list[Request]:
     return [Request.from_prompt(MODEL, f"question {i}", max_tokens=20) for i in range(n)]
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[FakeServer]:
-    async with FakeServer(api_key="sk-test") as fake:
-        yield fake
 
 
 async def test_a_stop_sends_nothing_new_behind_a_long_429_pause(server: FakeServer) -> None:
@@ -54,7 +46,7 @@ async def test_a_stop_sends_nothing_new_behind_a_long_429_pause(server: FakeServ
         if engine.stats.rate_limited == 5:
             all_paused.set()
 
-    async with Engine(deployment(server), retry=policy, concurrency=5, on_retry=on_retry) as engine:
+    async with Engine(deployment_at(server), retry=policy, concurrency=5, on_retry=on_retry) as engine:
 
         async def consume() -> None:
             async for result in engine.map(prompts(5)):
@@ -71,11 +63,39 @@ async def test_a_stop_sends_nothing_new_behind_a_long_429_pause(server: FakeServ
     assert all("stopped before retrying" in r.error.message for r in got if r.error is not None)
 
 
+def test_stop_does_not_send_what_is_still_queued() -> None:
+    sent: list[float] = []
+
+    async def answer(request: Request) -> str:
+        sent.append(asyncio.get_running_loop().time())
+        return "ok"
+
+    async def scenario() -> list[Result]:
+        deployment = Deployment("mine/x", provider=CallableProvider(answer), rpm=60)
+        async with Engine(deployment) as engine:
+            results: list[Result] = []
+
+            async def consume() -> None:
+                async for result in engine.map([f"q{i}" for i in range(100)], model="mine/x"):
+                    results.append(result)
+
+            consumer = asyncio.create_task(consume())
+            await asyncio.sleep(2.5)
+            engine.stop()
+            await consumer
+            return results
+
+    results = run_in_virtual_time(scenario())
+    assert len(sent) == 3  # at 0, 1 and 2 s; nothing after the stop
+    assert sum(r.ok for r in results) == 3
+    assert all(isinstance(r.error, CancelledError) for r in results if not r.ok)
+
+
 async def test_stop_with_grace_cuts_off_what_is_still_at_the_provider(server: FakeServer) -> None:
     """Point 21: a hang at the provider does not hold a stop for the attempt timeout."""
     server.inject("hang", times=3)
     policy = RetryPolicy(max_attempts=1, attempt_timeout=600)
-    async with Engine(deployment(server), retry=policy) as engine:
+    async with Engine(deployment_at(server), retry=policy) as engine:
         iterator = engine.map(prompts(3))
         consumer = asyncio.create_task(_collect(iterator))
         await server.until(lambda: server.in_flight >= 3)
@@ -93,8 +113,8 @@ async def _collect(iterator: AsyncIterator[Result]) -> list[Result]:
 
 async def test_close_without_draining_while_map_is_iterated_never_hangs(server: FakeServer) -> None:
     """Point 8: every taken item yields a Result, or the iteration ends with a clear error."""
-    server.latency = 5.0
-    engine = Engine(deployment(server, max_in_flight=64), retry=RetryPolicy(max_attempts=1))
+    server.inject("hang", times=100)  # answered only when the server stops (at most 64 are in flight)
+    engine = Engine(deployment_at(server, max_in_flight=64), retry=RetryPolicy(max_attempts=1))
     await engine.start()
 
     def endless() -> Any:
@@ -119,8 +139,8 @@ async def test_close_without_draining_while_map_is_iterated_never_hangs(server: 
 
 
 async def test_close_without_draining_gives_every_taken_item_a_result(server: FakeServer) -> None:
-    server.latency = 5.0
-    engine = Engine(deployment(server, max_in_flight=64), retry=RetryPolicy(max_attempts=1))
+    server.inject("hang", times=20)  # answered only when the server stops
+    engine = Engine(deployment_at(server, max_in_flight=64), retry=RetryPolicy(max_attempts=1))
     await engine.start()
     consumer = asyncio.create_task(_collect(engine.map(prompts(20))))
     await server.until(lambda: server.in_flight >= 20)
@@ -128,6 +148,21 @@ async def test_close_without_draining_gives_every_taken_item_a_result(server: Fa
     results = await asyncio.wait_for(consumer, 5)
     assert len(results) == 20
     assert all(isinstance(r.error, CancelledError) for r in results)
+
+
+async def test_two_closes_at_once_both_return() -> None:
+    started = asyncio.Event()
+
+    async def slow(request: Request) -> str:
+        started.set()
+        await asyncio.sleep(0.1)
+        return "ok"
+
+    engine = Engine(Deployment("mine/x", provider=CallableProvider(slow)))
+    task = asyncio.create_task(engine.complete("mine/x", "hi"))
+    await started.wait()
+    await asyncio.wait_for(asyncio.gather(engine.close(), engine.close()), timeout=5)
+    assert task.result().ok
 
 
 async def test_a_raising_hook_neither_aborts_map_nor_loses_an_answer(server: FakeServer, tmp_path: Path) -> None:
@@ -140,7 +175,7 @@ async def test_a_raising_hook_neither_aborts_map_nor_loses_an_answer(server: Fak
         raise RuntimeError("a bug in the user's hook")
 
     store = SqliteStore(tmp_path / "state.db")
-    async with Engine(deployment(server), on_result=hook, store=store) as engine:
+    async with Engine(deployment_at(server), on_result=hook, store=store) as engine:
         results = await engine.run(prompts(10))
     assert calls == 10
     assert engine.stats.hook_errors == 10
@@ -170,7 +205,7 @@ async def test_every_attempt_is_noted_before_it_is_sent(server: FakeServer, tmp_
     blocker = sqlite3.connect(path)
     blocker.execute("BEGIN IMMEDIATE")  # the disk is slow for a moment: intents wait, so must sends
     asyncio.get_running_loop().call_later(0.3, blocker.rollback)
-    async with Engine(deployment(server, price=Price(1.0, 2.0)), store=store) as engine:
+    async with Engine(deployment_at(server, price=Price(1.0, 2.0)), store=store) as engine:
         results = await engine.run(prompts(20))
     blocker.close()
     other.close()
@@ -188,7 +223,7 @@ async def test_a_store_that_fails_stops_admission_and_keeps_the_answers(server: 
     store = SqliteStore(path)
     blocker = sqlite3.connect(path, timeout=0.1)
     got: list[Result] = []
-    async with Engine(deployment(server), store=store, concurrency=4) as engine:
+    async with Engine(deployment_at(server), store=store, concurrency=4) as engine:
         async for result in engine.map(prompts(200)):
             got.append(result)
             if len(got) == 20:
@@ -205,11 +240,34 @@ async def test_a_store_that_fails_stops_admission_and_keeps_the_answers(server: 
     store.close()
 
 
+async def test_a_failing_store_stops_with_the_grace_not_after_hung_requests(tmp_path: Path) -> None:
+    async with FakeServer(api_key="sk-test") as server:
+        server.inject("hang", times=4)
+        path = tmp_path / "state.db"
+        store = SqliteStore(path)
+        deployment = Deployment("openai/gpt-test", base_url=server.url, api_key="sk-test", max_in_flight=16)
+        blocker = sqlite3.connect(path, timeout=0.1)
+        engine = Engine(deployment, store=store, grace=0.5, retry=RetryPolicy(max_attempts=1))
+        got = []
+        async with engine:
+            iterator = engine.map([Request.from_prompt("openai/gpt-test", f"q{i}") for i in range(40)])
+            async for result in iterator:
+                got.append(result)
+                if len(got) == 1:
+                    blocker.execute("BEGIN IMMEDIATE")  # the state file is locked by someone else
+        blocker.rollback()
+        blocker.close()
+        store.close()
+    assert engine.store_error is not None
+    hung = [r for r in got if r.error is not None and "grace" in r.error.message]
+    assert len(hung) == 4  # cut off after the grace, not after the 600 s attempt timeout
+
+
 async def test_a_day_long_retry_after_is_not_obeyed(server: FakeServer) -> None:
     """Point 6: a hint beyond RetryPolicy.max_retry_after is treated as no hint."""
     server.inject("429", times=1, retry_after=86_400)
     policy = RetryPolicy(deadline=30, base_delay=0.05, max_delay=0.2)
-    async with Engine(deployment(server), retry=policy) as engine:
+    async with Engine(deployment_at(server), retry=policy) as engine:
         first = await asyncio.wait_for(engine.complete(MODEL, "one"), 10)
         second = await asyncio.wait_for(engine.complete(MODEL, "two"), 10)
     assert first.ok, first.error
@@ -222,7 +280,7 @@ async def test_a_silent_connection_is_a_timeout_long_before_the_attempt_timeout(
     """Point 21: nothing received for idle_timeout seconds ends the attempt."""
     server.inject("hang", times=1)
     policy = RetryPolicy(max_attempts=1, attempt_timeout=600, idle_timeout=0.3)
-    async with Engine(deployment(server), retry=policy) as engine:
+    async with Engine(deployment_at(server), retry=policy) as engine:
         result = await asyncio.wait_for(engine.complete(MODEL, "hello"), 10)
     assert result.error is not None
     assert result.error.kind == "timeout"

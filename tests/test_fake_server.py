@@ -427,7 +427,7 @@ async def test_hang_does_not_block_shutdown(session: aiohttp.ClientSession) -> N
     server = await FakeServer().start()
     server.inject("hang")
     pending = asyncio.ensure_future(chat(session, server))
-    await asyncio.sleep(0.1)
+    await server.until(lambda: server.in_flight == 1)
     assert server.in_flight == 1
     started = time.monotonic()
     await server.stop()
@@ -493,7 +493,7 @@ async def test_an_answer_the_client_stopped_waiting_for_is_still_billed(session:
         with pytest.raises(asyncio.TimeoutError):
             await session.post(f"{server.url}/chat/completions", json=OPENAI, timeout=aiohttp.ClientTimeout(total=0.05))
         assert server.ledger == []  # still generating
-        await asyncio.sleep(0.4)
+        await server.until(lambda: server.in_flight == 0)
         (abandoned,) = server.ledger
         assert (abandoned.kind, abandoned.delivered, abandoned.output_tokens) == ("abandoned", False, 16)
         assert abandoned.cost_usd > 0
@@ -507,7 +507,7 @@ async def test_an_answer_the_client_stopped_waiting_for_is_still_billed(session:
 async def test_an_answer_cut_short_by_shutdown_is_billed(session: aiohttp.ClientSession) -> None:
     server = await FakeServer(latency=5.0, prices={"*": (1.0, 2.0)}).start()
     pending = asyncio.ensure_future(chat(session, server))
-    await asyncio.sleep(0.1)
+    await server.until(lambda: server.in_flight == 1)
     await server.stop()  # aiohttp cancels the handler still generating
     with pytest.raises(aiohttp.ClientConnectionError):
         await pending

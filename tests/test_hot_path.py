@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_provider import deployment_at
 
-from sluice import Deployment, Engine, Price, Request, RetryPolicy
-from sluice._models import Result
+from sluice import Deployment, Engine, Price, Request, Result, RetryPolicy
 from sluice._slot import AttemptTimer
 from sluice.batch._runner import _fewer_collections
 from sluice.store import SqliteStore
@@ -136,16 +136,14 @@ class _CountingStore(SqliteStore):
         await super().put_settled(key, result, intent, charged_usd, answered=answered)
 
 
-def _priced(server: FakeServer) -> Deployment:
-    return Deployment("openai/gpt-test", base_url=server.url, api_key="sk-test", price=Price(2.0, 8.0))
-
-
 async def test_an_answer_and_its_intent_are_one_write(tmp_path: Path) -> None:
     store = _CountingStore(tmp_path / "state.db")
     async with FakeServer(api_key="sk-test") as server:
         server.inject("500", times=1)  # the first attempt fails and is retried: settled on its own
         requests = [Request.from_prompt("openai/gpt-test", f"question {i}") for i in range(20)]
-        async with Engine(_priced(server), store=store, retry=RetryPolicy(base_delay=0.01)) as engine:
+        async with Engine(
+            deployment_at(server, price=Price(2.0, 8.0)), store=store, retry=RetryPolicy(base_delay=0.01)
+        ) as engine:
             results = await engine.run(requests)
     assert all(r.ok for r in results)
     assert store.calls == {"begin": 21, "settle": 1, "put": 0, "put_settled": 20}
@@ -165,7 +163,7 @@ async def test_a_store_without_put_settled_still_settles_every_intent(tmp_path: 
     store = Plain(tmp_path / "state.db")
     async with FakeServer(api_key="sk-test") as server:
         requests = [Request.from_prompt("openai/gpt-test", f"question {i}") for i in range(10)]
-        async with Engine(_priced(server), store=store) as engine:
+        async with Engine(deployment_at(server, price=Price(2.0, 8.0)), store=store) as engine:
             results = await engine.run(requests)
     assert all(r.ok for r in results)
     assert store.spend().in_flight == 0

@@ -56,6 +56,17 @@ def test_a_bom_before_the_csv_header_is_skipped(tmp_path: Path) -> None:
     assert count_records(source, options) == 2
 
 
+def test_record_counts_handle_blank_lines_crlf_and_quoted_newlines(tmp_path: Path) -> None:
+    from sluice.batch._inputs import InputOptions, Template, count_records
+
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_bytes(b'{"messages": []}\r\n\r\n  \n{"messages": []}\n\n\n')
+    assert count_records(jsonl, InputOptions()) == 2
+    table = tmp_path / "a.csv"
+    table.write_text('name,notes\nx,"two\nlines"\ny,plain\n\n')
+    assert count_records(table, InputOptions(template=Template("{name}"))) == 2
+
+
 def test_model_fills_in_and_never_replaces_a_records_own(tmp_path: Path) -> None:
     source = write_jsonl(
         tmp_path / "in.jsonl",

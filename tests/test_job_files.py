@@ -8,20 +8,13 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from clitools import MODEL, env_for, questions, read_output, run_cli, start_cli, wait_until, write_jsonl
 
+from sluice import ConfigError
 from sluice.testing import FakeServer
-
-
-@pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer(api_key="sk-test").running_in_thread() as fake:
-        yield fake
-
 
 # -- point 1: -o never destroys what sluice did not write ------------------------------------
 
@@ -319,6 +312,14 @@ def test_no_flag_lets_a_second_job_write_an_output_in_use(server: FakeServer, tm
     assert first.returncode == 0, stderr
     assert sorted(r["line"] for r in read_output(output)) == list(range(1, 61))
     assert server.stats.duplicate_successes == 0
+
+
+def test_a_second_run_on_the_same_output_is_refused(tmp_path: Path) -> None:
+    from sluice.batch._runner import _exclusive
+
+    state = tmp_path / "out.sluice.db"
+    with _exclusive(state), pytest.raises(ConfigError, match="in use by a running sluice job"), _exclusive(state):
+        pass
 
 
 def test_dropping_records_never_follows_a_symlink_beside_the_output(server: FakeServer, tmp_path: Path) -> None:

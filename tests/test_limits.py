@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice._errors import CapacityError
-from sluice._limits import CATCH_UP, WINDOW_MARGIN, LocalLimiter, RateLimitSnapshot, pace_factor
-from sluice.testing._virtual_time import run_in_virtual_time
+from sluice import CapacityError, LocalLimiter, RateLimitSnapshot
+from sluice._limits import CATCH_UP, WINDOW_MARGIN, pace_factor
+from sluice.testing import run_in_virtual_time
 
 Grant = tuple[float, int]  # (time granted, tokens)
 
@@ -225,6 +225,20 @@ def test_a_lower_limit_from_the_server_is_adopted() -> None:
     run_in_virtual_time(scenario())
 
 
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf"])
+def test_nonsense_limit_headers_are_ignored(bad: str) -> None:
+    async def scenario() -> float:
+        loop = asyncio.get_running_loop()
+        limiter = LocalLimiter(requests=100, window=60.0, burst_requests=10)
+        limiter.observe(RateLimitSnapshot(limit_requests=float(bad)))
+        if bad != "0":  # remaining 0 is a real answer: wait for the reset
+            limiter.observe(RateLimitSnapshot(remaining_requests=float(bad), reset_requests=1.0))
+        (await limiter.acquire(1)).done()
+        return loop.time()
+
+    assert run_in_virtual_time(scenario()) == 0.0
+
+
 # -- learnt limits keep their units -------------------------------------------------------
 
 
@@ -385,6 +399,22 @@ def test_cancelled_waiter_does_not_block_the_queue() -> None:
         return loop.time()
 
     assert run_in_virtual_time(scenario()) == pytest.approx(10.0 * pace_factor(10.0))
+
+
+def test_two_engines_sharing_a_limiter_do_not_break_its_queue() -> None:
+    async def scenario() -> int:
+        shared = LocalLimiter(requests=10, window=1.0)
+        granted = 0
+
+        async def take(seq: int) -> None:
+            nonlocal granted
+            (await shared.acquire(1, priority=0, seq=seq)).done()
+            granted += 1
+
+        await asyncio.gather(*(take(i % 3) for i in range(30)))  # equal (priority, seq) pairs
+        return granted
+
+    assert run_in_virtual_time(scenario()) == 30
 
 
 def test_refund_returns_everything_for_a_request_never_sent() -> None:

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 import sluice
-from sluice import Deployment, InvalidRequestError, Request, Result, Secret, request_key
-from sluice._errors import ConfigError
+from sluice import ConfigError, Deployment, InvalidRequestError, Request, Result, Secret, request_key
 from sluice._tokens import estimate_message_tokens, estimate_text_tokens
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -37,6 +36,11 @@ def test_invalid_requests_are_refused_with_a_reason(kwargs: dict[str, Any], mess
         Request(**kwargs)
 
 
+def test_a_request_id_that_is_not_valid_unicode_is_refused_clearly() -> None:
+    with pytest.raises(InvalidRequestError, match="not valid Unicode"):
+        Request.from_prompt("openai/gpt-x", "hi", id="file-\udcff.txt")
+
+
 def test_request_key_is_content_and_ignores_metadata() -> None:
     a = Request("openai/gpt-4o-mini", MESSAGES, max_tokens=5, metadata={"row": 1})
     b = Request("openai/gpt-4o-mini", [{"role": "user", "content": "hi"}], max_tokens=5, metadata={"row": 2})
@@ -61,6 +65,11 @@ def test_request_key_is_content_and_ignores_metadata() -> None:
 def test_invalid_deployments_are_refused(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Deployment("openai/gpt-4o-mini", **kwargs)
+
+
+def test_less_than_one_request_per_window_is_refused() -> None:
+    with pytest.raises(ConfigError, match="at least 1 per window"):
+        Deployment("openai/x", rpm=0.5)
 
 
 @pytest.mark.parametrize(

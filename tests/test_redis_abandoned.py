@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import redis
 from redis_server import RedisServer
@@ -21,15 +22,32 @@ async def _registered(url: str, job_id: str) -> JobQueue:
     return queue
 
 
-async def _run_worker_for(url: str, seconds: float) -> list[str]:
+async def _run_worker_until(url: str, done: Callable[[list[str]], bool]) -> list[str]:
+    """Run a worker until what it has said satisfies ``done``; what it said."""
     said: list[str] = []
-    worker = Worker(url, JobConfig(), concurrency=2, name="w-abandon", grace=1.0, say=said.append)
+    heard = asyncio.Event()
+
+    def say(line: str) -> None:
+        said.append(line)
+        if done(said):
+            heard.set()
+
+    worker = Worker(url, JobConfig(), concurrency=2, name="w-abandon", grace=1.0, say=say)
     task = asyncio.get_running_loop().create_task(worker.run())
-    await asyncio.sleep(seconds)
-    worker.stop()
-    with contextlib.suppress(Exception):
-        await task
+    try:
+        await asyncio.wait_for(heard.wait(), 30)
+    finally:
+        worker.stop()
+        with contextlib.suppress(Exception):
+            await task
     return said
+
+
+def _both_jobs_seen(said: list[str]) -> bool:
+    """The worker has dealt with both jobs: dropped the orphan, joined the live one."""
+    return any("taken off the running jobs" in line for line in said) and any(
+        "joined job alive" in line for line in said
+    )
 
 
 async def test_workers_drop_a_job_whose_coordinator_is_long_gone_and_a_rerun_brings_it_back(
@@ -39,7 +57,7 @@ async def test_workers_drop_a_job_whose_coordinator_is_long_gone_and_a_rerun_bri
     gone = await _registered(url, "gone")
     alive = await _registered(url, "alive")
     await gone.client.delete(gone.coordinator)  # its key expired: not heard from for an hour
-    said = await _run_worker_for(url, 2.5)
+    said = await _run_worker_until(url, _both_jobs_seen)
     probe = redis.asyncio.Redis.from_url(url)
     try:
         assert await running_jobs(gone.client) == ["alive"]

@@ -10,6 +10,8 @@ import sys
 import time
 
 import pytest
+import redis
+from polling import until
 from redis_server import RedisServer
 from test_redis_limits import KEY, run_clients
 
@@ -20,6 +22,14 @@ from sluice.testing import FakeServer
 pytestmark = pytest.mark.timeout(60)
 
 PRICE = 1000.0  # USD per million tokens, in and out: a cent a request, so a dollar runs out fast
+
+
+async def _expired_is(budget: RedisBudget, usd: float) -> bool:
+    return (await budget.totals()).expired == pytest.approx(usd)
+
+
+async def _reserved_is(budget: RedisBudget, usd: float) -> bool:
+    return (await budget.totals()).reserved == pytest.approx(usd)
 
 
 async def test_three_processes_never_overspend_a_shared_budget(redis_server: RedisServer) -> None:
@@ -97,7 +107,7 @@ async def main():
     budget = RedisBudget(sys.argv[1], "d", 1.0, lease_seconds=0.5)
     await budget.reserve(0.6)
     print("held", flush=True)
-    await asyncio.sleep(3600)
+    await asyncio.Event().wait()  # holds it until killed
 asyncio.run(main())
 """
     proc = await asyncio.create_subprocess_exec(
@@ -112,7 +122,7 @@ asyncio.run(main())
         assert (await budget.totals()).reserved == pytest.approx(0.6)
         proc.send_signal(signal.SIGKILL)
         await proc.wait()
-        await asyncio.sleep(0.8)
+        await until(lambda: _expired_is(budget, 0.6))  # its lease runs out
         totals = await budget.totals()
         # it may have been billed before it died: counted as spent, never handed back
         assert (totals.spent, totals.reserved, totals.expired) == (pytest.approx(0.6), 0, pytest.approx(0.6))
@@ -154,6 +164,28 @@ async def test_one_limit_per_name_and_earlier_spending_counted_once(
     await other.close()
 
 
+async def test_asking_a_new_budget_its_totals_does_not_set_its_limit_to_zero(redis_server: RedisServer) -> None:
+    """``totals()`` or ``count_spent_before()`` before the first reserve (a dashboard, a
+    rerun counting earlier spending) must not make the budget $0 for everyone."""
+    async with RedisBudget(redis_server.url, "fresh", 1.0) as budget:
+        before = await budget.count_spent_before(0.2)
+        assert before.limit == 1.0
+        hold = await budget.reserve(0.5)
+        hold.commit(0.5)
+        await budget.flush()
+        totals = await budget.totals()
+    assert (totals.limit, totals.spent) == (1.0, pytest.approx(0.7))
+
+
+async def test_a_limit_between_two_micro_dollars_is_never_exceeded(redis_server: RedisServer) -> None:
+    """Redis counts integer micro-dollars; costs round up, so the limit must round down."""
+    async with RedisBudget(redis_server.url, "tiny", 0.0000015) as budget:
+        with pytest.raises(BudgetExhaustedError):
+            await budget.reserve(0.000002)  # 2 micro-dollars do not fit in 1.5
+        hold = await budget.reserve(0.000001)
+        hold.commit(0.000001)
+
+
 async def test_redis_down_holds_nothing_and_resumes(redis_server: RedisServer) -> None:
     budget = RedisBudget(redis_server.url, "r", 1.0)
     (await budget.reserve(0.1)).commit(0.1)
@@ -169,6 +201,43 @@ async def test_redis_down_holds_nothing_and_resumes(redis_server: RedisServer) -
     await budget.flush()
     assert (await budget.totals()).spent == pytest.approx(0.1)
     await budget.close()
+
+
+async def test_a_hold_redis_lost_still_counts_what_it_cost(redis_server: RedisServer) -> None:
+    """Redis restarted without its data while a request was in flight: its settle finds
+    no hold, and must count the money all the same (the provider billed it)."""
+    async with RedisBudget(redis_server.url, "lost", 1.0) as budget:
+        hold = await budget.reserve(0.5)
+        redis.Redis.from_url(redis_server.url).flushall()
+        hold.commit(0.3)
+        await budget.flush()
+        totals = await budget.totals()
+        assert totals.spent == pytest.approx(0.3)
+        # the owner re-counting what its records say adds to it, not a maximum that hides it
+        totals = await budget.count_spent_before(0.6)
+        assert totals.spent == pytest.approx(0.9)
+        totals = await budget.count_spent_before(0.6)  # still idempotent
+        assert totals.spent == pytest.approx(0.9)
+
+
+async def test_a_joining_process_never_recreates_a_budget_redis_lost(redis_server: RedisServer) -> None:
+    """A job's workers join its budget: after Redis lost it they wait for the coordinator
+    to count again what was spent, instead of starting a fresh budget at $0 spent."""
+    async with RedisBudget(redis_server.url, "job:x", 1.0) as owner:
+        await owner.set_limit(1.0)
+        hold = await owner.reserve(0.6)
+        hold.commit(0.6)
+        await owner.flush()
+        redis.Redis.from_url(redis_server.url).flushall()
+        async with RedisBudget(redis_server.url, "job:x", 1.0, create=False) as worker:
+            waiting = asyncio.ensure_future(worker.reserve(0.6))
+            await asyncio.sleep(0.5)
+            assert not waiting.done()  # nothing granted against a budget Redis forgot
+            await owner.set_limit(1.0, spent_at_least=0.6)  # the coordinator's records, at once
+            with pytest.raises(BudgetExhaustedError):
+                await asyncio.wait_for(waiting, 5)
+            totals = await owner.totals()
+            assert totals.spent == pytest.approx(0.6)
 
 
 async def test_a_paused_holder_s_late_settle_corrects_the_count(redis_server: RedisServer) -> None:
@@ -198,7 +267,7 @@ asyncio.run(main())
             assert (await proc.stdout.readline()).strip() == b"held"
         budget = RedisBudget(redis_server.url, "p", 1.0)
         proc.send_signal(signal.SIGSTOP)
-        await asyncio.sleep(0.8)
+        await until(lambda: _expired_is(budget, 0.6))  # its lease runs out
         totals = await budget.totals()
         assert (totals.spent, totals.expired) == (pytest.approx(0.6), pytest.approx(0.6))
         proc.send_signal(signal.SIGCONT)
@@ -274,13 +343,14 @@ async def test_a_reserve_cancelled_while_redis_replies_leaves_no_hold_behind(red
         (await slow.reserve(0.5)).release()  # scripts loaded, budget made
         await slow.flush()
         task = asyncio.get_running_loop().create_task(slow.reserve(1.0))
-        await asyncio.sleep(0.15)  # the script has run in Redis; its reply is still on its way
+        await until(lambda: _reserved_is(direct, 1.0))  # the script has run in Redis; its reply is still on its way
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.sleep(0.5)  # the reply lands
+        # the reply lands and the hold is given back (an orphaned one would leave only when
+        # its lease ran out, counted as spent: the totals expire holds before they count)
+        await until(lambda: _reserved_is(direct, 0.0))
         await slow.flush()
-        await asyncio.sleep(1.5)  # past the lease: an orphaned hold would now count as spent
         totals = await direct.totals()
         assert totals.reserved == pytest.approx(0.0)
         assert totals.spent == pytest.approx(0.0)

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +24,9 @@ KEY = "sk-test-distributed-9f3c"
 
 
 @pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer(api_key=KEY).running_in_thread() as fake:
-        yield fake
+def api_key() -> str:
+    """The key the conftest ``server`` requires here."""
+    return KEY
 
 
 def _env(server: FakeServer) -> dict[str, str]:
@@ -151,6 +150,7 @@ def test_a_worker_killed_mid_job_loses_nothing_and_duplicates_stay_within_its_in
     try:
         wait_until(lambda: server.in_flight >= 8, timeout=30)
         _kill(doomed)  # eight requests at the provider, their entries pending with a dead worker
+        server.latency = 0.0  # (those eight still take theirs)
         survivor = _worker(server, redis_server, "--concurrency", "8", "--name", "survivor")
         _, err = coordinator.communicate(timeout=60)
     finally:
@@ -245,6 +245,7 @@ def test_a_coordinator_killed_and_rerun_resumes_without_sending_answered_lines_a
         client = _client(redis_server)
         base = f"sluice:job:{_job_id(client)}"
         wait_until(lambda: client.xlen(f"{base}:results") >= 4, timeout=20)  # answers wait for the rerun
+        server.latency = 0.0
         second = run_cli(server, *args, env=_env(server))
     finally:
         _stop(worker)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from fake_provider import deployment_at
 from redis_server import RedisServer
 
 from sluice import Deployment, Engine, RateLimitSnapshot, Request
@@ -93,10 +94,6 @@ def max_in_any_window(times: list[float], window: float) -> int:
     return best
 
 
-def deployment(server: FakeServer, **kwargs: Any) -> Deployment:
-    return Deployment("openai/gpt-test", base_url=server.url, api_key=KEY, **kwargs)
-
-
 async def dump_redis(url: str) -> dict[str, Any]:
     """Every key with its value and its time to live (ms)."""
     client = aioredis.Redis.from_url(url)
@@ -119,7 +116,7 @@ async def dump_redis(url: str) -> dict[str, Any]:
 
 
 async def test_three_processes_share_one_strict_limit(redis_server: RedisServer) -> None:
-    rpm, window, n = 40, 2.0, 30  # 20 requests/s for all three together
+    rpm, window, n = 40, 2.0, 15  # 20 requests/s for all three together: 45 requests, more than a window takes
     async with FakeServer(rpm=rpm, window=window, api_key=KEY) as server:
         # margin: a grant leaves the shared window 0.2 s late, room for the spread between a
         # grant at Redis and its arrival at the fake when five test runs share two cores
@@ -156,7 +153,7 @@ async def main():
     lim = limits.limiter_factory(Deployment("openai/gpt-test", base_url=sys.argv[2], api_key=sys.argv[3], max_in_flight=2))
     held = [await lim.acquire(1), await lim.acquire(1)]
     print("held", flush=True)
-    await asyncio.sleep(3600)
+    await asyncio.Event().wait()  # holds them until killed
 asyncio.run(main())
 """
     base_url = "http://127.0.0.1:9/v1"
@@ -196,7 +193,7 @@ async def test_redis_stopped_mid_run_sends_nothing_until_it_is_back(
     n = 60
     async with FakeServer(rpm=40, window=1.0, api_key=KEY) as server:
         limits = RedisLimits(redis_server.url)
-        engine = Engine(deployment(server, rpm=40, window=1.0), limiter_factory=limits.limiter_factory)
+        engine = Engine(deployment_at(server, rpm=40, window=1.0), limiter_factory=limits.limiter_factory)
         async with engine:
             requests = [Request.from_prompt("openai/gpt-test", f"q{i}", id=f"q{i}") for i in range(n)]
             run = asyncio.ensure_future(engine.run(requests))
@@ -205,7 +202,7 @@ async def test_redis_stopped_mid_run_sends_nothing_until_it_is_back(
                 await asyncio.to_thread(redis_server.stop)
                 await asyncio.sleep(0.3)  # what was granted before the stop lands
                 before = server.stats.received
-                await asyncio.sleep(1.5)
+                await asyncio.sleep(0.5)  # at 40 a second, 20 would go were Redis's limit not held
                 assert server.stats.received == before  # nothing sent while Redis is down
                 assert not limits.healthy
                 assert limits.problem is not None
@@ -241,7 +238,7 @@ async def test_the_api_key_is_never_written_to_redis_and_keys_expire(redis_serve
     async with FakeServer(rpm=600, tpm=100_000, window=1.0, api_key=KEY) as server:
         limits = RedisLimits(redis_server.url)
         engine = Engine(
-            deployment(server, rpm=600, tpm=100_000, window=1.0, max_in_flight=4),
+            deployment_at(server, rpm=600, tpm=100_000, window=1.0, max_in_flight=4),
             limiter_factory=limits.limiter_factory,
         )
         async with engine:
@@ -252,7 +249,7 @@ async def test_the_api_key_is_never_written_to_redis_and_keys_expire(redis_serve
     assert all(r.ok for r in results)
     dump = await dump_redis(redis_server.url)
     assert dump, "nothing was written to Redis"
-    fingerprint = deployment_fingerprint(deployment(server))
+    fingerprint = deployment_fingerprint(deployment_at(server))
     assert all(fingerprint in key for key in dump)
     text = json.dumps(dump)
     for secret in (KEY, KEY[3:], KEY[-8:]):
@@ -278,6 +275,24 @@ def test_deployments_that_differ_in_key_or_endpoint_do_not_share() -> None:
     assert redis_target("redis://user:hunter2@db.example:6380/2") == "db.example:6380/2"
 
 
+def test_a_deployment_naming_the_default_endpoint_shares_with_one_that_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both send to api.openai.com with the same key: one limit, not one each (which
+    would let the two together send twice the provider's limit)."""
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
+    implicit = Deployment("openai/gpt-x", api_key=KEY, rpm=60)
+    explicit = Deployment("openai/gpt-x", base_url="https://api.openai.com/v1/", api_key=KEY, rpm=60)
+    assert deployment_fingerprint(implicit) == deployment_fingerprint(explicit)
+    claude = Deployment("anthropic/claude-x", api_key=KEY)
+    named = Deployment("anthropic/claude-x", base_url="https://api.anthropic.com", api_key=KEY)
+    assert deployment_fingerprint(claude) == deployment_fingerprint(named)
+    # a different endpoint set by the environment is a different deployment
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "https://proxy.example/anthropic")
+    assert deployment_fingerprint(claude) != deployment_fingerprint(named)
+
+
 async def test_down_redis_grants_nothing_unless_fail_open(caplog: pytest.LogCaptureFixture) -> None:
     from redis_server import _free_port
 
@@ -294,7 +309,7 @@ async def test_down_redis_grants_nothing_unless_fail_open(caplog: pytest.LogCapt
 
     async with FakeServer(rpm=600, window=1.0, api_key=KEY) as server:
         opened = RedisLimits(dead, fail_open=True)
-        engine = Engine(deployment(server, rpm=600, window=1.0), limiter_factory=opened.limiter_factory)
+        engine = Engine(deployment_at(server, rpm=600, window=1.0), limiter_factory=opened.limiter_factory)
         async with engine:
             results = await engine.run([Request.from_prompt("openai/gpt-test", f"q{i}", id=f"q{i}") for i in range(20)])
         assert all(r.ok for r in results)
@@ -366,13 +381,32 @@ async def test_a_lower_limit_from_headers_binds_every_process(redis_server: Redi
     await two.close()
 
 
+async def test_a_limit_learnt_from_headers_binds_every_process_when_none_is_configured(
+    redis_server: RedisServer,
+) -> None:
+    """The usual worker has no rpm of its own (``Deployment(model)``) and learns the limit
+    from the provider's headers: that limit must reach Redis and bind every process."""
+    d = Deployment("openai/gpt-test", base_url="http://127.0.0.1:9/v1", api_key=KEY)
+    one, two = RedisLimits(redis_server.url), RedisLimits(redis_server.url)
+    try:
+        one.limiter_factory(d).observe(RateLimitSnapshot(limit_requests=6, requests_window=60.0))  # 1 in 10 s
+        await one.connection.flush()
+        limiter = two.limiter_factory(d)
+        (await limiter.acquire(1)).done()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(limiter.acquire(1), 1.0)  # the next slot is 10 s away
+    finally:
+        await one.close()
+        await two.close()
+
+
 async def test_two_engines_share_a_token_limit(redis_server: RedisServer) -> None:
     # Tokens bind here (reserved at prompt + max_tokens, reconciled to the usage reported).
     tpm, window = 3_000, 1.0
     async with FakeServer(tpm=tpm, window=window, api_key=KEY, output_tokens=60) as server:
         limits = [RedisLimits(redis_server.url), RedisLimits(redis_server.url)]  # two connections, as two processes
         engines = [
-            Engine(deployment(server, tpm=tpm, window=window), limiter_factory=x.limiter_factory) for x in limits
+            Engine(deployment_at(server, tpm=tpm, window=window), limiter_factory=x.limiter_factory) for x in limits
         ]
         async with engines[0], engines[1]:
             runs = [

@@ -7,10 +7,10 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from clitools import MODEL, env_for, questions, read_output, run_cli, start_cli, wait_until, write_jsonl
 from redis_server import RedisServer
 
@@ -23,9 +23,9 @@ SLACK = 8.0
 
 
 @pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer(api_key=KEY).running_in_thread() as fake:
-        yield fake
+def api_key() -> str:
+    """The key the conftest ``server`` requires here."""
+    return KEY
 
 
 def _terminate_within(process: subprocess.Popen[str], limit: float) -> tuple[float, str]:
@@ -117,7 +117,8 @@ def test_every_worker_that_joins_takes_a_share(server: FakeServer, redis_server:
         for i in range(2)
     ]
     try:
-        time.sleep(1.5)  # they are up and waiting
+        client = redis.Redis.from_url(redis_server.url)
+        wait_until(lambda: _listening_for_jobs(client) == 2)  # they are up and waiting
         source = write_jsonl(tmp_path / "in.jsonl", questions(400))
         out = tmp_path / "out.jsonl"
         done = run_cli(server, "run", source, "-o", out, "--model", MODEL, "--redis", redis_server.url, env=env)
@@ -134,3 +135,9 @@ def test_every_worker_that_joins_takes_a_share(server: FakeServer, redis_server:
             if worker.poll() is None:
                 worker.send_signal(signal.SIGTERM)
             worker.communicate(timeout=30)
+
+
+def _listening_for_jobs(client: redis.Redis) -> int:
+    """How many workers wait for a job's announcement (subscribers of the jobs channel)."""
+    ((_, subscribers),) = client.pubsub_numsub("sluice:wake:jobs")
+    return int(subscribers)

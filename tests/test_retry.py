@@ -10,6 +10,8 @@ from sluice import (
     AttemptTimeoutError,
     AuthenticationError,
     BadRequestError,
+    CapacityError,
+    ConfigError,
     ConnectError,
     InvalidRequestError,
     MalformedResponseError,
@@ -19,10 +21,11 @@ from sluice import (
     RateLimitError,
     RetryPolicy,
     ServerError,
+    SluiceError,
     backoff_delay,
     parse_retry_after,
 )
-from sluice._errors import CapacityError, ConfigError, SluiceError, error_for_status
+from sluice._errors import error_for_status
 from sluice._retry import backoff_ceiling, parse_should_retry
 
 

@@ -5,10 +5,13 @@ and other providers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_provider import dead_url, deployment_at
 
 from sluice import (
     ConfigError,
@@ -24,14 +27,16 @@ from sluice.testing import FakeServer
 MODEL = "openai/gpt-test"
 FAST = RetryPolicy(max_attempts=4, base_delay=0.01, max_delay=0.05, attempt_timeout=5)
 QUICK_COOLDOWN = Cooldown(after_failures=2, seconds=0.2, max_seconds=1.0)
-
-
-def at(server: FakeServer, name: str, model: str = MODEL, **kwargs: Any) -> Deployment:
-    return Deployment(model, name=name, base_url=server.url, api_key="sk-test", **kwargs)
+#: Six attempts: the policy the probe, group and fallback tests below were written with.
+FAST_SIX = RetryPolicy(max_attempts=6, base_delay=0.01, max_delay=0.05, attempt_timeout=5)
 
 
 def prompts(n: int, model: str = MODEL) -> list[Request]:
     return [Request.from_prompt(model, f"question {i}", max_tokens=10) for i in range(n)]
+
+
+def states(engine: Engine) -> dict[str, str]:
+    return {s.deployment: s.state for s in engine.deployment_status()}
 
 
 @pytest.fixture
@@ -42,10 +47,13 @@ async def pair() -> AsyncIterator[tuple[FakeServer, FakeServer]]:
 
 async def test_two_deployments_share_the_load_by_headroom_without_a_429() -> None:
     async with (
-        FakeServer(api_key="sk-test", rpm=20, window=2.0) as east,
-        FakeServer(api_key="sk-test", rpm=20, window=2.0) as west,
+        FakeServer(api_key="sk-test", rpm=20, window=1.0) as east,
+        FakeServer(api_key="sk-test", rpm=20, window=1.0) as west,
     ):
-        deployments = [at(east, "east", rpm=20, window=2.0), at(west, "west", rpm=20, window=2.0)]
+        deployments = [
+            deployment_at(east, name="east", rpm=20, window=1.0),
+            deployment_at(west, name="west", rpm=20, window=1.0),
+        ]
         async with Engine(deployments, retry=FAST) as engine:
             results = await engine.run(prompts(80))
     assert all(r.ok for r in results)
@@ -60,7 +68,9 @@ async def test_two_deployments_share_the_load_by_headroom_without_a_429() -> Non
 async def test_a_retry_goes_to_another_deployment(pair: tuple[FakeServer, FakeServer]) -> None:
     east, west = pair
     east.inject("503", times=1)
-    async with Engine([at(east, "east", weight=1000.0), at(west, "west")], retry=FAST) as engine:
+    async with Engine(
+        [deployment_at(east, name="east", weight=1000.0), deployment_at(west, name="west")], retry=FAST
+    ) as engine:
         result = await engine.complete(MODEL, "hello")
     assert result.ok, result.error
     assert result.attempts == 2
@@ -74,7 +84,7 @@ async def test_a_dead_deployment_cools_down_and_is_probed_before_it_is_trusted(
     east, west = pair
     west.fault_rates = {"503": 1.0}
     east.latency = 0.01
-    deployments = [at(east, "east"), at(west, "west")]
+    deployments = [deployment_at(east, name="east"), deployment_at(west, name="west")]
     async with Engine(deployments, retry=FAST, cooldown=QUICK_COOLDOWN, concurrency=4) as engine:
         results = await engine.run(prompts(40))
         assert all(r.ok for r in results)
@@ -93,10 +103,53 @@ async def test_a_dead_deployment_cools_down_and_is_probed_before_it_is_trusted(
         assert status.state == "ok"
 
 
+async def test_a_cancelled_probe_frees_the_deployment() -> None:
+    cooldown = Cooldown(after_failures=1, seconds=0.2, max_seconds=0.4)
+    async with (
+        FakeServer(api_key="sk-test") as west,
+        FakeServer(api_key="sk-test") as east,
+        Engine(
+            [deployment_at(west, name="west"), deployment_at(east, name="east")], retry=FAST_SIX, cooldown=cooldown
+        ) as engine,
+    ):
+        west.inject("503", times=1)
+        await engine.complete(MODEL, "q0", max_tokens=5)
+        await asyncio.sleep(0.5)  # west may be probed now
+        west.latency = 1.0
+        east.latency = 1.0  # so the probe is the one placed on west
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(engine.complete(MODEL, "probe", max_tokens=5), 0.2)
+        west.latency = east.latency = 0.0
+        assert states(engine)["west"] != "probing"  # the cancelled probe gave its slot back
+        results = [await engine.complete(MODEL, f"q{i}", max_tokens=5) for i in range(10)]
+    assert all(r.ok for r in results)
+    assert "west" in {r.deployment for r in results}
+
+
+async def test_a_success_placed_before_a_cooldown_does_not_end_it() -> None:
+    cooldown = Cooldown(after_failures=2, seconds=30, max_seconds=300)
+    async with (
+        FakeServer(api_key="sk-test", output_tokens=40) as west,
+        FakeServer(api_key="sk-test") as east,
+        Engine(
+            [deployment_at(west, name="west"), deployment_at(east, name="east")], retry=FAST_SIX, cooldown=cooldown
+        ) as engine,
+    ):
+        async with engine.stream(MODEL, "a long story", max_tokens=40) as stream:
+            await anext(stream)  # under way on one of them
+            busy = west if stream._slot is not None and stream._slot.route.label == "west" else east
+            busy.fault_rates = {"503": 1.0}  # its deployment goes down meanwhile
+            await engine.run([{"model": MODEL, "messages": [{"role": "user", "content": f"a{i}"}]} for i in range(8)])
+            down = "west" if busy is west else "east"
+            assert states(engine)[down] == "cooling down"
+            await stream.collect()  # the old stream still ends well
+        assert states(engine)[down] == "cooling down"  # ...which says nothing of the deployment now
+
+
 async def test_a_bad_key_on_one_deployment_does_not_fail_requests(pair: tuple[FakeServer, FakeServer]) -> None:
     east, west = pair
     broken = Deployment(MODEL, name="west", base_url=west.url, api_key="sk-wrong")
-    async with Engine([at(east, "east"), broken], retry=FAST, cooldown=QUICK_COOLDOWN) as engine:
+    async with Engine([deployment_at(east, name="east"), broken], retry=FAST, cooldown=QUICK_COOLDOWN) as engine:
         results = await engine.run(prompts(10))
     assert all(r.ok for r in results)
     assert all(r.deployment == "east" for r in results)
@@ -134,7 +187,7 @@ async def test_when_every_deployment_of_a_model_fails_the_request_moves_on(
     east, west = pair
     east.fault_rates = {"503": 1.0}
     engine = Engine(
-        [at(east, "east"), at(west, "west", model="openai/gpt-backup")],
+        [deployment_at(east, name="east"), deployment_at(west, "openai/gpt-backup", name="west")],
         retry=FAST,
         fallbacks={MODEL: ["openai/gpt-backup"]},
         cooldown=QUICK_COOLDOWN,
@@ -145,10 +198,26 @@ async def test_when_every_deployment_of_a_model_fails_the_request_moves_on(
     assert {r.model for r in results} == {"openai/gpt-backup"}
 
 
+async def test_a_fallback_serves_a_model_whose_only_deployment_is_down_whatever_name_keys_it() -> None:
+    """``big`` and ``openai/big`` are one model for its fallbacks too, as for its group."""
+    for asked, keyed in (("big", "openai/big"), ("openai/big", "big"), ("big", "big")):
+        async with FakeServer(api_key="sk-test") as good:
+            dead = Deployment("big", base_url=dead_url(), api_key="sk-test")
+            mini = Deployment("openai/gpt-4o-mini", base_url=good.url, api_key="sk-test")
+            async with Engine([dead, mini], retry=FAST_SIX, fallbacks={keyed: ["openai/gpt-4o-mini"]}) as engine:
+                results = await engine.run([Request.from_prompt(asked, f"q{i}", max_tokens=5) for i in range(30)])
+                status = {s.deployment: s for s in engine.deployment_status()}
+        assert all(r.ok for r in results), (asked, keyed, {r.error.kind for r in results if r.error})
+        assert {r.model for r in results} == {"openai/gpt-4o-mini"}
+        assert status["big"].state == "cooling down"  # cooled as in a group, not retried 30 times over
+        assert status["big"].failed < 30  # only those placed before it cooled
+        assert good.stats.accepted == 30
+
+
 async def test_under_a_budget_the_worst_case_is_the_dearest_candidate(pair: tuple[FakeServer, FakeServer]) -> None:
     east, west = pair
-    cheap = at(east, "cheap", price=Price(0.1, 0.1))
-    dear = at(west, "dear", model="openai/gpt-dear", price=Price(100.0, 100.0))
+    cheap = deployment_at(east, name="cheap", price=Price(0.1, 0.1))
+    dear = deployment_at(west, "openai/gpt-dear", name="dear", price=Price(100.0, 100.0))
     async with Engine([cheap, dear], budget_usd=10.0, fallbacks={MODEL: ["openai/gpt-dear"]}) as engine:
         job = engine._job(Request.from_prompt(MODEL, "hi", max_tokens=100), 0)
         dear_alone = engine.spending.prepare(job.request, dear, job.budget)[1]
@@ -158,10 +227,47 @@ async def test_under_a_budget_the_worst_case_is_the_dearest_candidate(pair: tupl
 
 async def test_a_request_may_name_one_deployment(pair: tuple[FakeServer, FakeServer]) -> None:
     east, west = pair
-    async with Engine([at(east, "east"), at(west, "west")], retry=FAST) as engine:
+    async with Engine([deployment_at(east, name="east"), deployment_at(west, name="west")], retry=FAST) as engine:
         results = [await engine.complete("west", f"q{i}") for i in range(5)]
     assert all(r.deployment == "west" for r in results)
     assert east.stats.received == 0
+
+
+async def test_a_group_serves_a_request_only_one_of_its_deployments_can_take() -> None:
+    async with FakeServer(api_key="sk-test") as small, FakeServer(api_key="sk-test") as big:
+        deployments = [deployment_at(small, name="small", tpm=2_000), deployment_at(big, name="big", tpm=1_000_000)]
+        async with Engine(deployments, retry=FAST_SIX) as engine:
+            one = await engine.complete(MODEL, "hi", max_tokens=5_000)
+            batch = await engine.run(
+                [
+                    {"model": MODEL, "messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 5000}
+                    for i in range(4)
+                ]
+            )
+    assert one.ok, one.error
+    assert all(r.ok and r.deployment == "big" for r in [one, *batch])
+
+
+async def test_waiting_on_a_group_leaves_nothing_behind() -> None:
+    async with FakeServer(api_key="sk-test") as east, FakeServer(api_key="sk-test") as west:
+        deployments = [
+            deployment_at(east, name="east", max_in_flight=2),
+            deployment_at(west, name="west", max_in_flight=2),
+        ]
+        async with Engine(deployments, retry=FAST_SIX) as engine:
+            results = await engine.run([Request.from_prompt(MODEL, f"q{i}", max_tokens=5) for i in range(500)])
+            group = engine.router.group(MODEL)
+            assert all(r.ok for r in results)
+            assert len(group.watchers) < 10  # was one per waited request
+
+
+async def test_a_bare_model_name_uses_the_configured_deployment() -> None:
+    async with FakeServer(api_key="sk-test") as server:
+        deployment = Deployment("openai/gpt-test", base_url=server.url, api_key="sk-test", rpm=600)
+        async with Engine(deployment) as engine:
+            result = await engine.complete("gpt-test", "hi")
+            assert result.deployment == "openai/gpt-test"
+            assert len(engine.deployments) == 1
 
 
 def test_two_deployments_need_distinct_names() -> None:
@@ -232,13 +338,33 @@ api_key_env = "BACK_KEY"
         assert {r["model"] for r in read_output(tmp_path / "more.out")} == {"openai/gpt-backup"}
 
 
+def test_sluice_run_finishes_on_the_fallback_when_the_only_deployment_is_down(tmp_path: Path) -> None:
+    from clitools import env_for, questions, read_output, run_cli, write_jsonl
+
+    with FakeServer(api_key="sk-test").running_in_thread() as good:
+        config = tmp_path / "sluice.toml"
+        config.write_text(
+            f'[[deployment]]\nmodel = "big"\nbase_url = "{dead_url()}"\n\n'
+            f'[[deployment]]\nmodel = "openai/gpt-4o-mini"\nbase_url = "{good.url}"\n\n'
+            '[fallbacks]\n"openai/big" = ["openai/gpt-4o-mini"]\n'
+        )
+        source = write_jsonl(tmp_path / "in.jsonl", questions(40))
+        output = tmp_path / "out.jsonl"
+        done = run_cli(good, "run", source, "-o", output, "--config", config, "--model", "big", env=env_for(good))
+        assert done.returncode == 0, done.stderr
+        records = read_output(output)
+        assert len(records) == 40
+        assert all(r["ok"] and r["deployment"] == "openai/gpt-4o-mini" for r in records)
+        assert good.stats.accepted == 40
+
+
 @pytest.mark.parametrize("adaptive", [True, False])
 async def test_aimd_finds_a_self_hosted_servers_capacity(adaptive: bool) -> None:
     """A server that sends no limits (vLLM, Ollama) is driven at its capacity, not past it:
     beyond 8 at once its requests queue, and the adaptive cap settles near 8."""
     async with FakeServer(api_key="sk-test", capacity=8, latency=0.1) as server:
         extra = {} if adaptive else {"max_in_flight": 256}  # an explicit cap turns adaptation off
-        async with Engine(at(server, "vllm", **extra), retry=FAST) as engine:
+        async with Engine(deployment_at(server, name="vllm", **extra), retry=FAST) as engine:
             results = await engine.run(prompts(320 if adaptive else 260))
             route = engine.router.routes[0]
         assert all(r.ok for r in results)
@@ -253,7 +379,7 @@ async def test_aimd_finds_a_self_hosted_servers_capacity(adaptive: bool) -> None
 
 async def test_aimd_steps_aside_once_the_server_says_its_limits() -> None:
     async with FakeServer(api_key="sk-test", rpm=600, window=1.0) as server:
-        async with Engine(at(server, "hosted"), retry=FAST) as engine:
+        async with Engine(deployment_at(server, name="hosted"), retry=FAST) as engine:
             await engine.run(prompts(20))
             limiter = engine.limiter(MODEL)
         assert limiter.max_in_flight is None  # type: ignore[attr-defined]

@@ -9,9 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from clitools import MODEL, env_for, questions, run_cli, write_jsonl
 
-from sluice import ConfigError, Deployment, Engine
+from sluice import ConfigError, Deployment, Engine, RetryPolicy
 from sluice.testing import FakeServer
 
 CANARY = "sk-canary-7f3a9c2e55d1"
@@ -64,3 +65,44 @@ async def test_no_key_in_logs_reprs_or_errors(caplog: pytest.LogCaptureFixture) 
     with pytest.raises(ConfigError) as raised:
         Deployment(MODEL, api_key=CANARY, rpm=-1)
     assert CANARY not in str(raised.value)
+
+
+async def test_keys_never_follow_a_redirect_to_another_server() -> None:
+    seen: list[dict[str, str]] = []
+
+    async def other(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        return web.json_response({"error": {"message": "no"}}, status=400)
+
+    async def redirect(request: web.Request) -> web.Response:
+        await request.read()
+        raise web.HTTPTemporaryRedirect(f"{other_url}{request.path_qs}")
+
+    runners = []
+    urls = []
+    for handler in (other, redirect):
+        app = web.Application()
+        app.router.add_route("POST", "/{tail:.*}", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        urls.append(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}")  # type: ignore[union-attr]
+    other_url, redirect_url = urls
+    try:
+        deployments = [
+            Deployment("openai/gpt-x", base_url=f"{redirect_url}/v1", api_key="sk-openai-secret"),
+            Deployment("anthropic/claude-x", base_url=redirect_url, api_key="sk-ant-secret"),
+            Deployment("azure/gpt-x", base_url=redirect_url, api_key="azure-secret"),
+        ]
+        async with Engine(deployments, retry=RetryPolicy(max_attempts=1)) as engine:
+            results = [await engine.complete(d.model, "hi", max_tokens=5) for d in deployments]
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+    assert seen == []  # nothing reached the other origin
+    for result in results:
+        assert result.error is not None
+        assert "redirected to" in result.error.message
+        assert "base_url" in result.error.message

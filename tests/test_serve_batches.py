@@ -23,6 +23,8 @@ from typing import Any
 import openai
 import pytest
 from aiohttp import web
+from fake_provider import deployment_at
+from polling import until
 
 from sluice import Deployment, Engine, Price, RetryPolicy
 from sluice._budget import Budget
@@ -54,8 +56,8 @@ def jsonl(records: list[Any]) -> bytes:
 def deployments(server: FakeServer, **limits: Any) -> list[Deployment]:
     price = Price(0.15, 0.60)
     return [
-        Deployment(f"openai/{CHAT_MODEL}", base_url=server.url, api_key="sk-test", price=price, **limits),
-        Deployment(f"openai/{EMBED_MODEL}", base_url=server.url, api_key="sk-test", price=price),
+        deployment_at(server, f"openai/{CHAT_MODEL}", price=price, **limits),
+        deployment_at(server, f"openai/{EMBED_MODEL}", price=price),
     ]
 
 
@@ -142,12 +144,6 @@ def sdk(url: str, key: str = "anyone") -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
 
 
-async def until(check: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:  # noqa: ASYNC109
-    async with asyncio.timeout(timeout):
-        while not await check():  # noqa: ASYNC110 - polling the API is what its clients do
-            await asyncio.sleep(0.02)
-
-
 async def finished(client: openai.AsyncOpenAI, batch_id: str) -> Any:
     batch = None
 
@@ -175,12 +171,6 @@ async def lines_of(client: openai.AsyncOpenAI, file_id: str | None) -> list[dict
         return []
     content = await client.files.content(file_id)
     return [json.loads(line) for line in content.text.splitlines()]
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[FakeServer]:
-    async with FakeServer(api_key="sk-test") as fake:
-        yield fake
 
 
 # -- round trips -------------------------------------------------------------------------------

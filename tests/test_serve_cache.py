@@ -10,17 +10,13 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from test_serve import UPSTREAM_KEY, fake, serving
+from fake_provider import deployment_at
+from servetools import fake, serving
 
-from sluice import Deployment
-from sluice._errors import ConfigError
+from sluice import ConfigError
 from sluice.serve._settings import ServeSettings, serve_tables
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Pick a number"}]
-
-
-def _deployment(upstream: Any) -> Deployment:
-    return Deployment("openai/gpt-test", base_url=upstream.url, api_key=UPSTREAM_KEY)
 
 
 async def _twice(url: str, **options: Any) -> tuple[str, str]:
@@ -34,7 +30,7 @@ async def _twice(url: str, **options: Any) -> tuple[str, str]:
 
 
 async def test_by_default_two_identical_sampled_requests_get_two_answers(tmp_path: Path) -> None:
-    async with fake() as upstream, serving([_deployment(upstream)], tmp_path) as url:
+    async with fake() as upstream, serving([deployment_at(upstream)], tmp_path) as url:
         ids = await _twice(url, temperature=1.0)
         assert upstream.stats.received == 2
         ids_at_zero = await _twice(url, temperature=0)
@@ -44,7 +40,7 @@ async def test_by_default_two_identical_sampled_requests_get_two_answers(tmp_pat
 
 
 async def test_deterministic_caches_only_temperature_zero(tmp_path: Path) -> None:
-    async with fake() as upstream, serving([_deployment(upstream)], tmp_path, cache="deterministic") as url:
+    async with fake() as upstream, serving([deployment_at(upstream)], tmp_path, cache="deterministic") as url:
         await _twice(url, temperature=0)
         assert upstream.stats.received == 1
         await _twice(url, temperature=0.7)
@@ -54,7 +50,7 @@ async def test_deterministic_caches_only_temperature_zero(tmp_path: Path) -> Non
 
 
 async def test_a_request_overrides_the_setting_with_a_header(tmp_path: Path) -> None:
-    async with fake() as upstream, serving([_deployment(upstream)], tmp_path) as url:
+    async with fake() as upstream, serving([deployment_at(upstream)], tmp_path) as url:
         await _twice(url, temperature=1.0, extra_headers={"x-sluice-cache": "on"})
         assert upstream.stats.received == 1
         async with aiohttp.ClientSession() as http:
@@ -62,7 +58,7 @@ async def test_a_request_overrides_the_setting_with_a_header(tmp_path: Path) -> 
             async with http.post(f"{url}/v1/chat/completions", json=body, headers={"x-sluice-cache": "maybe"}) as bad:
                 assert bad.status == 400
                 assert (await bad.json())["error"]["param"] == "x-sluice-cache"
-    async with fake() as upstream, serving([_deployment(upstream)], tmp_path / "on", cache=True) as url:
+    async with fake() as upstream, serving([deployment_at(upstream)], tmp_path / "on", cache=True) as url:
         await _twice(url, temperature=1.0)
         assert upstream.stats.received == 1
         await _twice(url, temperature=1.0, extra_headers={"x-sluice-cache": "off"})

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 from redis_server import RedisServer
-from test_serve import ALICE_KEY, ENV, MESSAGES, ask, deployment, fake, listening, sdk
+from servetools import ALICE_KEY, ENV, MESSAGES, ask, deployment, fake, listening, sdk
 
 from sluice import BudgetExhaustedError, Deployment, Engine, RetryPolicy
 from sluice.cli._config import JobConfig
@@ -80,8 +80,8 @@ async def burst(urls: list[str], count: int, key: str = "anything") -> list[Any]
 
 
 async def test_replicas_on_one_redis_share_the_deployments_limit(tmp_path: Path, redis_server: RedisServer) -> None:
-    async with fake(rpm=10, window=1.0) as upstream:
-        dep = deployment(upstream, rpm=10, window=1.0)
+    async with fake(rpm=10, window=0.5) as upstream:
+        dep = deployment(upstream, rpm=10, window=0.5)
         async with replicas(3, [dep], tmp_path, redis_server.url) as urls:
             outcomes = await burst(urls, 30)
         answered = [o for o in outcomes if not isinstance(o, BaseException)]
@@ -89,14 +89,14 @@ async def test_replicas_on_one_redis_share_the_deployments_limit(tmp_path: Path,
         for error in refused:  # only sluice's own refusals, each saying when to come back
             assert isinstance(error, openai.RateLimitError), error
             assert int(error.response.headers["retry-after"]) >= 1
-        assert len(answered) == 30  # 3 s of the limit's pace: well within the 30 s max wait
+        assert len(answered) == 30  # 1.5 s of the limit's pace: well within the 30 s max wait
         assert (await fake_stats(upstream.url))["rate_limited"] == 0
 
 
 async def test_without_redis_the_same_replicas_meet_upstream_429s(tmp_path: Path) -> None:
     """The control: each replica keeps the whole limit for itself, so together they exceed it."""
-    async with fake(rpm=10, window=1.0) as upstream:
-        dep = deployment(upstream, rpm=10, window=1.0)
+    async with fake(rpm=10, window=0.5) as upstream:
+        dep = deployment(upstream, rpm=10, window=0.5)
         async with replicas(3, [dep], tmp_path, None) as urls:
             await burst(urls, 30)
         assert (await fake_stats(upstream.url))["rate_limited"] > 0

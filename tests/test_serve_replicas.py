@@ -19,8 +19,9 @@ import openai
 import pytest
 import redis.asyncio as aioredis
 from click.testing import CliRunner
+from polling import until
 from redis_server import RedisServer
-from test_serve import ALICE_KEY, BOB_KEY, ENV, deployment, fake, listening, sdk
+from servetools import ALICE_KEY, BOB_KEY, ENV, deployment, fake, listening, sdk
 
 from sluice import Deployment, RetryPolicy
 from sluice.cli._config import JobConfig
@@ -62,12 +63,12 @@ async def replica(deployments: list[Deployment], state: Path, redis_url: str) ->
 async def _registered(redis_url: str, replica_id: str) -> None:
     """Wait for the replica's first heartbeat (the lists ask only registered replicas)."""
     client = aioredis.Redis.from_url(redis_url)
+
+    async def beating() -> bool:
+        return bool(await client.exists(f"sluice:serve:replica:{replica_id}"))
+
     try:
-        async with asyncio.timeout(5):
-            while True:
-                if await client.exists(f"sluice:serve:replica:{replica_id}"):
-                    return
-                await asyncio.sleep(0.01)
+        await until(beating, timeout=5)
     finally:
         await client.aclose()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from test_serve import serving
+from servetools import serving
 
 from sluice import Deployment
 from sluice.testing import FakeServer

@@ -4,20 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 import sluice._entry
-from sluice.testing import FakeServer
-
-
-@pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer(api_key="sk-test").running_in_thread() as fake:
-        yield fake
-
 
 #: A child that installs the command's early handler, then delivers SIGINT while orjson's
 #: C init is importing ``uuid``: the moment an early Ctrl-C used to segfault (exit 139).

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import sqlite3
 import subprocess
 import sys
+import textwrap
+import threading
 from pathlib import Path
 
 import pytest
+from clitools import MODEL, env_for, questions, read_output, write_jsonl
+from fake_provider import deployment_at
 
-from sluice import BadRequestError, Deployment, Engine, Request, Result, RetryPolicy
+import sluice
+from sluice import BadRequestError, Deployment, Engine, Price, Request, Result, RetryPolicy, SluiceError
 from sluice.store import SqliteStore
 from sluice.testing import FakeServer
-
-
-def _deployment(server: FakeServer) -> Deployment:
-    return Deployment("openai/gpt-test", base_url=server.url, api_key="sk-test")
 
 
 def _requests(n: int) -> list[Request]:
@@ -26,13 +29,13 @@ async def test_a_second_run_is_served_from_the_store(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     async with FakeServer(api_key="sk-test") as server:
         store = SqliteStore(path)
-        async with Engine(_deployment(server), store=store) as engine:
+        async with Engine(deployment_at(server), store=store) as engine:
             first = await engine.run(_requests(20))
         store.close()
         assert server.stats.received == 20
 
         store = SqliteStore(path)  # a new process would open the same file
-        async with Engine(_deployment(server), store=store) as engine:
+        async with Engine(deployment_at(server), store=store) as engine:
             second = await engine.run(_requests(25))
         store.close()
     assert server.stats.received == 25  # only the 5 new ones were sent
@@ -48,17 +51,17 @@ async def test_stored_failures_are_reused_unless_retry_failed(tmp_path: Path) ->
     policy = RetryPolicy(max_attempts=1)
     async with FakeServer(api_key="sk-test") as server:
         server.inject("400", times=1)
-        async with Engine(_deployment(server), store=store, retry=policy) as engine:
+        async with Engine(deployment_at(server), store=store, retry=policy) as engine:
             (failed,) = await engine.run(_requests(1))
         assert isinstance(failed.error, BadRequestError)
-        async with Engine(_deployment(server), store=store, retry=policy) as engine:
+        async with Engine(deployment_at(server), store=store, retry=policy) as engine:
             (again,) = await engine.run(_requests(1))
         assert isinstance(again.error, BadRequestError)
         assert again.cached
         assert str(again.error) == str(failed.error)
         assert again.error.status == 400
         assert server.stats.received == 1
-        async with Engine(_deployment(server), store=store, retry_failed=True) as engine:
+        async with Engine(deployment_at(server), store=store, retry_failed=True) as engine:
             (retried,) = await engine.run(_requests(1))
         assert retried.ok
         assert server.stats.received == 2
@@ -70,7 +73,7 @@ async def test_identical_requests_in_flight_are_sent_once(tmp_path: Path) -> Non
     store = SqliteStore(tmp_path / "state.db")
     async with FakeServer(api_key="sk-test", latency=0.05) as server:
         same = [Request.from_prompt("openai/gpt-test", "same question") for _ in range(5)]
-        async with Engine(_deployment(server), store=store) as engine:
+        async with Engine(deployment_at(server), store=store) as engine:
             results = await engine.run(same)
         assert server.stats.received == 1
     assert [r.ok for r in results] == [True] * 5
@@ -83,7 +86,7 @@ async def test_a_given_id_is_part_of_the_key(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "state.db")
     async with FakeServer(api_key="sk-test") as server:
         twins = [Request.from_prompt("openai/gpt-test", "same", id=f"row-{i}") for i in range(3)]
-        async with Engine(_deployment(server), store=store) as engine:
+        async with Engine(deployment_at(server), store=store) as engine:
             await engine.run(twins)
         assert server.stats.received == 3  # three rows the user told apart
     store.close()
@@ -116,7 +119,7 @@ async def test_every_attempt_of_one_request_carries_the_same_idempotency_key(tmp
     async with FakeServer(api_key="sk-test") as server:
         server.inject("500", times=2)
         policy = RetryPolicy(max_attempts=5, base_delay=0.01)
-        async with Engine(_deployment(server), store=store, retry=policy) as engine:
+        async with Engine(deployment_at(server), store=store, retry=policy) as engine:
             (result,) = await engine.run(_requests(1))
         assert result.attempts == 3
         ((key, count),) = server.stats.by_key.items()
@@ -163,7 +166,7 @@ def test_the_fresh_state_filter_is_sized_for_the_job_within_bounds(tmp_path: Pat
 async def test_a_first_run_serves_an_identical_request_that_landed_earlier(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "state.db")
     async with FakeServer(api_key="sk-test") as server:
-        async with Engine(_deployment(server), store=store) as engine:
+        async with Engine(deployment_at(server), store=store) as engine:
             first = await engine.complete(Request.from_prompt("openai/gpt-test", "same"))
             again = await engine.complete(Request.from_prompt("openai/gpt-test", "same"))
         assert first.ok
@@ -202,13 +205,13 @@ async def test_a_first_run_appends_without_the_key_index_and_builds_it_when_it_c
     path = tmp_path / "state.db"
     store = SqliteStore(path, exclusive=True)
     async with FakeServer(api_key="sk-test") as server:
-        async with Engine(_deployment(server), store=store) as engine:
+        async with Engine(deployment_at(server), store=store) as engine:
             await engine.run(_requests(30))
         assert _key_indexes(path) == set()  # appended: no index page per result
         store.close()
         assert _key_indexes(path) == {"results_key"}
         store = SqliteStore(path, exclusive=True)  # not empty: looked up through the index
-        async with Engine(_deployment(server), store=store) as engine:
+        async with Engine(deployment_at(server), store=store) as engine:
             again = await engine.run(_requests(30))
         store.close()
     assert all(r.cached for r in again)
@@ -224,7 +227,7 @@ async def test_a_key_put_twice_in_a_first_run_builds_the_index_and_keeps_one_row
     policy = RetryPolicy(max_attempts=1)
     async with FakeServer(api_key="sk-test") as server:
         server.inject("500", times=1)
-        async with Engine(_deployment(server), store=store, retry=policy) as engine:
+        async with Engine(deployment_at(server), store=store, retry=policy) as engine:
             (failed,) = await engine.run(_requests(1))  # a failure a rerun redoes
             await engine.run(_requests(3)[1:])
             assert _key_indexes(path) == set()
@@ -316,3 +319,232 @@ async def test_charges_add_up_in_a_new_state_and_in_one_with_a_row_per_key(tmp_p
         assert (spend.answered, spend.maybe_billed) == (0.25, 1.0), path
         with contextlib.closing(sqlite3.connect(path)) as db:
             assert db.execute("SELECT count(*) FROM charges").fetchone()[0] == rows, path
+
+
+# -- identical requests, one file shared by two stores ------------------------------------
+
+
+async def test_identical_requests_waiting_at_the_gate_are_not_sent_twice(tmp_path: Path) -> None:
+    async with FakeServer(api_key="sk-test") as server:
+        store = SqliteStore(tmp_path / "s.db")
+        async with Engine(deployment_at(server), store=store, concurrency=1) as engine:
+            results = await engine.run(["same"] * 3, model="openai/gpt-test")
+        store.close()
+    assert all(r.ok for r in results)
+    assert server.stats.received == 1
+
+
+async def test_a_cancelled_leader_does_not_make_every_follower_send(tmp_path: Path) -> None:
+    async with FakeServer(api_key="sk-test", latency=0.3) as server:
+        store = SqliteStore(tmp_path / "s.db")
+        async with Engine(deployment_at(server), store=store) as engine:
+            leader = asyncio.create_task(engine.complete("openai/gpt-test", "same"))
+            await server.until(lambda: server.in_flight == 1)
+            followers = [asyncio.create_task(engine.complete("openai/gpt-test", "same")) for _ in range(5)]
+            await asyncio.sleep(0.05)
+            leader.cancel()
+            results = await asyncio.gather(*followers)
+        store.close()
+    assert all(r.ok for r in results)
+    assert server.stats.received == 2  # the cancelled leader's, and one follower's
+
+
+async def test_two_stores_on_one_file_find_each_others_answers(tmp_path: Path) -> None:
+    path = tmp_path / "cache.db"
+    async with FakeServer(api_key="sk-test") as server:
+        deployment = Deployment(MODEL, base_url=server.url, api_key="sk-test", price=Price(1, 1))
+        first, second = SqliteStore(path), SqliteStore(path)
+        async with Engine(deployment, store=first) as a, Engine(deployment, store=second) as b:
+            await a.complete(MODEL, "the same question", max_tokens=10)
+            again = await b.complete(MODEL, "the same question", max_tokens=10)
+        first.close()
+        second.close()
+    assert again.cached
+    assert server.stats.received == 1
+
+
+async def test_a_request_whose_messages_grow_is_a_new_request() -> None:
+    async with FakeServer(api_key="sk-test") as server:
+        store_path = Path(__import__("tempfile").mkdtemp()) / "s.db"
+        store = SqliteStore(store_path)
+        async with Engine(Deployment(MODEL, base_url=server.url, api_key="sk-test"), store=store) as engine:
+            request = Request(MODEL, [{"role": "user", "content": "first question"}], max_tokens=10)
+            one = await engine.complete(request)
+            request.messages.append({"role": "assistant", "content": one.text})  # type: ignore[attr-defined]
+            request.messages.append({"role": "user", "content": "a follow-up"})  # type: ignore[attr-defined]
+            two = await engine.complete(request)
+        store.close()
+    assert not two.cached
+    assert two.text == "echo: a follow-up"
+    assert server.stats.received == 2
+
+
+# -- files that are not a usable state, writes that fail --------------------------------
+
+
+def test_a_store_writer_that_meets_an_unexpected_error_fails_its_waiters_cleanly(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "state.db")
+
+    def bad(db: sqlite3.Connection) -> None:
+        raise OverflowError("Python int too large to convert to SQLite INTEGER")
+
+    with pytest.raises(sluice.StoreError, match="OverflowError"):
+        store._write().run_sync(bad)
+    with pytest.raises(sluice.StoreError):  # broken for good: no silent partial writes after
+        store.set_meta(after=1)
+    store.close()
+
+
+def test_a_foreign_database_is_never_changed(tmp_path: Path) -> None:
+    app = tmp_path / "app.db"
+    db = sqlite3.connect(app)
+    db.execute("CREATE TABLE users (name TEXT)")
+    db.execute("CREATE TABLE meta (k TEXT)")
+    db.commit()
+    db.close()
+    before = app.read_bytes()
+    with pytest.raises(sluice.ConfigError, match="not a sluice state file"):
+        SqliteStore(app)
+    assert app.read_bytes() == before
+
+
+def test_damaged_notes_in_the_state_are_a_clear_error(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "state.db")
+    store.set_meta(input="x")
+    store.close()
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.execute("UPDATE meta SET value = '{not json' WHERE name = 'input'")
+    db.commit()
+    db.close()
+    store = SqliteStore(tmp_path / "state.db", readonly=True)
+    with pytest.raises(sluice.ConfigError, match="damaged"):
+        store.meta()
+    store.close()
+
+
+def test_a_lookup_after_a_failed_write_still_reads_the_answers_in_the_file(tmp_path: Path) -> None:
+    """A first run (exclusive, unindexed): the state's disk fills (EFBIG here, ENOSPC
+    alike) and the writer stops. ``get()`` of an answer that IS committed used to be a
+    plain read; now it first tries to build the key index through the broken writer and
+    raises StoreError. The engine does not expect get() to raise (``_from_store`` has no
+    handler): the exception ends ``map()``, cancelling everything in flight."""
+    path = tmp_path / "state.db"
+    script = textwrap.dedent(
+        f"""
+        import asyncio, os, resource, signal
+        from sluice import Request, Result
+        from sluice._errors import StoreError
+        from sluice.store import SqliteStore
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        path = {str(path)!r}
+        store = SqliteStore(path, exclusive=True)
+        request = Request.from_prompt("openai/gpt-test", "q")
+        async def main():
+            await store.put("k", Result(request, text="the answer"))  # committed
+            limit = max(os.path.getsize(path), os.path.getsize(path + "-wal")) + 1024
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+            try:
+                await store.put("big", Result(request, text="x" * 2_000_000))
+            except StoreError:
+                print("write refused")
+        asyncio.run(main())
+        try:
+            stored = store.get("k")
+            print("got", stored.record["text"] if stored else None)
+        except StoreError as exc:
+            print("get raised", exc.message)
+        """
+    )
+    done = subprocess.run([sys.executable, "-B", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "write refused"
+    assert lines[1] == "got the answer", lines[1]
+
+
+#: Runs ``sluice`` with the key-index build failing as on a full disk (SQLITE_FULL): the
+#: only injected fault; everything else is the real command.
+_INDEX_BUILD_FAILS = textwrap.dedent(
+    """
+    import sqlite3, sys
+    from sluice.store import _sqlite
+    real = _sqlite._key_index_op
+    def failing(*, keep):
+        op = real(keep=keep)
+        def wrapped(db):
+            if keep and db.execute("SELECT count(*) FROM results").fetchone()[0]:
+                raise sqlite3.OperationalError("database or disk is full")
+            return op(db)
+        return wrapped
+    _sqlite._key_index_op = failing
+    sys.argv = ["sluice", *sys.argv[1:]]
+    from sluice._entry import main
+    main()
+    """
+)
+
+
+def test_a_key_index_build_that_fails_mid_run_stops_the_job_cleanly(tmp_path: Path) -> None:
+    """A first run meets a line identical to one answered long before (or a Bloom false
+    positive): ``get()`` builds the key index there and then. When that build fails (the
+    disk is full: an index is the largest single write a run makes), the job must stop as
+    it does when a put fails (exit 3, the summary, "rerun the same command"), not abort
+    with exit 2 and no summary."""
+    with FakeServer(api_key="sk-test").running_in_thread() as server:
+        server.latency = 0.01
+        records = questions(40)
+        records.append(records[0])  # line 41 = line 1, answered long before
+        records += questions(20, start=100)
+        source = write_jsonl(tmp_path / "in.jsonl", records)
+        output = tmp_path / "out.jsonl"
+        args = ["run", str(source), "-o", str(output), "--model", MODEL, "--concurrency", "1"]
+        done = subprocess.run(
+            [sys.executable, "-c", _INDEX_BUILD_FAILS, *args],
+            env=env_for(server),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert len(read_output(output)) >= 40
+    assert "Traceback" not in done.stderr
+    assert done.returncode == 3, done.stderr
+    assert "stopped: cannot write the state file" in done.stderr
+    assert "rerun the same command" in done.stderr
+
+
+def _store_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("sluice-store") and t.is_alive()]
+
+
+def test_an_open_that_fails_building_the_key_index_leaves_no_writer_thread(tmp_path: Path) -> None:
+    """Opening a state a crashed first run left without its key index builds the index.
+    When that write fails (here: another connection holds the write lock past the busy
+    timeout) the StoreError leaves ``__init__`` without closing the writer it started:
+    a thread and an open connection leak per failed open (serve opens stores per batch)."""
+    path = tmp_path / "state.db"
+    SqliteStore(path).close()
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("DROP INDEX results_key")  # as a crashed first run leaves it: the open must build it
+    before = len(_store_threads())
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+        other.execute("BEGIN IMMEDIATE")  # holds the write lock
+        with pytest.raises(SluiceError):
+            SqliteStore(path)
+        other.execute("ROLLBACK")
+    assert len(_store_threads()) == before
+
+
+def test_a_state_from_a_newer_sluice_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """A later layout this version does not know (its charges or results kept another way)
+    must not be resumed with this one's statements: the open says so and writes nothing."""
+    from sluice._errors import ConfigError
+
+    path = tmp_path / "state.db"
+    SqliteStore(path).close()
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("UPDATE meta SET value = '99' WHERE name = 'schema'")
+    before = path.read_bytes()
+    with pytest.raises(ConfigError, match=r"written by a newer sluice \(state schema 99"):
+        SqliteStore(path)
+    assert path.read_bytes() == before
+    assert not _store_threads()

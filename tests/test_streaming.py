@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from fake_provider import deployment_at
 
 from sluice import (
     AttemptTimeoutError,
@@ -40,11 +41,11 @@ PROMPT = "tell me about sluices and weirs today"
 
 
 def openai(server: FakeServer, **kwargs: Any) -> Deployment:
-    return Deployment("openai/gpt-test", base_url=server.url, api_key="sk-test", price=PRICE, **kwargs)
+    return deployment_at(server, price=PRICE, **kwargs)
 
 
 def anthropic(server: FakeServer, **kwargs: Any) -> Deployment:
-    return Deployment("anthropic/claude-test", base_url=server.anthropic_url, api_key="sk-test", price=PRICE, **kwargs)
+    return deployment_at(server, "anthropic/claude-test", price=PRICE, **kwargs)
 
 
 APIS: dict[str, tuple[str, Callable[..., Deployment]]] = {
@@ -142,7 +143,7 @@ async def test_a_failure_before_the_first_delta_is_retried(fault: str, after: in
 
 @pytest.mark.parametrize("how", ["break", "raise", "cancel"])
 async def test_leaving_early_closes_the_connection_and_settles_everything(how: str) -> None:
-    async with fake(latency=2.0) as server, Engine(openai(server), budget_usd=1.0) as engine:
+    async with fake(latency=1.0) as server, Engine(openai(server), budget_usd=1.0) as engine:
         streams = []
         first = asyncio.Event()
 

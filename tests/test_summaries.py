@@ -5,21 +5,14 @@ from __future__ import annotations
 
 import re
 import signal
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from clitools import MODEL, questions, read_output, run_cli, start_cli, wait_until, write_jsonl
+from fake_provider import dead_url
 
 from sluice import Deployment, Engine
+from sluice.store import SqliteStore
 from sluice.testing import FakeServer
-
-
-@pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer(api_key="sk-test").running_in_thread() as fake:
-        yield fake
 
 
 def test_not_done_after_ctrl_c_is_what_the_rerun_sends(server: FakeServer, tmp_path: Path) -> None:
@@ -73,20 +66,12 @@ def test_progress_says_eta_0_at_100_percent() -> None:
     assert "ETA ?" not in status_line(progress)
 
 
-def _dead_url() -> str:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-
-
 def test_the_run_summary_names_a_deployment_that_was_down_with_its_last_error(
     server: FakeServer, tmp_path: Path
 ) -> None:
     config = tmp_path / "sluice.toml"
     config.write_text(
-        f'[[deployment]]\nmodel = "big"\nbase_url = "{_dead_url()}"\n\n'
+        f'[[deployment]]\nmodel = "big"\nbase_url = "{dead_url()}"\n\n'
         f'[[deployment]]\nmodel = "{MODEL}"\nbase_url = "{server.url}"\n\n'
         f'[fallbacks]\n"big" = ["{MODEL}"]\n'
     )
@@ -134,7 +119,11 @@ def test_report_of_a_running_job_counts_the_records_written_so_far(server: FakeS
     process = start_cli(server, "run", source, "-o", output, "--model", MODEL, "--concurrency", "4")
     try:
         wait_until(lambda: output.exists() and len(output.read_bytes().splitlines()) >= 40)
-        time.sleep(2.5)  # the job notes its progress every 2 s
+        state = SqliteStore(tmp_path / "out.sluice.db", readonly=True)
+        try:  # the job notes its progress in its state every 2 s: until a note counts those 40
+            wait_until(lambda: _noted_written(state) >= 40)
+        finally:
+            state.close()
         report = run_cli(server, "report", output)
     finally:
         process.send_signal(signal.SIGINT)
@@ -144,3 +133,10 @@ def test_report_of_a_running_job_counts_the_records_written_so_far(server: FakeS
     match = re.search(r"records written\s+([\d,]+) \(as of", report.stdout)
     assert match is not None, report.stdout
     assert int(match.group(1).replace(",", "")) >= 40
+
+
+def _noted_written(state: SqliteStore) -> int:
+    """The records written, as the running job last noted them in its state (-1: no note yet)."""
+    meta = state.meta()
+    written = meta.get("written")
+    return written if isinstance(written, int) and meta.get("deployments_at") else -1

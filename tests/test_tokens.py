@@ -252,6 +252,13 @@ def test_max_output_tokens_takes_the_largest_cap(max_tokens: int | None, params:
     assert max_output_tokens(request, Deployment("openai/x", default_max_tokens=1024)) == expected
 
 
+async def test_n_choices_are_counted_in_tokens_and_worst_case() -> None:
+    from sluice.providers import max_output_tokens
+
+    request = Request("openai/x", [{"role": "user", "content": "hi"}], max_tokens=100, params={"n": 8})
+    assert max_output_tokens(request, Deployment("openai/x")) == 800
+
+
 def test_worst_case_tokens_pairs_the_bound_with_the_output_cap() -> None:
     request = Request("anthropic/claude-sonnet-4-5", user("日本語"), max_tokens=50, params={"max_tokens": 70})
     deployment = Deployment("anthropic/claude-sonnet-4-5")

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 import pytest
+from fake_provider import deployment_at
 
-from sluice import Deployment, Engine, InvalidRequestError, MalformedResponseError, Request
+from sluice import Engine, InvalidRequestError, MalformedResponseError, Request
 from sluice.providers._translate import (
     JSON_TOOL_NAME,
     LEADING_USER_TEXT,
@@ -605,16 +606,6 @@ def test_malformed_replies_are_refused(anthropic: dict[str, Any]) -> None:
 # -- over loopback ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[FakeServer]:
-    async with FakeServer(api_key="sk-test") as fake:
-        yield fake
-
-
-def claude(server: FakeServer) -> Deployment:
-    return Deployment("anthropic/claude-test", base_url=server.anthropic_url, api_key="sk-test")
-
-
 #: An OpenAI-shaped conversation with a system message, images by URL and by base64, a
 #: tool definition, a tool call and its result: what a fallback from OpenAI would carry.
 CONVERSATION: list[dict[str, Any]] = [
@@ -634,7 +625,7 @@ PARAMS: dict[str, Any] = {"tools": [TOOL], "tool_choice": "auto", "stop": ["\n\n
 
 
 async def test_an_openai_shaped_conversation_round_trips(server: FakeServer) -> None:
-    async with Engine(claude(server)) as engine:
+    async with Engine(deployment_at(server, "anthropic/claude-test")) as engine:
         result = await engine.complete(
             "anthropic/claude-test", CONVERSATION, max_tokens=100, temperature=1.2, params=PARAMS
         )
@@ -666,7 +657,7 @@ async def test_untranslatable_requests_fail_before_anything_is_sent(server: Fake
         Request("anthropic/claude-test", messages, id=f"m{n}")
         for n, (messages, _) in enumerate(UNTRANSLATABLE_MESSAGES)
     ]
-    async with Engine(claude(server)) as engine:
+    async with Engine(deployment_at(server, "anthropic/claude-test")) as engine:
         results = [result async for result in engine.map(requests)]
     assert len(results) == len(requests)
     assert all(isinstance(r.error, InvalidRequestError) for r in results), [r.error for r in results if r.ok]

@@ -1,6 +1,8 @@
-"""Adversarial review of the Redis scale-out (issue 10): each test pins a bug found by
-attacking the promises (keys never leave a worker's own config, the shared budget as
-the provider bills it, Redis trouble explicit), against a real redis-server."""
+"""Distributed jobs when Redis is trouble: it loses its data mid-job, refuses a worker's
+or a coordinator's password, or holds settings a hostile writer put there; and a
+coordinator with no workers yet, a worker stopped with requests still at the provider.
+Keys never leave a worker's own config; every line still ends with one record. Against
+a real redis-server."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,9 +20,8 @@ import redis
 from clitools import MODEL, env_for, questions, read_output, start_cli, wait_until, write_jsonl
 from redis_server import RedisServer
 
-from sluice import BudgetExhaustedError, Deployment, RateLimitSnapshot, Request
+from sluice import Request
 from sluice.cli._config import JobConfig
-from sluice.redis import RedisBudget, RedisLimits, deployment_fingerprint
 from sluice.redis._job_entries import request_fields
 from sluice.redis._job_worker import Worker
 from sluice.redis._jobs import JobQueue, JobSettings, connect
@@ -95,43 +95,6 @@ def test_job_defaults_written_to_redis_cannot_send_a_workers_key_elsewhere(
     assert honest.stats.received == 1
 
 
-async def test_a_hold_redis_lost_still_counts_what_it_cost(redis_server: RedisServer) -> None:
-    """Redis restarted without its data while a request was in flight: its settle finds
-    no hold, and must count the money all the same (the provider billed it)."""
-    async with RedisBudget(redis_server.url, "lost", 1.0) as budget:
-        hold = await budget.reserve(0.5)
-        redis.Redis.from_url(redis_server.url).flushall()
-        hold.commit(0.3)
-        await budget.flush()
-        totals = await budget.totals()
-        assert totals.spent == pytest.approx(0.3)
-        # the owner re-counting what its records say adds to it, not a maximum that hides it
-        totals = await budget.count_spent_before(0.6)
-        assert totals.spent == pytest.approx(0.9)
-        totals = await budget.count_spent_before(0.6)  # still idempotent
-        assert totals.spent == pytest.approx(0.9)
-
-
-async def test_a_joining_process_never_recreates_a_budget_redis_lost(redis_server: RedisServer) -> None:
-    """A job's workers join its budget: after Redis lost it they wait for the coordinator
-    to count again what was spent, instead of starting a fresh budget at $0 spent."""
-    async with RedisBudget(redis_server.url, "job:x", 1.0) as owner:
-        await owner.set_limit(1.0)
-        hold = await owner.reserve(0.6)
-        hold.commit(0.6)
-        await owner.flush()
-        redis.Redis.from_url(redis_server.url).flushall()
-        async with RedisBudget(redis_server.url, "job:x", 1.0, create=False) as worker:
-            waiting = asyncio.ensure_future(worker.reserve(0.6))
-            await asyncio.sleep(0.5)
-            assert not waiting.done()  # nothing granted against a budget Redis forgot
-            await owner.set_limit(1.0, spent_at_least=0.6)  # the coordinator's records, at once
-            with pytest.raises(BudgetExhaustedError):
-                await asyncio.wait_for(waiting, 5)
-            totals = await owner.totals()
-            assert totals.spent == pytest.approx(0.6)
-
-
 PRICE = 1000.0  # USD per million tokens, in and out
 
 
@@ -194,7 +157,7 @@ def test_a_coordinator_blocked_on_its_results_survives_redis_losing_the_job(
         client = redis.Redis.from_url(redis_server.url)
         wait_until(lambda: bool(client.keys("sluice:job:*:requests")), timeout=30)
         for _ in range(3):  # no worker: it is blocked on the results stream nearly always
-            time.sleep(0.4)
+            wait_until(lambda: _blocked(client))
             client.flushall()
             wait_until(lambda: bool(client.keys("sluice:job:*:requests")) or coordinator.poll() is not None, 30)
         worker = _worker(honest, redis_server.url, "late")
@@ -206,6 +169,11 @@ def test_a_coordinator_blocked_on_its_results_survives_redis_losing_the_job(
     assert coordinator.returncode == 0, err
     assert "internal error" not in err
     assert len(read_output(out)) == 20
+
+
+def _blocked(client: redis.Redis) -> bool:
+    """Whether a client of Redis (the coordinator: there is no worker) is blocked on a read."""
+    return any("b" in entry["flags"] for entry in client.client_list())
 
 
 def test_a_coordinator_without_workers_says_it_waits_for_them(
@@ -323,37 +291,6 @@ def test_a_claim_after_written_to_redis_cannot_make_workers_steal_requests_in_fl
     assert honest.stats.received == 4  # each line sent once
 
 
-async def test_asking_a_new_budget_its_totals_does_not_set_its_limit_to_zero(redis_server: RedisServer) -> None:
-    """``totals()`` or ``count_spent_before()`` before the first reserve (a dashboard, a
-    rerun counting earlier spending) must not make the budget $0 for everyone."""
-    async with RedisBudget(redis_server.url, "fresh", 1.0) as budget:
-        before = await budget.count_spent_before(0.2)
-        assert before.limit == 1.0
-        hold = await budget.reserve(0.5)
-        hold.commit(0.5)
-        await budget.flush()
-        totals = await budget.totals()
-    assert (totals.limit, totals.spent) == (1.0, pytest.approx(0.7))
-
-
-def test_a_deployment_naming_the_default_endpoint_shares_with_one_that_does_not(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Both send to api.openai.com with the same key: one limit, not one each (which
-    would let the two together send twice the provider's limit)."""
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
-    implicit = Deployment("openai/gpt-x", api_key=KEY, rpm=60)
-    explicit = Deployment("openai/gpt-x", base_url="https://api.openai.com/v1/", api_key=KEY, rpm=60)
-    assert deployment_fingerprint(implicit) == deployment_fingerprint(explicit)
-    claude = Deployment("anthropic/claude-x", api_key=KEY)
-    named = Deployment("anthropic/claude-x", base_url="https://api.anthropic.com", api_key=KEY)
-    assert deployment_fingerprint(claude) == deployment_fingerprint(named)
-    # a different endpoint set by the environment is a different deployment
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", "https://proxy.example/anthropic")
-    assert deployment_fingerprint(claude) != deployment_fingerprint(named)
-
-
 def test_a_stopped_worker_gives_back_what_is_still_in_flight_after_its_grace(
     redis_server: RedisServer, honest: FakeServer, tmp_path: Path
 ) -> None:
@@ -388,31 +325,3 @@ def test_a_stopped_worker_gives_back_what_is_still_in_flight_after_its_grace(
     records = read_output(out)
     assert sorted(r["line"] for r in records) == [1, 2, 3, 4]
     assert all(r["ok"] for r in records)
-
-
-async def test_a_limit_learnt_from_headers_binds_every_process_when_none_is_configured(
-    redis_server: RedisServer,
-) -> None:
-    """The usual worker has no rpm of its own (``Deployment(model)``) and learns the limit
-    from the provider's headers: that limit must reach Redis and bind every process."""
-    d = Deployment("openai/gpt-test", base_url="http://127.0.0.1:9/v1", api_key=KEY)
-    one, two = RedisLimits(redis_server.url), RedisLimits(redis_server.url)
-    try:
-        one.limiter_factory(d).observe(RateLimitSnapshot(limit_requests=6, requests_window=60.0))  # 1 in 10 s
-        await one.connection.flush()
-        limiter = two.limiter_factory(d)
-        (await limiter.acquire(1)).done()
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(limiter.acquire(1), 1.0)  # the next slot is 10 s away
-    finally:
-        await one.close()
-        await two.close()
-
-
-async def test_a_limit_between_two_micro_dollars_is_never_exceeded(redis_server: RedisServer) -> None:
-    """Redis counts integer micro-dollars; costs round up, so the limit must round down."""
-    async with RedisBudget(redis_server.url, "tiny", 0.0000015) as budget:
-        with pytest.raises(BudgetExhaustedError):
-            await budget.reserve(0.000002)  # 2 micro-dollars do not fit in 1.5
-        hold = await budget.reserve(0.000001)
-        hold.commit(0.000001)
