@@ -820,19 +820,8 @@ async def test_a_clients_models_hold_for_its_batch_lines_too(tmp_path: Path) -> 
         client = sdk(url, ALICE_KEY)
         with pytest.raises(openai.NotFoundError):
             await client.chat.completions.create(model="gpt-test", messages=ask(0), max_tokens=4)
-        lines = "".join(
-            json.dumps(
-                {
-                    "custom_id": f"c{i}",
-                    "method": "POST",
-                    "url": "/v1/chat/completions",
-                    "body": {"model": model, "messages": ask(i), "max_tokens": 4},
-                }
-            )
-            + "\n"
-            for i, model in enumerate(["gpt-test", "openai/gpt-test"])
-        )
-        upload = await client.files.create(file=("in.jsonl", io.BytesIO(lines.encode())), purpose="batch")
+        lines = _chat_lines(["gpt-test", "openai/gpt-test"])
+        upload = await client.files.create(file=("in.jsonl", io.BytesIO(lines)), purpose="batch")
         batch = await client.batches.create(
             input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
         )

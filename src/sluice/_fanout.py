@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from ._budget import Budget
 from ._coerce import RequestLike, aiterate
-from ._errors import CancelledError, EngineClosedError
+from ._errors import CancelledError
 from ._inorder import InOrder
 from ._models import Result
 
@@ -118,16 +118,9 @@ async def fan_out(
             for ready in in_order.arrived(index, result):
                 space.give()
                 yield ready
-        if producer.cancelled():
-            raise EngineClosedError("the engine was closed while map() was still reading its source")
-        await producer  # surfaces an error raised by the source itself
+        await runtime.producer_finished(producer, "map() was still reading its source")
     finally:
-        runtime.producers.discard(producer)
-        if not producer.done():
-            producer.cancel()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(producer, *tasks, return_exceptions=True)
+        await runtime.end_fanout(producer, tasks)
 
 
 class _Finished(Generic[T]):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._errors import EngineClosedError, StoreError
@@ -170,6 +170,26 @@ class Runtime:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         if self._grace_timer is not None:
             self._grace_timer.cancel()
+
+    # -- a fan-out's source reader ----------------------------------------------------------
+
+    async def producer_finished(self, producer: asyncio.Task[Any], what: str) -> None:
+        """After a fan-out handed out its last result: the reader's own error surfaces; a
+        reader cancelled by :meth:`close` means the engine closed under ``what``."""
+        if producer.cancelled():
+            raise EngineClosedError(f"the engine was closed while {what}")
+        await producer
+
+    async def end_fanout(self, producer: asyncio.Task[Any], tasks: Iterable[asyncio.Task[Any]]) -> None:
+        """However a fan-out ends (done, an error, its caller gone): the reader and the
+        requests still running are cancelled and awaited, so nothing outlives the call."""
+        self.producers.discard(producer)
+        if not producer.done():
+            producer.cancel()
+        running = list(tasks)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(producer, *running, return_exceptions=True)
 
     # -- results and failures ---------------------------------------------------------------
 

@@ -40,7 +40,6 @@ from .._errors import (
     BudgetExhaustedError,
     CancelledError,
     CapacityError,
-    EngineClosedError,
     InvalidRequestError,
     MalformedResponseError,
     ProviderError,
@@ -153,18 +152,11 @@ class EmbedPipeline:
                 for ready in in_order.arrived(item.index, item):
                     self._handed_out()
                     yield ready
-            if producer.cancelled():
-                raise EngineClosedError("the engine was closed while the texts were still being read")
-            await producer  # surfaces an error raised by the source itself
+            await runtime.producer_finished(producer, "the texts were still being read")
         finally:
-            runtime.producers.discard(producer)
             if self._flush_timer is not None:
                 self._flush_timer.cancel()
-            if not producer.done():
-                producer.cancel()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(producer, *self._tasks, return_exceptions=True)
+            await runtime.end_fanout(producer, self._tasks)
 
     def _handed_out(self) -> None:
         self._outstanding -= 1
