@@ -13,7 +13,7 @@ import pytest
 from clitools import MODEL, env_for, questions, read_output, run_cli, sluice_cmd, wait_until, write_jsonl
 
 from sluice import Request, store_key
-from sluice._engine import _Job
+from sluice._job import idempotency_key_of
 from sluice.testing import FakeServer
 
 
@@ -58,7 +58,7 @@ def test_resume_after_sigkill_never_resends_a_stored_success(server: FakeServer,
     store.close()
     # every answer the client stored before it died, by its idempotency key
     keys_of_line = {
-        i + 1: _Job.idempotency_key.fget(_FakeJob(store_key(Request(MODEL, q["messages"], max_tokens=20))))  # type: ignore[attr-defined]
+        i + 1: idempotency_key_of(store_key(Request(MODEL, q["messages"], max_tokens=20)))
         for i, q in enumerate(questions(n))
     }
 
@@ -74,11 +74,6 @@ def test_resume_after_sigkill_never_resends_a_stored_success(server: FakeServer,
     assert server.stats.duplicate_successes == resent
     assert server.stats.accepted == n + resent
     assert stored >= first_run - 8
-
-
-class _FakeJob:
-    def __init__(self, key: str) -> None:
-        self.key = key
 
 
 def test_malformed_lines_are_reported_by_line_and_the_rest_succeed(server: FakeServer, tmp_path: Path) -> None:

@@ -280,7 +280,7 @@ async def test_leaving_embed_map_early_cancels_what_is_in_flight(server: FakeSer
         async with contextlib.aclosing(engine.embed_map(texts(20_000), model=MODEL, dimensions=4)) as stream:
             async for _ in stream:
                 break
-        assert not engine._tasks  # no pack outlives the iteration
+        assert not engine.runtime.tasks  # no pack outlives the iteration
     assert server.stats.accepted < 10
 
 

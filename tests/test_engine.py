@@ -210,6 +210,25 @@ def test_the_deadline_bounds_the_wait_for_capacity() -> None:
     assert calls == 0
 
 
+def test_a_burst_allowance_sends_that_many_at_once_then_paces() -> None:
+    """``burst_requests=5`` at 60 a minute: six calls leave at once, the seventh a second later."""
+    sent: list[float] = []
+
+    async def answer(request: Request) -> str:
+        sent.append(asyncio.get_running_loop().time())
+        return "ok"
+
+    async def scenario() -> None:
+        deployment = Deployment("mine/x", provider=CallableProvider(answer), rpm=60, burst_requests=5)
+        async with Engine(deployment) as engine:
+            results = await asyncio.gather(*(engine.complete("mine/x", f"q{i}") for i in range(8)))
+        assert all(result.ok for result in results)
+
+    run_in_virtual_time(scenario())
+    start = sent[0]
+    assert [t - start for t in sent] == pytest.approx([0.0] * 6 + [1.0, 2.0], abs=0.02)  # (the pace margin)
+
+
 async def test_a_429_pauses_the_whole_deployment_for_retry_after(server: FakeServer) -> None:
     loop = asyncio.get_running_loop()
     server.inject("429", times=1, retry_after=0.4)
@@ -343,7 +362,7 @@ async def test_leaving_map_early_never_leaks_a_concurrency_slot() -> None:
                     taken += 1
                     if taken == 1 + round_ % 4:
                         break
-        assert engine._gate.held == 0
+        assert engine.runtime.gate.held == 0
         assert (await asyncio.wait_for(engine.complete("local/echo", "still here?"), 5)).ok
 
 

@@ -107,6 +107,35 @@ async def test_stop_with_grace_cuts_off_what_is_still_at_the_provider(server: Fa
         assert "may have been billed" in result.error.message
 
 
+async def test_an_answer_cut_off_while_it_is_stored_is_reported_as_the_answer(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    """The grace runs out while the answer is being written: the caller is told what came
+    back (it was paid for), not that it was never sent; the write still lands."""
+    writing = asyncio.Event()
+
+    class SlowWrites(SqliteStore):
+        async def put_settled(self, *args: Any, **kwargs: Any) -> None:
+            writing.set()
+            await asyncio.sleep(1.0)  # a slow disk: the grace ends meanwhile
+            await super().put_settled(*args, **kwargs)
+
+        async def put(self, key: str, result: Result) -> None:
+            writing.set()
+            await asyncio.sleep(1.0)
+            await super().put(key, result)
+
+    store = SlowWrites(tmp_path / "state.db")
+    async with Engine(deployment_at(server), store=store) as engine:
+        consumer = asyncio.create_task(_collect(engine.map(prompts(1))))
+        await asyncio.wait_for(writing.wait(), 5)
+        engine.stop(grace=0.1)
+        (result,) = await asyncio.wait_for(consumer, 5)
+    assert result.ok, result.error
+    assert engine.stats.succeeded == 1
+    assert engine.stats.cancelled == 0
+
+
 async def _collect(iterator: AsyncIterator[Result]) -> list[Result]:
     return [r async for r in iterator]
 
@@ -285,6 +314,39 @@ async def test_a_silent_connection_is_a_timeout_long_before_the_attempt_timeout(
     assert result.error is not None
     assert result.error.kind == "timeout"
     assert "idle timeout" in result.error.message
+
+
+async def test_a_slow_body_that_keeps_arriving_is_not_an_idle_timeout(server: FakeServer) -> None:
+    """A gateway's keep-alive whitespace: bytes every 0.1 s for 1.2 s, three times the
+    idle timeout in all, and never silent for it."""
+    server.inject("trickle", times=1, after=12, every=0.1)
+    policy = RetryPolicy(max_attempts=1, attempt_timeout=600, idle_timeout=0.4)
+    async with Engine(deployment_at(server), retry=policy) as engine:
+        result = await asyncio.wait_for(engine.complete(MODEL, "hello"), 10)
+    assert result.ok, result.error
+    assert result.attempts == 1
+    assert [entry.kind for entry in server.ledger] == ["delivered"]
+
+
+async def test_a_body_that_stops_arriving_is_an_idle_timeout(server: FakeServer) -> None:
+    """The headers and one byte, then silence: cut off idle_timeout after the last byte."""
+    server.inject("trickle", times=1, after=2, every=3.0)
+    policy = RetryPolicy(max_attempts=1, attempt_timeout=600, idle_timeout=0.3)
+    async with Engine(deployment_at(server), retry=policy) as engine:
+        result = await asyncio.wait_for(engine.complete(MODEL, "hello"), 10)
+    assert result.error is not None
+    assert result.error.kind == "timeout"
+    assert "sent nothing for 0.3 s (idle timeout)" in result.error.message
+
+
+async def test_a_body_arriving_for_longer_than_the_attempt_timeout_is_cut_off_at_it(server: FakeServer) -> None:
+    server.inject("trickle", times=1, after=30, every=0.1)
+    policy = RetryPolicy(max_attempts=1, attempt_timeout=0.8, idle_timeout=0.3)
+    async with Engine(deployment_at(server), retry=policy) as engine:
+        result = await asyncio.wait_for(engine.complete(MODEL, "hello"), 10)
+    assert result.error is not None
+    assert result.error.kind == "timeout"
+    assert "within 0.8 s" in result.error.message
 
 
 async def test_models_without_a_deployment_get_the_defaults_and_their_price_before_sending() -> None:

@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 
 from sluice.testing import FakeServer, Fault, openai_duration
-from sluice.testing.__main__ import _parser, _server
+from sluice.testing.__main__ import build_parser, build_server
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
@@ -698,8 +698,8 @@ def test_running_in_thread_reports_a_busy_port() -> None:
 
 def test_cli_options_build_the_server() -> None:
     options = "--port 0 --tpm 5000 --slice none --fault-rate 529=0.25 --price gpt-x=0.5,1.5"
-    args = _parser().parse_args([*options.split(), "--no-retry-after", "--latency", "0.01"])
-    server = _server(args)
+    args = build_parser().parse_args([*options.split(), "--no-retry-after", "--latency", "0.01"])
+    server = build_server(args)
     assert server.fault_rates == {Fault.OVERLOADED: 0.25}
     assert server.prices == {"gpt-x": (0.5, 1.5)}
     assert (server.send_retry_after, server.latency) == (False, 0.01)

@@ -17,7 +17,7 @@ from fake_provider import deployment_at
 
 from sluice import Deployment, Engine, Price, Request, Result, RetryPolicy
 from sluice._slot import AttemptTimer
-from sluice.batch._runner import _fewer_collections
+from sluice.batch._runner import fewer_collections
 from sluice.store import SqliteStore
 from sluice.testing import FakeServer, run_in_virtual_time
 
@@ -105,7 +105,7 @@ async def test_the_engine_still_times_out_a_hung_attempt() -> None:
             result = await engine.complete("openai/gpt-test", "hello")
             assert result.error is not None
             assert result.error.kind == "timeout"
-            assert engine._timer._handle is None
+            assert not engine.attempts.timer.scheduled
             again = await asyncio.wait_for(engine.complete("openai/gpt-test", "again", max_tokens=1), 10)
             assert again.error is not None  # the server still hangs: a timeout again, not a stuck call
             assert again.error.kind == "timeout"
@@ -241,7 +241,7 @@ def test_the_writer_thread_waits_for_the_loop_and_only_it_does(tmp_path: Path) -
 
 def test_a_job_puts_the_gc_settings_back() -> None:
     before = gc.get_threshold()
-    with _fewer_collections():
+    with fewer_collections():
         assert gc.get_threshold()[0] >= 70_000
         assert gc.get_freeze_count() > 0
     assert gc.get_threshold() == before

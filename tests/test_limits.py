@@ -37,11 +37,14 @@ def max_in_any_window(grants: list[Grant], window: float, *, tokens: bool) -> fl
 async def _take_all(
     limiter: LocalLimiter, costs: list[int], on_grant: Callable[[int, object], Awaitable[None]] | None = None
 ) -> list[Grant]:
+    """Acquire every cost at once and send each as the engine does; when each was sent."""
     loop = asyncio.get_running_loop()
     grants: list[Grant] = []
 
     async def one(i: int, cost: int) -> None:
         reservation = await limiter.acquire(cost)
+        await asyncio.sleep(reservation.send_delay(loop.time()))  # as the engine sends: paced
+        reservation.sent(loop.time())
         grants.append((loop.time(), cost))
         if on_grant is not None:
             await on_grant(i, reservation)
@@ -79,6 +82,13 @@ def test_burst_allowance_lets_that_many_go_at_once_but_never_more_than_the_windo
     at_zero = sum(1 for t, _ in grants if t == 0.0)
     assert at_zero == 5
     assert max_in_any_window(grants, 60.0, tokens=False) <= 10
+
+
+def test_a_token_burst_lets_that_many_tokens_go_at_once() -> None:
+    limiter = LocalLimiter(tokens=1000, window=10.0, burst_tokens=500)
+    grants = run_in_virtual_time(_take_all(limiter, [100] * 20))
+    assert sum(1 for t, _ in grants if t == 0.0) == 6  # the first, and 500 tokens more
+    assert max_in_any_window(grants, 10.0, tokens=True) <= 1000
 
 
 def test_fifo_a_large_request_is_not_starved_by_small_ones() -> None:
@@ -426,6 +436,28 @@ def test_refund_returns_everything_for_a_request_never_sent() -> None:
         return loop.time()
 
     assert run_in_virtual_time(scenario()) == 0.0
+
+
+def test_a_request_stopped_after_taking_its_send_slot_gives_the_slot_back() -> None:
+    """Paced at one a second: the second request took its send place, then was not sent
+    (a stop, the store failing): the third leaves in its place, not a second later."""
+
+    async def scenario() -> list[float]:
+        loop = asyncio.get_running_loop()
+        limiter = LocalLimiter(requests=60, window=60.0)
+        left = []
+        for i in range(3):
+            grant = await limiter.acquire(1)
+            await asyncio.sleep(grant.send_delay(loop.time()))
+            if i == 1:
+                grant.refund()
+                continue
+            grant.sent(loop.time())
+            left.append(loop.time())
+            grant.done()
+        return left
+
+    assert run_in_virtual_time(scenario()) == pytest.approx([0.0, 1.0], abs=0.01)
 
 
 def test_repr_is_informative() -> None:

@@ -219,7 +219,7 @@ async def test_under_a_budget_the_worst_case_is_the_dearest_candidate(pair: tupl
     cheap = deployment_at(east, name="cheap", price=Price(0.1, 0.1))
     dear = deployment_at(west, "openai/gpt-dear", name="dear", price=Price(100.0, 100.0))
     async with Engine([cheap, dear], budget_usd=10.0, fallbacks={MODEL: ["openai/gpt-dear"]}) as engine:
-        job = engine._job(Request.from_prompt(MODEL, "hi", max_tokens=100), 0)
+        job = engine.attempts.job(Request.from_prompt(MODEL, "hi", max_tokens=100), 0)
         dear_alone = engine.spending.prepare(job.request, dear, job.budget)[1]
         assert job.worst_cost == pytest.approx(dear_alone)
         assert job.worst_cost > engine.spending.prepare(job.request, cheap, job.budget)[1] * 100

@@ -132,10 +132,10 @@ async def test_every_attempt_of_one_request_carries_the_same_idempotency_key(tmp
 def test_the_fresh_state_filter_never_forgets_a_key_it_was_given(expected: int | None) -> None:
     """A first run skips the lookup for keys it never stored: no stored key may be missed,
     however wrong the job's guess of how many there will be."""
-    from sluice.store._sqlite import _KeyFilter
+    from sluice.store._sqlite import KeyFilter
 
     keys = [f"row-{i}\x1f{i:032x}" for i in range(20_000)]
-    seen = _KeyFilter(expected)
+    seen = KeyFilter(expected)
     assert not any(seen.add(key) for key in keys[:50])  # new keys are new (a few may collide later)
     for key in keys:
         seen.add(key)
@@ -149,12 +149,12 @@ def test_the_fresh_state_filter_never_forgets_a_key_it_was_given(expected: int |
 
 
 def test_the_fresh_state_filter_is_sized_for_the_job_within_bounds(tmp_path: Path) -> None:
-    from sluice.store._sqlite import _KeyFilter
+    from sluice.store._sqlite import KeyFilter
 
-    assert _KeyFilter(10).size_bytes == 8 * 1024  # a small job does not take 16 MB
-    assert _KeyFilter(1_000_000).size_bytes == 8 * 1024 * 1024  # 64 bits a key, rounded up to a power of two
-    assert _KeyFilter(10**9).size_bytes == 64 * 1024 * 1024  # capped: peak RSS stays bounded
-    assert _KeyFilter().size_bytes == 16 * 1024 * 1024
+    assert KeyFilter(10).size_bytes == 8 * 1024  # a small job does not take 16 MB
+    assert KeyFilter(1_000_000).size_bytes == 8 * 1024 * 1024  # 64 bits a key, rounded up to a power of two
+    assert KeyFilter(10**9).size_bytes == 64 * 1024 * 1024  # capped: peak RSS stays bounded
+    assert KeyFilter().size_bytes == 16 * 1024 * 1024
     store = SqliteStore(tmp_path / "state.db", exclusive=True, expected_keys=300)
     try:
         assert store._fresh is not None

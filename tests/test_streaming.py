@@ -180,7 +180,7 @@ async def test_leaving_early_closes_the_connection_and_settles_everything(how: s
         assert engine.limiter("openai/gpt-test").in_flight == 0
         assert engine.spent() == pytest.approx(worst_case(engine, result))
         assert engine.stats.cancelled == 1
-        assert engine._gate.held == 0
+        assert engine.runtime.gate.held == 0
         # and the engine carries on
         server.latency = 0.05
         _, again = await read(engine, "openai/gpt-test", "again", max_tokens=50)
@@ -195,7 +195,7 @@ async def test_a_stream_left_before_it_is_read_sends_nothing() -> None:
         assert "never sent" in str(stream.result.error)
         assert server.stats.received == 0
         assert engine.spent() == 0
-        assert engine._gate.held == 0
+        assert engine.runtime.gate.held == 0
 
 
 @pytest.mark.parametrize("api", APIS)

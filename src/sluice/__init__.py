@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import sys
 
-if sys.argv[:1] == ["-m"] or sys.argv[0].endswith("/sluice"):  # the `sluice` command is starting
+from ._entry import is_the_command
+
+if is_the_command(sys.orig_argv):  # `sluice` or `python -m sluice` is starting, not a program importing it
     from ._entry import quiet_interrupts
 
     quiet_interrupts()  # first, so a Ctrl-C while the rest loads is not a traceback

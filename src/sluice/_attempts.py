@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
 
+from ._arrival import listening
 from ._budget import Budget, BudgetHold
 from ._coerce import coerce
 from ._errors import (
@@ -266,7 +267,12 @@ class Attempts:
             result = self.finish(job, tally, error=outcome, emit=False)
         else:
             result = self.finish(job, tally, reply=outcome, emit=False)
-        await self.record(job, tally, result)
+        try:
+            await self.record(job, tally, result)
+        except asyncio.CancelledError:  # cut off while its outcome was being stored (a grace ran out)
+            job.cancelled = result  # what happened, not "never sent": the write goes on in the writer
+            self.runtime.emit(result)
+            raise
         self.runtime.emit(result)
         return result
 
@@ -330,28 +336,35 @@ class Attempts:
 
         ``hand_over``: the intent's settlement is left in ``tally.unsettled``, for the
         caller to write with the result (one store write per answer). An answer sent whole
-        is silent until it is ready, so its ``idle_timeout`` is timed here too; a stream's
-        (``streamed``) is its transport's, between chunks."""
+        is silent until it is ready, so its ``idle_timeout`` is timed here too (moved on
+        while a slow body keeps arriving); a stream's (``streamed``) is its transport's,
+        between chunks."""
         slot = await self.admit(job, tally, deadline)
         if isinstance(slot, SluiceError):
             return slot
         route: Route = slot.route
         retry = self.retry
-        timeout = retry.attempt_timeout
-        idle = None if streamed else retry.idle_timeout
-        if idle is not None and (timeout is None or idle < timeout):
-            timeout = idle
-        else:
-            idle = None  # the attempt timeout comes first
         loop = asyncio.get_running_loop()
         slot.sending(slot.ready_at)
-        if deadline is not None and (timeout is None or deadline - slot.sent_at < timeout):
-            timeout, idle = deadline - slot.sent_at, None
+        sent_at = slot.sent_at
+        timeout = retry.attempt_timeout
+        if deadline is not None and (timeout is None or deadline - sent_at < timeout):
+            timeout = deadline - sent_at
+        hard = sent_at + timeout if timeout is not None else None
+        idle = None if streamed else retry.idle_timeout
+        if idle is not None and hard is not None and sent_at + idle >= hard:
+            idle = None  # the attempt timeout comes first
         charge: float | None = None  # None: it may have been billed, at its worst case
         answered = cut_off = timed_out = kept = False
         ended: float | None = None  # when the answer came (None: ask the loop when it settles)
-        # one shared timer for every attempt's timeout, not an asyncio.timeout() each
-        watch = self.timer.arm(loop, slot.sent_at + timeout) if timeout is not None else None
+        # one shared timer for every attempt's timeouts, not an asyncio.timeout() each; the
+        # provider moves the idle one on while a slow body keeps arriving (``_arrival``)
+        watch = None
+        if idle is not None:
+            watch = self.timer.arm(loop, sent_at + idle, idle=idle, hard=hard if hard is not None else float("inf"))
+        elif hard is not None:
+            watch = self.timer.arm(loop, hard)
+        listened = listening.set(watch) if idle is not None else None
         try:
             try:
                 if send is None:
@@ -362,13 +375,16 @@ class Attempts:
                     reply = await send(route)
             finally:
                 timed_out = self.timer.disarm(watch)
+                if listened is not None:
+                    listening.reset(listened)
         except asyncio.CancelledError:
             if timed_out:  # the timer's own cancellation: a timeout
-                return _timed_out(route, timeout, idle)
+                assert watch is not None
+                return _timed_out(route, timeout, idle if watch.idle_ran_out else None)
             cut_off = True
             raise
         except TimeoutError:
-            return _timed_out(route, timeout, idle)
+            return _timed_out(route, timeout, None)
         except ProviderError as exc:
             if not exc.maybe_billed:
                 charge = 0.0
@@ -608,6 +624,8 @@ def _timed_out(route: Route, timeout: float | None, idle: float | None) -> Attem
     label = route.deployment.label
     if idle is not None:
         return AttemptTimeoutError(f"{label} sent nothing for {idle:g} s (idle timeout)")
+    if timeout is None:  # the provider's own timeout
+        return AttemptTimeoutError(f"timed out talking to {label}")
     return AttemptTimeoutError(f"no answer from {label} within {timeout:g} s")
 
 

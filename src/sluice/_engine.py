@@ -26,7 +26,6 @@ from ._budget import Budget, SharedBudget
 from ._coerce import RequestLike, make_request
 from ._errors import ConfigError
 from ._fanout import fan_out
-from ._job import Job
 from ._limits import Limiter, LocalLimiter
 from ._models import Deployment, Priority, Request, Result
 from ._retry import RetryPolicy
@@ -39,19 +38,13 @@ from ._streaming import Stream
 from .providers import HttpProvider, ProviderSet
 
 if TYPE_CHECKING:
-    import asyncio
     from array import array
 
     from ._embeddings import EmbeddingResult
     from ._errors import StoreError
-    from ._gate import PriorityGate
-    from ._slot import AttemptTimer
     from .store import Store
 
 __all__ = ["Engine", "RequestLike", "RetryEvent"]
-
-#: The old private name of :class:`~sluice._job.Job` (tests of the idempotency key use it).
-_Job = Job
 
 
 def _default_limiter(deployment: Deployment) -> Limiter:
@@ -402,23 +395,6 @@ class Engine:
         await self.runtime.close(drain=drain)
         await self.spending.flush()  # a shared budget's settles reach it before we say we are done
         await self._providers.aclose()
-
-    # -- what tests and introspection look at ------------------------------------------------
-
-    @property
-    def _gate(self) -> PriorityGate:
-        return self.runtime.gate
-
-    @property
-    def _tasks(self) -> set[asyncio.Task[Any]]:
-        return self.runtime.tasks
-
-    @property
-    def _timer(self) -> AttemptTimer:
-        return self.attempts.timer
-
-    def _job(self, request: Request, priority: int, index: int | None = None, budget: Budget | None = None) -> Job:
-        return self.attempts.job(request, priority, index, budget)
 
     def __repr__(self) -> str:
         names = ", ".join(d.label for d in self.deployments)

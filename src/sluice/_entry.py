@@ -26,6 +26,26 @@ def _interrupted(signum: int, frame: FrameType | None) -> None:
     os._exit(EXIT_INTERRUPTED)
 
 
+def is_the_command(argv: list[str]) -> bool:
+    """Whether this interpreter was started as the ``sluice`` command (``sys.orig_argv``):
+    the console script, or ``python -m sluice``. Not ``python -m app`` whose package imports
+    sluice (``sys.argv[0]`` is ``"-m"`` for any module while its packages load), whose own
+    Ctrl-C handling and clean-up must stay as they are."""
+    if argv and os.path.basename(argv[0]) == "sluice":  # a frozen or exec'd command
+        return True
+    args = iter(argv[1:])
+    for arg in args:
+        if arg in ("-m", "-c"):
+            return arg == "-m" and next(args, None) == "sluice"
+        if arg.startswith(("-m", "-c")) and not arg.startswith("--"):
+            return arg == "-msluice"
+        if arg in ("-X", "-W", "--check-hash-based-pycs"):
+            next(args, None)  # the option's value
+        elif not arg.startswith("-"):  # the script, .../bin/sluice for the console script
+            return os.path.basename(arg) == "sluice"
+    return False
+
+
 def quiet_interrupts() -> None:
     """Until the command sets up its own handling, Ctrl-C ends it quietly (status 130)."""
     _signal.signal(_signal.SIGINT, _interrupted)

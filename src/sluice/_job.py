@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ._models import Request, Result
     from ._router import Group, Route
 
-__all__ = ["Job"]
+__all__ = ["Job", "idempotency_key_of"]
 
 
 @dataclass(slots=True)
@@ -58,7 +58,11 @@ class Job:
 
     @property
     def idempotency_key(self) -> str | None:
-        """A header-safe form of the store key (ids may hold any character)."""
-        if self.key is None:
-            return None
-        return "sluice-" + hashlib.sha256(self.key.encode()).hexdigest()[:32]
+        """What the provider is sent as ``Idempotency-Key`` (see :func:`idempotency_key_of`)."""
+        return None if self.key is None else idempotency_key_of(self.key)
+
+
+def idempotency_key_of(key: str) -> str:
+    """A header-safe form of a store key (ids may hold any character), the same on every
+    run: a provider that honours ``Idempotency-Key`` answers a resent request once."""
+    return "sluice-" + hashlib.sha256(key.encode()).hexdigest()[:32]

@@ -233,7 +233,7 @@ class Grant:
     def refund(self) -> None:
         if self._counted is not None:
             counted, self._counted = self._counted, None
-            self._limiter._adjust(self._entry, requests=-1, tokens=-counted)
+            self._limiter._adjust(self._entry, requests=-1, tokens=-counted, sent=self._paced)
         self.done()
 
     def __repr__(self) -> str:
@@ -577,25 +577,25 @@ class LocalLimiter:
     def _send_delay(self, grant: Grant, now: float) -> float:
         """How long ``grant`` waits before it leaves, and its place in the send pacer: the
         grant pacer's schedule kept over the moments requests actually leave (with the same
-        ``CATCH_UP`` tolerance). Grants that a stall of the loop or a slow commit held back
-        leave spaced as they were granted, not in a bunch the server would count in one
-        slice; requests that are all a little late keep their spacing and wait for nothing.
-        Called once per grant, as it is about to leave: its slot is taken here, so two
-        requests that wait at once do not leave at once."""
+        ``CATCH_UP`` tolerance, and the same ``burst_*`` allowance). Grants that a stall of
+        the loop or a slow commit held back leave spaced as they were granted, not in a
+        bunch the server would count in one slice; requests that are all a little late keep
+        their spacing and wait for nothing. Called once per grant, as it is about to leave:
+        its slot is taken here, so two requests that wait at once do not leave at once."""
         at = now
-        requests = self.requests_limit is not None
-        tokens = self.tokens_limit is not None and grant.tokens > 0
-        if requests:
-            at = max(at, self._send_tat_requests - CATCH_UP)
-        if tokens:
-            at = max(at, self._send_tat_tokens - CATCH_UP)
-        if requests:
-            assert self.requests_limit is not None
-            self._send_tat_requests = max(self._send_tat_requests, at) + self.window * self._pace / self.requests_limit
-        if tokens:
+        per_request = per_token = 0.0
+        if self.requests_limit is not None:
+            per_request = self.window * self._pace / self.requests_limit
+            at = max(at, self._send_tat_requests - max(CATCH_UP, self.burst_requests * per_request))
+        tokens = grant.tokens if self.tokens_limit is not None else 0
+        if tokens > 0:
             assert self.tokens_limit is not None
-            interval = self.window * self._pace / self.tokens_limit
-            self._send_tat_tokens = max(self._send_tat_tokens, at) + grant.tokens * interval
+            per_token = self.window * self._pace / self.tokens_limit
+            at = max(at, self._send_tat_tokens - max(CATCH_UP, self.burst_tokens * per_token))
+        if per_request:
+            self._send_tat_requests = max(self._send_tat_requests, at) + per_request
+        if tokens > 0:
+            self._send_tat_tokens = max(self._send_tat_tokens, at) + tokens * per_token
         grant._paced = True
         return at - now
 
@@ -624,6 +624,8 @@ class LocalLimiter:
             self._used_tokens += tokens
         if requests and self.requests_limit is not None:
             self._tat_requests += requests * self.window * self._pace / self.requests_limit
+            if sent:  # a refund after its send slot was taken: the slot goes back too
+                self._send_tat_requests += requests * self.window * self._pace / self.requests_limit
         if tokens and self.tokens_limit is not None:
             self._tat_tokens += tokens * self.window * self._pace / self.tokens_limit
             if sent:

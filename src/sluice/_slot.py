@@ -218,16 +218,33 @@ class WaitingScope:
 
 
 class TimerWatch:
-    """One attempt under an :class:`AttemptTimer`: its task, and whether it ran out."""
+    """One attempt under an :class:`AttemptTimer`: its task, when it runs out, and whether it did.
 
-    __slots__ = ("active", "cancelling", "expired", "task")
+    With an ``idle`` timeout, :meth:`heard` (the provider hearing bytes of the answer, see
+    ``_arrival``) moves ``due`` on to ``idle`` seconds from now, never past ``hard`` (the
+    attempt timeout or the deadline)."""
 
-    def __init__(self, task: asyncio.Task[Any]) -> None:
+    __slots__ = ("active", "cancelling", "due", "expired", "hard", "idle", "idle_ran_out", "loop", "task")
+
+    def __init__(
+        self, task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop, due: float, idle: float | None, hard: float
+    ) -> None:
         self.task = task
+        self.loop = loop
         #: ``task.cancelling()`` when armed: a cancel from elsewhere is not a timeout.
         self.cancelling = task.cancelling()
         self.active = True
         self.expired = False
+        self.due = due
+        self.idle = idle
+        self.hard = hard
+        #: It expired through silence (``idle``), not at ``hard``.
+        self.idle_ran_out = False
+
+    def heard(self) -> None:
+        """Bytes of the answer arrived: the silence starts again from now."""
+        if self.idle is not None:
+            self.due = min(self.loop.time() + self.idle, self.hard)
 
 
 class AttemptTimer:
@@ -253,13 +270,22 @@ class AttemptTimer:
         self._dead = 0
         self._active = 0
 
-    def arm(self, loop: asyncio.AbstractEventLoop, at: float) -> TimerWatch | None:
+    @property
+    def scheduled(self) -> bool:
+        """A loop timer is pending (never, while no attempt is watched)."""
+        return self._handle is not None
+
+    def arm(
+        self, loop: asyncio.AbstractEventLoop, at: float, *, idle: float | None = None, hard: float | None = None
+    ) -> TimerWatch | None:
         """Watch the current task until :meth:`disarm`; cancel it if that is after ``at``
-        (the loop's clock). None outside a task (nothing to cut off)."""
+        (the loop's clock), or, with ``idle``, after ``idle`` seconds without
+        :meth:`TimerWatch.heard` once ``at`` has passed, and at ``hard`` at the latest.
+        None outside a task (nothing to cut off)."""
         task = asyncio.current_task(loop)
         if task is None:
             return None
-        watch = TimerWatch(task)
+        watch = TimerWatch(task, loop, at, idle, at if hard is None else hard)
         heapq.heappush(self._heap, (at, next(self._seq), watch))
         self._active += 1
         if at < self._due or loop is not self._loop:
@@ -308,10 +334,13 @@ class AttemptTimer:
         heap = self._heap
         while heap and (heap[0][0] <= now or not heap[0][2].active):
             _, _, watch = heapq.heappop(heap)
-            if watch.active:
-                watch.expired = True
-                watch.task.cancel()
-            else:
+            if not watch.active:
                 self._dead -= 1
+            elif watch.due > now:  # its answer was heard since: watched on, from then
+                heapq.heappush(heap, (watch.due, next(self._seq), watch))
+            else:
+                watch.expired = True
+                watch.idle_ran_out = watch.due < watch.hard
+                watch.task.cancel()
         if heap:
             self._schedule(loop, heap[0][0])

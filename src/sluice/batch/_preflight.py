@@ -4,8 +4,9 @@ A job that cannot work is refused at once (exit 2, with what to change) rather t
 after it has made an output and a state file, or spent its first requests finding out:
 paths that are not files or whose directory is missing, an input that is not text, a
 ``--template`` naming a column the CSV header lacks, input in which no record can become
-a request (no model anywhere, every line malformed), and a deployment the job will use
-whose API key is not set. One bad line among good ones is still that line's own error
+a request (no model anywhere, every line malformed), and a configured deployment (or the
+one that would serve the first record's model) whose API key is not set, as the engine
+would refuse it on start. One bad line among good ones is still that line's own error
 record: these checks refuse only what fails every line.
 """
 
@@ -191,7 +192,7 @@ def _deployments_used(config: JobConfig, first_model: str | None) -> list[Deploy
 
 
 def _refuse_missing_keys(deployments: Iterable[Deployment]) -> None:
-    """A deployment the job will use whose API key is not there: refused, saying what to set."""
+    """A deployment among ``deployments`` whose API key is not there: refused, saying what to set."""
     problems: dict[str, list[str]] = {}  # what is wrong -> the deployments it is wrong for
     for deployment in deployments:
         try:

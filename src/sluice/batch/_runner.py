@@ -40,7 +40,7 @@ def default_state_path(output: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _exclusive(state: Path) -> Iterator[None]:
+def exclusive(state: Path) -> Iterator[None]:
     """One process per job: two runs on one state would send everything twice.
 
     An flock on the state file itself (SQLite's own locks are fcntl locks, which flock
@@ -67,12 +67,12 @@ async def run_job(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], No
     """Run the job to the end, or until stopped; every answer is on disk when it returns."""
     spec = checked_spec(spec)  # before any file is created or request sent
     progress.grace = spec.grace
-    with _exclusive(spec.state), _fewer_collections():
+    with exclusive(spec.state), fewer_collections():
         await _run_locked(spec, progress, on_tick)
 
 
 @contextlib.contextmanager
-def _fewer_collections() -> Iterator[None]:
+def fewer_collections() -> Iterator[None]:
     """A job's objects mostly die young and acyclic, yet at CPython's default threshold
     (a collection per 700 net allocations) the cyclic GC took ~17 % of a job's CPU,
     re-walking everything the run holds (imports, prices, the limiter's ledger). Collect
@@ -127,7 +127,7 @@ def _claim_output(store: SqliteStore, spec: JobSpec, progress: JobProgress, outp
 
 async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], None]) -> None:
     total = count_records(spec.input, spec.inputs)
-    # _exclusive() holds the state's lock; the record count sizes its first run's key filter
+    # exclusive() holds the state's lock; the record count sizes its first run's key filter
     store = SqliteStore(spec.state, exclusive=True, expected_keys=total)
     output: OutputFile | None = None
     try:

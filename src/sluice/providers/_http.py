@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from .. import _json
+from .._arrival import heard
 from .._errors import (
     AttemptTimeoutError,
     ConfigError,
@@ -115,7 +116,8 @@ class HttpTransport:
                 raise_for_status=False,
                 # the engine times each attempt, the idle timeout of a plain request included
                 # (an answer sent whole is silent until it is ready): one shared timer, not
-                # aiohttp's per-read one; a stream sets its own (``stream_timeout``)
+                # aiohttp's per-read one, moved on by a slow body (``_read_arriving``); a
+                # stream sets its own (``stream_timeout``)
                 timeout=aiohttp.ClientTimeout(total=None),
                 auto_decompress=True,
             )
@@ -154,6 +156,18 @@ class HttpTransport:
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None
+
+
+async def _read_arriving(response: aiohttp.ClientResponse) -> bytes:
+    """A body still on its way, read piece by piece, each piece telling the attempt's idle
+    timer that the answer is not silent (a big body, a gateway's keep-alive whitespace)."""
+    heard()  # the headers
+    content = response.content
+    pieces = []
+    while piece := await content.readany():
+        heard()
+        pieces.append(piece)
+    return b"".join(pieces)
 
 
 def resolve_key(deployment: Deployment, default_env: str | None) -> Secret | None:
@@ -269,7 +283,10 @@ class HttpProvider(ABC):
         try:
             # never follow a redirect: aiohttp would carry x-api-key / api-key to the new origin
             async with session.post(url or endpoint, data=data, headers=headers, allow_redirects=False) as response:
-                payload = await response.read()
+                if response.content.is_eof():  # the body came with the headers (nearly every answer)
+                    payload = await response.read()
+                else:
+                    payload = await _read_arriving(response)
                 status = response.status
                 response_headers: Mapping[str, str] = response.headers
         except (TimeoutError, aiohttp.ClientError) as exc:

@@ -136,7 +136,7 @@ class SqliteStore:
         size what tracks the keys of a first run; a wrong guess costs speed, not answers."""
         self.path = Path(path)
         self._writer: Writer | None = None
-        self._fresh: _KeyFilter | None = None
+        self._fresh: KeyFilter | None = None
         self._indexed = True
         self._charge = _CHARGE
         self._next_intent = 1
@@ -153,7 +153,7 @@ class SqliteStore:
             empty = self._db.execute("SELECT NOT EXISTS (SELECT 1 FROM results)").fetchone()[0]
             #: For a state with no results when opened, the keys put since (a lookup of any
             #: other key needs no query: a first run asks for each request once).
-            self._fresh = _KeyFilter(expected_keys) if empty and exclusive and not readonly else None
+            self._fresh = KeyFilter(expected_keys) if empty and exclusive and not readonly else None
             #: How a charge is written: appended, or added to its key's row in an older file.
             self._charge = _CHARGE_KEYED if _has_index(self._db, "sqlite_autoindex_charges_1") else _CHARGE
             #: Whether results has its key index (see the module's docstring).
@@ -380,7 +380,7 @@ class SqliteStore:
 APPLICATION_ID = 0x534C4345
 
 
-class _KeyFilter:
+class KeyFilter:
     """A Bloom filter of keys: "certainly not here" or "maybe".
 
     A set of a million keys would cost ~100 MB. Sized at 64 bits a key for the keys the

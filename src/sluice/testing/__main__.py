@@ -40,7 +40,7 @@ def _price(text: str) -> tuple[str, tuple[float, float]]:
     return model, (given, taken)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sluice.testing", description="Fake OpenAI/Anthropic server.")
     add = parser.add_argument
     add("--host", default="127.0.0.1")
@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _server(args: argparse.Namespace) -> FakeServer:
+def build_server(args: argparse.Namespace) -> FakeServer:
     return FakeServer(
         rpm=args.rpm,
         tpm=args.tpm,
@@ -108,9 +108,9 @@ def _runner() -> Callable[[Coroutine[Any, Any, None]], None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the options, serve until a signal arrives, exit 0."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
-        server = _server(args)
+        server = build_server(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -30,6 +30,9 @@ class Fault(StrEnum):
     MALFORMED = "malformed"
     #: 200 whose Content-Length promises more than is sent before the connection closes.
     TRUNCATED = "truncated"
+    #: A 200 answer whose body comes slowly: ``after`` spaces, ``every`` seconds apart (the
+    #: keep-alive whitespace some gateways send before a long answer), then the JSON.
+    TRICKLE = "trickle"
     #: 200 JSON with ``choices: []`` (OpenAI) or ``content: []`` (Anthropic).
     EMPTY_CHOICES = "empty_choices"
     #: A 500 carrying ``x-should-retry: false``.
@@ -71,8 +74,11 @@ class FaultSpec:
     headers: Mapping[str, str] = field(default_factory=dict)
     #: Seconds to wait before answering with the fault.
     delay: float = 0.0
-    #: For the stream faults: how many pieces of the answer go out before it breaks.
+    #: For the stream faults: how many pieces of the answer go out before it breaks; for
+    #: ``trickle``, how many spaces go before the JSON.
     after: int = 1
+    #: For ``trickle``: seconds between two pieces of the body.
+    every: float = 0.0
 
 
 @dataclass(slots=True)

@@ -170,17 +170,21 @@ class FakeServer(LoopbackServer):
         headers: Mapping[str, str] | None = None,
         delay: float = 0.0,
         after: int = 1,
+        every: float = 0.0,
     ) -> None:
         """Answer the next ``times`` requests (after faults already queued) with ``kind``.
 
         ``retry_after`` adds ``retry-after``/``retry-after-ms`` (a 429 gets 1 s unless
         ``send_retry_after`` is off); ``headers`` are added to the response; ``delay``
         waits before answering; ``after`` is how many pieces of a streamed answer go out
-        before a ``stream_cut`` or ``stream_error`` breaks it.
+        before a ``stream_cut`` or ``stream_error`` breaks it, or how many spaces a
+        ``trickle`` sends, ``every`` seconds apart, before its JSON.
         """
         if after < 0:
             raise ValueError("after must not be negative")
-        spec = FaultSpec(Fault(kind), retry_after, dict(headers or {}), delay, after)
+        if every < 0:
+            raise ValueError("every must not be negative")
+        spec = FaultSpec(Fault(kind), retry_after, dict(headers or {}), delay, after, every)
         self._faults.inject(spec, times)
 
     def clear_faults(self) -> None:
@@ -495,8 +499,10 @@ class FakeServer(LoopbackServer):
         if call is None:
             return await self._truncate(request, fmt, n, fmt.empty(n, _model_of(raw), int(time.time())), extra)
         completion = min(call.max_tokens, self.output_tokens)
-        self._bill(key, call, completion, "truncated")
         body = fmt.success(n, call, completion, completion < self.output_tokens, int(time.time()))
+        if kind is Fault.TRICKLE:
+            return await self._trickle(request, fmt, n, body, extra, spec, key, call, completion)
+        self._bill(key, call, completion, "truncated")
         return await self._truncate(request, fmt, n, body, extra)
 
     def _generated(self, request: web.BaseRequest, fmt: Format, raw: bytes) -> Call | None:
@@ -541,6 +547,43 @@ class FakeServer(LoopbackServer):
             transport.abort()
         self.stats.by_status[0] += 1
         return web.Response(status=204)
+
+    async def _trickle(
+        self,
+        request: web.BaseRequest,
+        fmt: Format,
+        n: int,
+        body: bytes,
+        extra: dict[str, str],
+        spec: FaultSpec,
+        key: str,
+        call: Call,
+        completion: int,
+    ) -> web.StreamResponse:
+        """The headers at once, then ``spec.after`` spaces ``spec.every`` s apart, then the
+        answer: a slow body that is never silent for long. Billed however it ends."""
+        headers = self._headers(fmt, n, _JSON, extra)
+        response = web.StreamResponse(status=200, headers=headers)
+        self.stats.by_status[200] += 1
+        kind: LedgerKind = "abandoned"
+        try:
+            await response.prepare(request)
+            for _ in range(spec.after):
+                await response.write(b" ")
+                await asyncio.sleep(spec.every)
+                if _gone(request):
+                    break
+            else:
+                await response.write(body)
+                await response.write_eof()
+                kind = "delivered"
+        except ConnectionError:  # the client left while we wrote
+            pass
+        finally:
+            self._record_success(key, call, completion, kind)
+            if self._watchers:
+                self._changed()
+        return response
 
     async def _truncate(
         self, request: web.BaseRequest, fmt: Format, n: int, body: bytes, extra: dict[str, str]
