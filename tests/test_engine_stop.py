@@ -4,6 +4,7 @@ store that fails never loses a paid answer, and every attempt is noted before it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import sqlite3
 from collections.abc import AsyncIterator
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 from fake_provider import deployment_at
+from polling import until
 
 from sluice import (
     CallableProvider,
@@ -24,6 +26,7 @@ from sluice import (
     Result,
     RetryEvent,
     RetryPolicy,
+    store_key,
 )
 from sluice.store import SqliteStore
 from sluice.testing import FakeServer, run_in_virtual_time
@@ -113,27 +116,40 @@ async def test_an_answer_cut_off_while_it_is_stored_is_reported_as_the_answer(
     """The grace runs out while the answer is being written: the caller is told what came
     back (it was paid for), not that it was never sent; the write still lands."""
     writing = asyncio.Event()
+    path = tmp_path / "state.db"
+    disk = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
 
-    class SlowWrites(SqliteStore):
-        async def put_settled(self, *args: Any, **kwargs: Any) -> None:
+    class SlowDisk(SqliteStore):
+        """The answer's write waits 1 s on a lock another process holds: a slow disk."""
+
+        def _hold_the_disk(self) -> None:
+            disk.execute("BEGIN IMMEDIATE")
+            asyncio.get_running_loop().call_later(1.0, disk.execute, "ROLLBACK")
             writing.set()
-            await asyncio.sleep(1.0)  # a slow disk: the grace ends meanwhile
+
+        async def put_settled(self, *args: Any, **kwargs: Any) -> None:
+            self._hold_the_disk()
             await super().put_settled(*args, **kwargs)
 
         async def put(self, key: str, result: Result) -> None:
-            writing.set()
-            await asyncio.sleep(1.0)
+            self._hold_the_disk()
             await super().put(key, result)
 
-    store = SlowWrites(tmp_path / "state.db")
-    async with Engine(deployment_at(server), store=store) as engine:
-        consumer = asyncio.create_task(_collect(engine.map(prompts(1))))
-        await asyncio.wait_for(writing.wait(), 5)
-        engine.stop(grace=0.1)
-        (result,) = await asyncio.wait_for(consumer, 5)
-    assert result.ok, result.error
-    assert engine.stats.succeeded == 1
-    assert engine.stats.cancelled == 0
+    store = SlowDisk(path)
+    with contextlib.closing(disk), contextlib.closing(store):  # the caller's store: left open by the engine
+        async with Engine(deployment_at(server), store=store) as engine:
+            consumer = asyncio.create_task(_collect(engine.map(prompts(1))))
+            await asyncio.wait_for(writing.wait(), 5)
+            engine.stop(grace=0.1)  # the grace ends while the write waits
+            (result,) = await asyncio.wait_for(consumer, 5)
+        assert result.ok, result.error
+        assert engine.stats.succeeded == 1
+        assert engine.stats.cancelled == 0
+
+        async def landed() -> bool:
+            return store.get(store_key(result.request)) is not None
+
+        await until(landed, timeout=5)  # the write lands once the other process lets go
 
 
 async def _collect(iterator: AsyncIterator[Result]) -> list[Result]:
