@@ -584,6 +584,8 @@ class Attempts:
             request_id=reply.request_id if reply is not None else None,
             index=job.index,
             cost_usd=tally.charged if priced and tally.attempts else None,
+            tier=job.route.deployment.tier if tally.attempts else None,
+            batch_id=reply.batch_id if reply is not None else None,
         )
         if emit:
             self.runtime.emit(result)

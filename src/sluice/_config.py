@@ -8,6 +8,7 @@ its own (a store, shared limits, a grace period).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ._models import Deployment
 from ._retry import RetryPolicy
 from ._router import Cooldown
+from .tiers import BatchSettings, tier_deployments
 
 if TYPE_CHECKING:
     from ._engine import Engine
@@ -44,6 +46,10 @@ class JobConfig:
     fallbacks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: ``[cooldown]``: when a failing deployment of a group is taken out, and for how long.
     cooldown: Cooldown = field(default_factory=Cooldown)
+    #: How requests are served: ``sync``, ``flex`` or ``batch`` (``--tier``; :mod:`sluice.tiers`).
+    tier: str = "sync"
+    #: How the batch tier submits and polls (``--poll-every``, ``--batch-size``).
+    batch: BatchSettings = field(default_factory=BatchSettings)
 
 
 def engine_from(config: JobConfig, **overrides: Any) -> Engine:
@@ -63,4 +69,36 @@ def engine_from(config: JobConfig, **overrides: Any) -> Engine:
         **overrides,
     }
     deployments = arguments.pop("deployments", config.deployments)
+    if config.tier != "sync":
+        arguments.update(_tier_arguments(config, arguments))
+        deployments = tier_deployments(deployments, config.tier, arguments.get("store"), config.batch)
     return Engine(deployments, **arguments)
+
+
+#: Seconds a flex request may take: OpenAI suggests 15 minutes (it queues for capacity).
+_FLEX_TIMEOUT = 900.0
+
+
+def _tier_arguments(config: JobConfig, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """What a tier changes in the engine: a batch line waits as long as its batch (no
+    attempt timeout; two batches' worth in flight); a flex one up to 15 minutes."""
+    journal = arguments.get("store")
+    retry: RetryPolicy = arguments["retry"]
+
+    def adapt(deployment: Deployment) -> Deployment:
+        return tier_deployments([deployment], config.tier, journal, config.batch)[0]
+
+    if config.tier == "flex":
+        longer = dataclasses.replace(
+            retry,
+            attempt_timeout=max(retry.attempt_timeout or 0.0, _FLEX_TIMEOUT),
+            idle_timeout=max(retry.idle_timeout or 0.0, _FLEX_TIMEOUT),
+            deadline=None if retry.deadline is None else max(retry.deadline, 4 * _FLEX_TIMEOUT),
+        )
+        return {"retry": longer, "adapt_deployment": adapt}
+    untimed = dataclasses.replace(retry, attempt_timeout=None, idle_timeout=None, deadline=None)
+    return {
+        "retry": untimed,
+        "adapt_deployment": adapt,
+        "concurrency": max(int(arguments["concurrency"]), 2 * config.batch.max_lines),
+    }

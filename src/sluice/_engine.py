@@ -63,6 +63,8 @@ class Engine:
 
     A model with no configured deployment is served by ``Deployment(model, **defaults)``:
     no local limits unless ``defaults`` gives some; it learns from the provider's headers.
+    ``adapt_deployment`` is applied to such a deployment first (a job's tier, see
+    :mod:`sluice.tiers`).
 
     With a ``store``, every attempt is recorded (durably) before it is sent and settled
     with what it cost, every finished result is written as it lands, and a request whose
@@ -100,6 +102,7 @@ class Engine:
         fallbacks: Mapping[str, Sequence[str]] | None = None,
         cooldown: Cooldown | None = None,
         grace: float | None = None,
+        adapt_deployment: Callable[[Deployment], Deployment] | None = None,
     ) -> None:
         if isinstance(deployments, Deployment):
             deployments = [deployments]
@@ -122,6 +125,7 @@ class Engine:
             defaults=defaults,
             fallbacks=fallbacks,
             on_new_deployment=self.spending.pricing.known,  # now, not between an answer and its commit
+            adapt=adapt_deployment,
         )
         for deployment in deployments:
             self.add_deployment(deployment)

@@ -45,6 +45,7 @@ __all__ = [
     "AttemptTimeoutError",
     "AuthenticationError",
     "BadRequestError",
+    "BatchIncompleteError",
     "BudgetExhaustedError",
     "CancelledError",
     "CapacityError",
@@ -234,6 +235,13 @@ class AttemptTimeoutError(RetryableError):
 class ConnectError(RetryableError):
     kind = "connection_error"
     billed_by_default = True  # unless it never connected: a reset may come after the work
+
+
+class BatchIncompleteError(RetryableError):
+    """A provider batch ended (expired, cancelled, failed) without answering this line:
+    not the request's fault; it is submitted again."""
+
+    kind = "batch_incomplete"
 
 
 class MalformedResponseError(RetryableError):

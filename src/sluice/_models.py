@@ -247,6 +247,10 @@ class Result:
     cost_usd: float | None = None
     #: The model that answered: the one asked for, or a fallback (see ``Engine(fallbacks=)``).
     model: str | None = None
+    #: How it was served: ``sync``, ``flex`` or ``batch`` (see ``Deployment.tier``).
+    tier: str | None = None
+    #: The provider batch that answered it, for the ``batch`` tier.
+    batch_id: str | None = None
 
     @property
     def id(self) -> str:
@@ -311,6 +315,15 @@ class Secret:
         raise TypeError("a Secret cannot be pickled")
 
 
+#: How a deployment may be served (``Deployment.tier``).
+TIERS = ("sync", "flex", "batch")
+
+#: What the flex tier and the Batch APIs bill, as a share of the synchronous price:
+#: OpenAI's batch and flex, and Anthropic's Message Batches, are all half price
+#: (overridable per deployment: ``options = {batch_discount = 0.5}``).
+TIER_DISCOUNT = {"sync": 1.0, "flex": 0.5, "batch": 0.5}
+
+
 @dataclass(frozen=True, slots=True)
 class Price:
     """US dollars per million tokens, for a model genai-prices does not know (or to override it)."""
@@ -358,6 +371,10 @@ class Deployment:
     price: Price | None = None
     #: Share of its group's traffic when several deployments serve one model (relative).
     weight: float = 1.0
+    #: How it is served: ``sync`` (plain requests), ``flex`` (OpenAI's flex processing) or
+    #: ``batch`` (the provider's Batch API); the last two are priced at a discount (see
+    #: :mod:`sluice.tiers`).
+    tier: str = "sync"
 
     def __post_init__(self) -> None:
         if isinstance(self.price, Mapping):
@@ -448,6 +465,12 @@ def _deployment_problem(d: Deployment) -> str | None:
             return f"{name} must be a number >= 0, got {value!r}"
     if not _positive(d.weight):
         return f"weight must be a positive number, got {d.weight!r}"
+    if d.tier not in TIERS:
+        return f"tier must be one of {', '.join(TIERS)}, got {d.tier!r}"
+    for name in ("flex_discount", "batch_discount"):
+        share = d.options.get(name) if isinstance(d.options, Mapping) else None
+        if share is not None and not (_number(share) and 0 < share <= 1):
+            return f"options.{name} must be a share of the price in (0, 1] (0.5 is half price), got {share!r}"
     if not isinstance(d.default_max_tokens, int) or d.default_max_tokens < 1:
         return f"default_max_tokens must be a positive integer, got {d.default_max_tokens!r}"
     if d.api_key_env is not None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._models import Deployment, Price, Usage
+from ._models import TIER_DISCOUNT, Deployment, Price, Usage
 
 __all__ = ["Price", "Pricing", "cost_of", "worst_case_cost"]
 
@@ -155,6 +155,36 @@ def _why_unknown(deployment: Deployment) -> str:
 
 
 def _look_up(deployment: Deployment) -> _Known | None:
+    """The deployment's price, at its tier's discount (flex and batch: half price)."""
+    known = _sync_price(deployment)
+    if known is None or deployment.tier == "sync":
+        return known
+    share = tier_discount(deployment)
+    if known.price is not None:
+        p = known.price
+        scaled = Price(
+            p.input_per_mtok * share,
+            p.output_per_mtok * share,
+            None if p.cached_input_per_mtok is None else p.cached_input_per_mtok * share,
+            None if p.cache_write_per_mtok is None else p.cache_write_per_mtok * share,
+        )
+        return _Known(scaled, source=f"{known.source}, {deployment.tier} tier x {share:g}")
+    exact = known.exact
+    assert exact is not None
+    source = f"{known.source}, {deployment.tier} tier x {share:g}"
+    return _Known(None, exact=lambda usage: exact(usage) * share, source=source)
+
+
+def tier_discount(deployment: Deployment) -> float:
+    """The share of the synchronous price the deployment's tier bills: the provider's
+    published discount, or ``options[f"{tier}_discount"]``."""
+    configured = deployment.options.get(f"{deployment.tier}_discount")
+    if isinstance(configured, (int, float)) and not isinstance(configured, bool) and 0 < configured <= 1:
+        return float(configured)
+    return TIER_DISCOUNT.get(deployment.tier, 1.0)
+
+
+def _sync_price(deployment: Deployment) -> _Known | None:
     if deployment.price is not None:
         return _Known(deployment.price, source="configured")
     if deployment.provider_name == "simulate":

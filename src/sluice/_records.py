@@ -80,6 +80,8 @@ def result_record(result: Result) -> dict[str, Any]:
         "request_id": result.request_id,
         "cost_usd": usd_record(result.cost_usd),
         "model": result.model,
+        "tier": result.tier,
+        "batch_id": result.batch_id,
     }
 
 
@@ -101,4 +103,6 @@ def result_from_record(request: Request | None, record: Mapping[str, Any], *, in
         cached=True,
         cost_usd=record.get("cost_usd"),
         model=record.get("model"),
+        tier=record.get("tier"),
+        batch_id=record.get("batch_id"),
     )

@@ -258,9 +258,11 @@ class Router:
         defaults: Mapping[str, Any] | None = None,
         fallbacks: Mapping[str, Sequence[str]] | None = None,
         on_new_deployment: Callable[[Deployment], object] = lambda d: None,
+        adapt: Callable[[Deployment], Deployment] | None = None,
     ) -> None:
         self._make_route = make_route
         self._defaults = dict(defaults or {})
+        self._adapt = adapt
         self._on_new = on_new_deployment
         self._groups: dict[str, Group] = {}
         #: ``chain()``'s answer per model, until a deployment is added.
@@ -308,6 +310,8 @@ class Router:
         # A model nobody configured: served with the defaults' limits (none by default);
         # its limiter still learns the provider's limits from its headers and 429s.
         deployment = Deployment(model, **self._defaults)
+        if self._adapt is not None:
+            deployment = self._adapt(deployment)
         self.add(deployment)
         self._on_new(deployment)
         return self._groups[model]

@@ -238,6 +238,9 @@ def output_record(item: InputItem, result: Result, sent: Request | None = None) 
     record["latency_s"] = round(result.timings.latency, 4)
     record["deployment"] = result.deployment
     record["model"] = result.model
+    record["tier"] = result.tier
+    if result.batch_id is not None:
+        record["batch_id"] = result.batch_id
     record["cached"] = result.cached
     if sent is not None:
         record["request_hash"] = request_hash(sent)

@@ -16,6 +16,7 @@ from .._engine import Engine
 from .._errors import SluiceError
 from .._models import Result
 from ..store import SqliteStore
+from ..tiers import close_tiers
 from ._job import FailFast, JobProgress, JobSpec
 from ._output import JobOutput
 
@@ -54,8 +55,11 @@ async def running(
         _tick(output, on_tick, lambda: note_deployments(store, engine, progress.done))
     )
     try:
-        async with engine:
-            yield watch
+        try:
+            async with engine:
+                yield watch
+        finally:
+            await close_tiers(engine.deployments)  # polling stops; the provider's batches run on
     finally:
         ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):

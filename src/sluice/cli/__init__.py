@@ -8,6 +8,7 @@ twice), ``sluice estimate`` says what a run would take without sending anything,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
@@ -309,6 +310,30 @@ def main() -> None:
     help="With --redis: when Redis is away, keep admitting under local limits (the job queue still waits).",
 )
 @click.option("--no-local-worker", is_flag=True, help="With --redis: only coordinate; workers answer everything.")
+@click.option(
+    "--tier",
+    type=click.Choice(["sync", "flex", "batch"]),
+    default="sync",
+    show_default=True,
+    help="How requests are served: sync requests; OpenAI's flex processing (half price, slower); "
+    "or the provider's Batch API (half price, within 24 h; a rerun collects running batches).",
+)
+@click.option(
+    "--poll-every",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --tier batch: seconds between looks at a running batch.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, 50_000),
+    default=10_000,
+    show_default=True,
+    metavar="LINES",
+    help="With --tier batch: lines per provider batch (about as many wait in memory).",
+)
 @click.option("--claim-after", type=click.FloatRange(min=0.5), default=12.0, hidden=True)
 @click.option("--max-deliveries", type=click.IntRange(min=1), default=5, hidden=True)
 @_friendly
@@ -331,7 +356,7 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
     from ._run import run_job_command
 
     _say_library_warnings()
-    config = _job_config(flags)
+    config = _with_tier(_job_config(flags), flags)
     spec = JobSpec(
         input=input_path,
         output=output,
@@ -349,6 +374,26 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
         distributed=_distributed(flags),
     )
     sys.exit(run_job_command(spec, log_every=flags["log_every"]))
+
+
+def _with_tier(config: JobConfig, flags: dict[str, Any]) -> JobConfig:
+    """``--tier`` and the batch tier's settings on the job's config."""
+    from ..tiers import BatchSettings
+
+    tier = flags.pop("tier")
+    poll_every, batch_size = flags.pop("poll_every"), flags.pop("batch_size")
+    if tier != "batch":
+        source = click.get_current_context().get_parameter_source
+        for name in ("poll_every", "batch_size"):
+            if source(name) is click.core.ParameterSource.COMMANDLINE:
+                _fail(f"--{name.replace('_', '-')} applies to --tier batch only")
+        return dataclasses.replace(config, tier=tier)
+    if flags["redis_url"] is not None:
+        _fail("--tier batch runs in one process: drop --redis (the provider's batch queue does the spreading)")
+    linger = min(2.0, poll_every)
+    return dataclasses.replace(
+        config, tier=tier, batch=BatchSettings(poll_every=poll_every, max_lines=batch_size, linger=linger)
+    )
 
 
 def _distributed(flags: dict[str, Any]) -> Any:

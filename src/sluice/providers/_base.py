@@ -30,6 +30,8 @@ class Reply:
     finish_reason: str | None = None
     request_id: str | None = None
     ratelimit: RateLimitSnapshot | None = None
+    #: The provider batch that answered it (the Batch API tier).
+    batch_id: str | None = None
 
 
 @runtime_checkable

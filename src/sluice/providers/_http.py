@@ -294,12 +294,18 @@ class HttpProvider(ABC):
         request_id = response_headers.get(self.request_id_header)
         ratelimit = self.parse_ratelimit(response_headers)
         if status != 200:
-            raise self._error(status, payload, response_headers, request_id, ratelimit, deployment)
+            raise self.error_of(status, payload, response_headers, request_id, ratelimit, deployment)
         return payload, request_id, ratelimit
 
     async def send(self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None) -> Reply:
         data = self._encode(self.build_body(request, deployment))  # a translation error stays as it is
         payload, request_id, ratelimit = await self.post(deployment, data, idempotency_key=idempotency_key)
+        return self.reply_of(payload, request_id, ratelimit, deployment)
+
+    def reply_of(
+        self, payload: bytes, request_id: str | None, ratelimit: RateLimitSnapshot | None, deployment: Deployment
+    ) -> Reply:
+        """The Reply in a 200 body (from a response, or a Batch API's result line)."""
         try:
             body = _json.loads(payload)
         except ValueError:
@@ -365,7 +371,7 @@ class HttpProvider(ABC):
             ratelimit = self.parse_ratelimit(response.headers)
             if response.status != 200:
                 payload = await response.read()
-                raise self._error(response.status, payload, response.headers, request_id, ratelimit, deployment)
+                raise self.error_of(response.status, payload, response.headers, request_id, ratelimit, deployment)
             if not response.content_type.startswith("text/event-stream"):  # a server that ignored "stream"
                 for item in self._unstreamed(await response.read(), request_id, ratelimit, deployment):
                     yield item
@@ -426,7 +432,11 @@ class HttpProvider(ABC):
             ) from None
         return reply_events(Reply(reply.text, reply.usage, body, reply.finish_reason, request_id, ratelimit))
 
-    def _error(
+    def headers_for(self, deployment: Deployment) -> dict[str, str]:
+        """The headers every request to ``deployment`` carries (its key among them)."""
+        return dict(self._endpoint_for(deployment)[1])
+
+    def error_of(
         self,
         status: int,
         payload: bytes,

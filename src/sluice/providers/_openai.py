@@ -89,6 +89,8 @@ class OpenAIProvider(HttpProvider):
         if request.temperature is not None:
             body["temperature"] = request.temperature
         body.update(request.params)
+        if deployment.tier == "flex":  # half price, slower, may be refused for capacity (a 429)
+            body["service_tier"] = "flex"
         return body
 
     def parse_reply(self, body: Mapping[str, Any]) -> Reply:

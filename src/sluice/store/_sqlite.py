@@ -42,6 +42,7 @@ from .. import _json
 from .._errors import ConfigError, StoreError
 from .._models import Result
 from .._records import result_record
+from . import _batches
 from ._vectors import StoredVector, get_vectors, put_vectors_op
 from ._writer import Writer, describe_sqlite_error
 
@@ -259,6 +260,32 @@ class SqliteStore:
     async def put_vectors(self, rows: Sequence[tuple[str, StoredVector]]) -> None:
         """Record texts' outcomes in one transaction; returns when it is durable."""
         await self._write().run(put_vectors_op(rows))
+
+    # -- provider batches (see ._batches) -------------------------------------------------
+
+    def batch_job_id(self) -> str:
+        """The job's id in its provider batches' metadata (made on first use, kept)."""
+        return str(self._write().run_sync(_batches.job_id_op))
+
+    async def new_chunk(self, deployment: str, custom_ids: Sequence[str]) -> int:
+        """Record a chunk about to be uploaded; returns its id once durable."""
+        return int(await self._write().run(_batches.new_chunk_op(deployment, custom_ids)))
+
+    async def note_batch(self, chunk: int, batch_id: str | None, status: str) -> None:
+        """Record the chunk's batch (or that it has none, or is collected); durable on return."""
+        await self._write().run(_batches.note_batch_op(chunk, batch_id, status))
+
+    async def save_batch_results(self, chunk: int, batch_id: str, lines: Sequence[tuple[str, bytes]]) -> None:
+        """Downloaded result lines by custom id, in one transaction; durable on return."""
+        await self._write().run(_batches.save_results_op(chunk, batch_id, lines))
+
+    def open_chunks(self, deployment: str) -> list[_batches.Chunk]:
+        """The chunks of ``deployment`` an earlier run submitted and did not collect."""
+        return _batches.chunks_op(self._db, deployment)
+
+    def batch_result(self, custom_id: str) -> tuple[str, bytes] | None:
+        """(batch id, result line) downloaded for ``custom_id``, if any."""
+        return _batches.results_op(self._db, custom_id)
 
     @property
     def error(self) -> StoreError | None:

@@ -16,12 +16,13 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 
+from ._batches import BatchDesk
 from ._embeddings import EmbeddingsFormat
 from ._faults import STATUS_OF, STREAM_FAULTS, Fault, FaultPlan, FaultSpec
 from ._formats import AnthropicFormat, ApiError, Call, Format, OpenAIFormat, dumps, loads
 from ._lifecycle import LoopbackServer
 from ._limits import Entry, Limiter, Rejection, retry_after_headers
-from ._stats import LedgerEntry, LedgerKind, ServerStats, cost_usd
+from ._stats import LedgerEntry, LedgerKind, ServerStats, Tier, cost_usd
 from ._streams import StreamMode, error_frame, stream_frames, stream_mode
 from ._tokenizer import PromptCounter, TokenizerSpec
 
@@ -114,7 +115,7 @@ class FakeServer(LoopbackServer):
             self._limiter = Limiter(rpm, tpm, window, slice, jitter)
         self._faults = FaultPlan(fault_rates, seed)
         self._rng = random.Random(seed)
-        counter = PromptCounter(tokenizer)
+        counter = self.counter = PromptCounter(tokenizer)
         self.tokenizer = tokenizer
         self._routes: dict[str, Format] = {
             "/v1/chat/completions": OpenAIFormat(counter),
@@ -128,6 +129,11 @@ class FakeServer(LoopbackServer):
         self._in_flight = 0
         #: The most pieces a streamed answer's text (or tool arguments) comes in.
         self.stream_pieces = 4
+        #: OpenAI's Files + Batches and Anthropic's Message Batches (see :mod:`._batches`).
+        self.batches = BatchDesk(self)
+        #: Share of the price a ``service_tier: "flex"`` request is billed.
+        self.flex_discount = 0.5
+        self._flex_refusals = 0
 
     @property
     def embeddings(self) -> EmbeddingsFormat:
@@ -187,6 +193,11 @@ class FakeServer(LoopbackServer):
         spec = FaultSpec(Fault(kind), retry_after, dict(headers or {}), delay, after, every)
         self._faults.inject(spec, times)
 
+    def refuse_flex(self, times: int = 1) -> None:
+        """Answer the next ``times`` flex-tier requests with OpenAI's 429 "resource
+        unavailable" (no capacity for flex now; no ``retry-after``)."""
+        self._flex_refusals += times
+
     def clear_faults(self) -> None:
         """Drop injected faults that have not been used yet."""
         self._faults.clear()
@@ -226,7 +237,11 @@ class FakeServer(LoopbackServer):
             fmt = self._routes.get(request.path)
             if fmt is not None:
                 return await self._serve(request, fmt)
-        elif request.path == "/_fake/stats":
+        if request.path.startswith(("/v1/files", "/v1/batches", "/v1/messages/batches")):
+            answered = await self.batches.handle(request)
+            if answered is not None:
+                return answered
+        if request.path == "/_fake/stats":
             return web.Response(body=dumps(self._summary()), content_type=_JSON)
         message = f"No route {request.method} {request.path} on the sluice fake server."
         body = OpenAIFormat().error("not_found", message)
@@ -268,6 +283,11 @@ class FakeServer(LoopbackServer):
             call = fmt.parse(body, headers)
         except ApiError as exc:
             return self._respond(fmt, n, exc.status, fmt.error(exc.kind, exc.message, exc.param))
+        flex = isinstance(body, dict) and body.get("service_tier") == "flex" and isinstance(fmt, OpenAIFormat)
+        if flex and self._flex_refusals > 0:
+            self._flex_refusals -= 1
+            message = "Resource unavailable: no capacity for flex processing now. Please retry later."
+            return self._respond(fmt, n, 429, _openai_error_body(message, "resource_unavailable"))
         mode = stream_mode(body, isinstance(fmt, AnthropicFormat))
         if fault is not None and mode is None:  # a stream fault for an answer that is not streamed
             return await self._fault(request, fmt, _unstreamed(fault), n, raw, key)
@@ -304,9 +324,14 @@ class FakeServer(LoopbackServer):
         # A client that timed out has gone by now: the answer is billed, not delivered.
         transport = request.transport
         gone = transport is None or transport.is_closing()
-        self._finish(entry, key, call, completion, "abandoned" if gone else "delivered")
+        self._finish(
+            entry, key, call, completion, "abandoned" if gone else "delivered", tier="flex" if flex else "sync"
+        )
         cut = completion < self.output_tokens
-        return self._respond(fmt, n, 200, fmt.success(n, call, completion, cut, int(time.time())))
+        answer = fmt.success(n, call, completion, cut, int(time.time()))
+        if flex:  # the tier it was served in, as OpenAI says it
+            answer = answer[:-1] + b',"service_tier":"flex"}'
+        return self._respond(fmt, n, 200, answer)
 
     async def _stream(
         self,
@@ -373,11 +398,24 @@ class FakeServer(LoopbackServer):
                 self._changed()
         return response
 
-    def _finish(self, entry: Entry | None, key: str, call: Call, completion: int, kind: LedgerKind) -> None:
+    def _finish(
+        self, entry: Entry | None, key: str, call: Call, completion: int, kind: LedgerKind, tier: Tier = "sync"
+    ) -> None:
         """Generation is over: settle the rate-limit reservation and bill the answer."""
         if self._limiter is not None and entry is not None:
             self._limiter.settle(entry, call.prompt_tokens + completion)
-        self._record_success(key, call, completion, kind)
+        self._record_success(key, call, completion, kind, tier)
+
+    def next_number(self) -> int:
+        """A fresh request number (answer and request ids)."""
+        self._seq += 1
+        return self._seq
+
+    def record_batch_success(self, key: str, call: Call, completion: int, discount: float) -> None:
+        """A batch line answered: counted like any completion (a key answered twice is a
+        duplicate), billed at ``discount`` of the price."""
+        self._record_success(key, call, completion, "delivered", "batch", discount)
+        self._changed()
 
     def _respond(
         self,
@@ -441,7 +479,15 @@ class FakeServer(LoopbackServer):
             extra = retry_after_headers(rejection.wait)
         return self._respond(fmt, n, 429, fmt.rate_limited(rejection), extra)
 
-    def _record_success(self, key: str, call: Call, completion: int, kind: LedgerKind = "delivered") -> None:
+    def _record_success(
+        self,
+        key: str,
+        call: Call,
+        completion: int,
+        kind: LedgerKind = "delivered",
+        tier: Tier = "sync",
+        discount: float | None = None,
+    ) -> None:
         """Count a real completion (delivered or abandoned) and bill it."""
         stats = self.stats
         stats.accepted += 1
@@ -452,12 +498,16 @@ class FakeServer(LoopbackServer):
         succeeded[key] = before + 1
         stats.prompt_tokens += call.prompt_tokens
         stats.completion_tokens += completion
-        self._bill(key, call, completion, kind)
+        if discount is None:
+            discount = self.flex_discount if tier == "flex" else 1.0
+        self._bill(key, call, completion, kind, tier, discount)
 
-    def _bill(self, key: str, call: Call, completion: int, kind: LedgerKind) -> None:
+    def _bill(
+        self, key: str, call: Call, completion: int, kind: LedgerKind, tier: Tier = "sync", discount: float = 1.0
+    ) -> None:
         prompt = call.prompt_tokens
-        cost = cost_usd(self.prices, call.model, prompt, completion) if self.prices else 0.0
-        self.ledger.append(LedgerEntry(key, call.model, prompt, completion, cost, kind))
+        cost = cost_usd(self.prices, call.model, prompt, completion) * discount if self.prices else 0.0
+        self.ledger.append(LedgerEntry(key, call.model, prompt, completion, cost, kind, tier))
         self._billed += cost
         if kind != "delivered":
             self.stats.undelivered += 1
@@ -636,3 +686,7 @@ def _model_of(raw: bytes) -> str:
         if isinstance(body, dict) and isinstance(body.get("model"), str):
             return str(body["model"])
     return "unknown"
+
+
+def _openai_error_body(message: str, code: str) -> bytes:
+    return dumps({"error": {"message": message, "type": code, "param": None, "code": code}})

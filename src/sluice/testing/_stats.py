@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-__all__ = ["LedgerEntry", "LedgerKind", "ServerStats", "cost_usd"]
+__all__ = ["LedgerEntry", "LedgerKind", "ServerStats", "Tier", "cost_usd"]
 
 
 @dataclass(slots=True)
@@ -66,6 +66,7 @@ class ServerStats:
 #: How a billed answer ended: sent whole; finished after the client went away (a
 #: timeout); sent as a garbled 200 (``malformed``); cut off mid-body (``truncated``).
 LedgerKind = Literal["delivered", "abandoned", "malformed", "truncated"]
+Tier = Literal["sync", "flex", "batch"]
 
 
 class LedgerEntry(NamedTuple):
@@ -81,6 +82,9 @@ class LedgerEntry(NamedTuple):
     output_tokens: int
     cost_usd: float
     kind: LedgerKind = "delivered"
+    #: How it was served: a synchronous request, the flex tier, or a batch line (the
+    #: last two billed at a discount).
+    tier: Tier = "sync"
 
     @property
     def delivered(self) -> bool:

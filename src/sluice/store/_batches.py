@@ -1,0 +1,133 @@
+"""The provider-batch journal in the state: what was submitted to a provider's Batch API
+and what came back, so that no crash submits a line twice.
+
+Each chunk of lines is written here *before* its file is uploaded (``tier_chunks``, status
+``submitting``), its batch id right after the batch is created (``submitted``); each
+answered line's result line as soon as it is downloaded (``tier_results``), before the
+engine stores it as an answer. A rerun reads the journal first: a line whose result was
+downloaded is answered from it, a line of a batch still running waits for that batch, and
+a chunk that crashed between creating its batch and recording the id is looked up at the
+provider by the metadata it was created with (``sluice_job``, ``sluice_chunk``).
+
+The tables are created on first write: older state files need no upgrade.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from .. import _json
+
+_T = TypeVar("_T")
+_Op = Callable[[sqlite3.Connection], _T]
+
+__all__ = ["Chunk", "chunks_op", "job_id_op", "new_chunk_op", "note_batch_op", "results_op", "save_results_op"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tier_chunks (
+    id INTEGER PRIMARY KEY,
+    deployment TEXT NOT NULL,
+    custom_ids TEXT NOT NULL,
+    batch_id TEXT,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tier_results (
+    custom_id TEXT PRIMARY KEY,
+    chunk INTEGER NOT NULL,
+    batch_id TEXT NOT NULL,
+    line BLOB NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One submission: its lines' custom ids, and the provider's batch once created."""
+
+    id: int
+    deployment: str
+    custom_ids: tuple[str, ...]
+    batch_id: str | None
+    #: ``submitting`` (recorded, maybe uploaded or created), ``submitted`` (the batch id
+    #: is known), ``collected`` (every line's outcome is in ``tier_results`` or was
+    #: handed back to be sent again), ``abandoned`` (no batch was ever created for it).
+    status: str
+    created_at: float
+
+
+def _ensure(db: sqlite3.Connection) -> None:
+    for statement in _SCHEMA.split(";"):  # not executescript: it would commit the writer's transaction
+        if statement.strip():
+            db.execute(statement)
+
+
+def _has_tables(db: sqlite3.Connection) -> bool:
+    row = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tier_chunks'").fetchone()
+    return row is not None
+
+
+def job_id_op(db: sqlite3.Connection) -> str:
+    """This job's id for the provider's batch metadata: made once, kept in the state."""
+    row = db.execute("SELECT value FROM meta WHERE name = 'batch_job_id'").fetchone()
+    if row is not None:
+        return str(_json.loads(row[0]))
+    job = uuid.uuid4().hex[:16]
+    db.execute("INSERT INTO meta (name, value) VALUES ('batch_job_id', ?)", (_json.dumps(job).decode(),))
+    return job
+
+
+def new_chunk_op(deployment: str, custom_ids: Sequence[str]) -> _Op[int]:
+    def op(db: sqlite3.Connection) -> int:
+        _ensure(db)
+        row = (deployment, _json.dumps(list(custom_ids)).decode(), "submitting", time.time())
+        insert = "INSERT INTO tier_chunks (deployment, custom_ids, status, created_at) VALUES (?,?,?,?)"
+        cursor = db.execute(insert, row)
+        assert cursor.lastrowid is not None
+        return cursor.lastrowid
+
+    return op
+
+
+def note_batch_op(chunk: int, batch_id: str | None, status: str) -> _Op[None]:
+    def op(db: sqlite3.Connection) -> None:
+        _ensure(db)
+        db.execute("UPDATE tier_chunks SET batch_id = ?, status = ? WHERE id = ?", (batch_id, status, chunk))
+
+    return op
+
+
+def save_results_op(chunk: int, batch_id: str, lines: Sequence[tuple[str, bytes]]) -> _Op[None]:
+    def op(db: sqlite3.Connection) -> None:
+        _ensure(db)
+        db.executemany(
+            "INSERT OR REPLACE INTO tier_results (custom_id, chunk, batch_id, line) VALUES (?,?,?,?)",
+            [(custom_id, chunk, batch_id, line) for custom_id, line in lines],
+        )
+
+    return op
+
+
+def chunks_op(db: sqlite3.Connection, deployment: str) -> list[Chunk]:
+    """The chunks of ``deployment`` not yet collected."""
+    if not _has_tables(db):
+        return []
+    rows = db.execute(
+        "SELECT id, deployment, custom_ids, batch_id, status, created_at FROM tier_chunks"
+        " WHERE deployment = ? AND status IN ('submitting', 'submitted') ORDER BY id",
+        (deployment,),
+    ).fetchall()
+    return [Chunk(r[0], r[1], tuple(_json.loads(r[2])), r[3], r[4], r[5]) for r in rows]
+
+
+def results_op(db: sqlite3.Connection, custom_id: str) -> tuple[str, bytes] | None:
+    """The downloaded result line of ``custom_id`` and its batch, if there is one."""
+    if not _has_tables(db):
+        return None
+    row = db.execute("SELECT batch_id, line FROM tier_results WHERE custom_id = ?", (custom_id,)).fetchone()
+    return None if row is None else (str(row[0]), bytes(row[1]))

@@ -1,0 +1,61 @@
+"""Service tiers: how a job's requests are served, and at what price.
+
+* ``sync``: plain requests (the default).
+* ``flex``: OpenAI's flex processing (``service_tier: "flex"``): half price, slower, and
+  refused with a 429 when there is no capacity (retried with backoff like any 429).
+* ``batch``: the provider's Batch API (:mod:`._batch_tier`): half price, answered within
+  the batch's completion window; every line still goes through the engine's budget,
+  store and retries.
+
+A tier is a property of a deployment (``Deployment.tier``): :func:`tier_deployments`
+turns a job's deployments into those of its tier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from .._errors import ConfigError
+from .._models import Deployment
+from ._batch_tier import BatchJournal, BatchSettings, BatchTier
+
+__all__ = ["TIER_CHOICES", "BatchJournal", "BatchSettings", "BatchTier", "close_tiers", "tier_deployments"]
+
+#: What ``sluice run --tier`` takes.
+TIER_CHOICES = ("sync", "flex", "batch")
+
+
+def tier_deployments(
+    deployments: Sequence[Deployment], tier: str, journal: BatchJournal | None, settings: BatchSettings
+) -> list[Deployment]:
+    """The deployments of ``tier``: flex ones send ``service_tier: "flex"``; batch ones go
+    through the deployment's Batch API (no rate limits of their own: the batch queue has
+    its own, and a line waits in memory, not at the provider's RPM)."""
+    if tier == "sync":
+        return list(deployments)
+    out = []
+    for d in deployments:
+        if d.provider_name not in ("openai", "azure"):
+            raise ConfigError(
+                f"deployment {d.label!r}: --tier {tier} needs an OpenAI-compatible deployment "
+                f"(openai/...), not {d.provider_name!r}"
+            )
+        if tier == "flex":
+            out.append(dataclasses.replace(d, tier="flex"))
+            continue
+        if journal is None:
+            raise ConfigError("--tier batch needs a state file (it journals what it submits)")
+        out.append(
+            dataclasses.replace(
+                d, tier="batch", rpm=None, tpm=None, max_in_flight=None, provider=BatchTier(d, journal, settings)
+            )
+        )
+    return out
+
+
+async def close_tiers(deployments: Sequence[Deployment]) -> None:
+    """Stop the batch tiers' polling (their batches keep running at the provider)."""
+    for d in deployments:
+        if isinstance(d.provider, BatchTier):
+            await d.provider.aclose()
