@@ -390,7 +390,7 @@ def _with_tier(config: JobConfig, flags: dict[str, Any]) -> JobConfig:
         return dataclasses.replace(config, tier=tier)
     if flags["redis_url"] is not None:
         _fail("--tier batch runs in one process: drop --redis (the provider's batch queue does the spreading)")
-    linger = min(2.0, poll_every)
+    linger = min(2.0, max(1.0, poll_every))  # a partial chunk goes once lines stop coming
     return dataclasses.replace(
         config, tier=tier, batch=BatchSettings(poll_every=poll_every, max_lines=batch_size, linger=linger)
     )

@@ -380,6 +380,7 @@ class BatchDesk:
                 if line.custom_id not in batch.done and line.custom_id not in batch.failed:
                     batch.failed[line.custom_id] = _unanswered_line(batch, line.custom_id, reason)
         now = time.time()
+        self._server.announce()
         batch.stamps[f"{'ended' if batch.anthropic else status}_at"] = now
         if batch.anthropic:
             batch.status = "ended"
@@ -528,7 +529,7 @@ def _parsed(custom_id: str, body: Any, server: FakeServer, *, anthropic: bool) -
     fmt: Format = AnthropicFormat(server.counter) if anthropic else OpenAIFormat(server.counter)
     line = _Line(custom_id, body)
     try:
-        line.call = fmt.parse(body, {})
+        line.call = fmt.parse(body, {"anthropic-version": "2023-06-01"})  # the batch request carried it
     except ApiError as exc:
         line.problem = exc
     return line

@@ -417,6 +417,10 @@ class FakeServer(LoopbackServer):
         self._record_success(key, call, completion, "delivered", "batch", discount)
         self._changed()
 
+    def announce(self) -> None:
+        """Wake :meth:`until` waiters: something changed (a batch ended)."""
+        self._changed()
+
     def _respond(
         self,
         fmt: Format,

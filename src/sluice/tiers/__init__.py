@@ -30,8 +30,9 @@ def tier_deployments(
     deployments: Sequence[Deployment], tier: str, journal: BatchJournal | None, settings: BatchSettings
 ) -> list[Deployment]:
     """The deployments of ``tier``: flex ones send ``service_tier: "flex"``; batch ones go
-    through the deployment's Batch API (no rate limits of their own: the batch queue has
-    its own, and a line waits in memory, not at the provider's RPM)."""
+    through the deployment's Batch API: no rate limits of their own (the batch queue has
+    its own), and two batches' worth of lines waiting at once (a fixed cap: adaptive
+    concurrency would read a batch's hours as congestion)."""
     if tier == "sync":
         return list(deployments)
     out = []
@@ -48,7 +49,12 @@ def tier_deployments(
             raise ConfigError("--tier batch needs a state file (it journals what it submits)")
         out.append(
             dataclasses.replace(
-                d, tier="batch", rpm=None, tpm=None, max_in_flight=None, provider=BatchTier(d, journal, settings)
+                d,
+                tier="batch",
+                rpm=None,
+                tpm=None,
+                max_in_flight=2 * settings.max_lines,
+                provider=BatchTier(d, journal, settings),
             )
         )
     return out

@@ -1,0 +1,221 @@
+"""Service tiers through the ``sluice`` command: ``--tier batch`` over the fake's Files +
+Batches API (its own clock of batch progress and its own ledger), crashes at each step of
+the submission protocol, and ``--tier flex``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from clitools import MODEL, questions, read_output, run_cli, start_cli, wait_until, write_jsonl
+
+from sluice.testing import FakeServer
+
+PRICE = (1.0, 2.0)  # USD per Mtok in, out: the fake's and sluice's (--price) agree
+BATCH = ("--tier", "batch", "--poll-every", "0.2", "--price", "1,2")
+
+
+@pytest.fixture
+def server(api_key: str) -> Iterator[FakeServer]:
+    fake = FakeServer(api_key=api_key, prices={"*": PRICE})
+    with fake.running_in_thread():
+        yield fake
+
+
+def _job(tmp_path: Path, n: int) -> tuple[Path, Path]:
+    return write_jsonl(tmp_path / "in.jsonl", questions(n)), tmp_path / "out.jsonl"
+
+
+def _check_answered_once(server: FakeServer, out: Path, n: int) -> list[dict[str, Any]]:
+    """Every line answered once, by a batch, and nothing sent synchronously or billed twice."""
+    records = read_output(out)
+    assert sorted(r["line"] for r in records) == list(range(1, n + 1))
+    assert all(r["ok"] for r in records), [r["error"] for r in records if not r["ok"]][:3]
+    assert {r["tier"] for r in records} == {"batch"}
+    assert all(r["batch_id"] in server.batches.batches for r in records)
+    assert server.stats.received == 0  # no synchronous request
+    assert server.stats.accepted == n
+    assert server.stats.duplicate_successes == 0
+    assert {e.tier for e in server.ledger} == {"batch"}
+    return records
+
+
+def _chunks(state: Path) -> list[tuple[int, str | None, str]]:
+    with contextlib.closing(sqlite3.connect(state)) as db:
+        try:
+            return list(db.execute("SELECT id, batch_id, status FROM tier_chunks ORDER BY id"))
+        except sqlite3.OperationalError:  # not created yet
+            return []
+
+
+def test_a_batch_job_answers_every_line_once_at_the_batch_price(server: FakeServer, tmp_path: Path) -> None:
+    src, out = _job(tmp_path, 50)
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, "--batch-size", "20")
+    assert done.returncode == 0, done.stderr
+    records = _check_answered_once(server, out, 50)
+    sizes = [len(b.lines) for b in server.batches.batches.values()]
+    assert sum(sizes) == 50
+    assert max(sizes) == 20
+    billed = server.total_billed_usd
+    full_price = sum((e.input_tokens * PRICE[0] + e.output_tokens * PRICE[1]) / 1e6 for e in server.ledger)
+    assert billed == pytest.approx(full_price / 2)
+    assert sum(r["cost_usd"] for r in records) == pytest.approx(billed, rel=1e-6)  # what sluice says it cost
+
+
+def test_a_budget_of_twice_the_batch_bill_pays_for_the_job(server: FakeServer, tmp_path: Path) -> None:
+    """Each line reserves its worst case at the batch price before it joins a chunk."""
+    src, out = _job(tmp_path, 40)
+    first = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
+    assert first.returncode == 0, first.stderr
+    billed = server.total_billed_usd
+    server.reset_stats()
+    again = tmp_path / "again.jsonl"
+    budget = f"{2 * billed:.9f}"
+    done = run_cli(server, "run", src, "-o", again, "--model", MODEL, *BATCH, "--budget", budget, "--no-cache")
+    assert done.returncode == 0, done.stdout + done.stderr
+    _check_answered_once(server, again, 40)
+    assert server.total_billed_usd <= 2 * billed
+
+
+def test_kill_9_while_the_batch_runs_then_the_rerun_collects_it(server: FakeServer, tmp_path: Path) -> None:
+    """The batch keeps running at the provider; the rerun follows it instead of sending again."""
+    server.batches.start_after = 1.5
+    src, out = _job(tmp_path, 60)
+    state = out.with_suffix(".sluice.db")
+    job = start_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
+    try:
+        wait_until(lambda: any(batch_id for _, batch_id, _ in _chunks(state)), timeout=30)
+    finally:
+        job.kill()
+        job.communicate()
+    assert server.stats.accepted == 0  # killed before the batch answered anything
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
+    assert done.returncode == 0, done.stderr
+    _check_answered_once(server, out, 60)
+    assert len(server.batches.batches) == 1
+
+
+def test_a_crash_between_creating_the_batch_and_recording_it_submits_nothing_twice(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    """The provider made the batch, the client died before its id was journalled: the
+    rerun finds it by the job's and chunk's tags."""
+    src, out = _job(tmp_path, 30)
+    job = start_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
+    killed: list[Mapping[str, Any]] = []
+
+    def kill_the_client(batch: Mapping[str, Any]) -> None:
+        os.kill(job.pid, signal.SIGKILL)  # before the reply leaves the server
+        killed.append(batch)
+
+    server.batches.on_created = kill_the_client
+    try:
+        job.communicate(timeout=60)
+    finally:
+        server.batches.on_created = None
+    assert job.returncode == -signal.SIGKILL
+    assert killed
+    assert [batch_id for _, batch_id, _ in _chunks(out.with_suffix(".sluice.db"))] == [None]
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
+    assert done.returncode == 0, done.stderr
+    _check_answered_once(server, out, 30)
+    assert list(server.batches.batches) == [killed[0]["id"]]
+
+
+def test_lines_a_batch_failed_on_the_providers_side_are_submitted_again(server: FakeServer, tmp_path: Path) -> None:
+    server.batches.fail_lines(3, status=500)
+    src, out = _job(tmp_path, 30)
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
+    assert done.returncode == 0, done.stderr
+    records = _check_answered_once(server, out, 30)
+    assert sorted(r["attempts"] for r in records)[-3:] == [2, 2, 2]
+    assert len(server.batches.batches) == 2
+
+
+def test_an_expired_batch_keeps_its_finished_lines_and_the_rest_go_again(server: FakeServer, tmp_path: Path) -> None:
+    server.batches.lines_per_second = 40
+    server.batches.expire_after = 0.6
+    src, out = _job(tmp_path, 40)
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
+    assert done.returncode == 0, done.stderr
+    _check_answered_once(server, out, 40)
+    statuses = [b.status for b in server.batches.batches.values()]
+    assert statuses.count("expired") >= 1
+    assert statuses[-1] == "completed"
+
+
+def test_a_batch_refused_for_the_enqueued_token_limit_waits_and_goes_again(server: FakeServer, tmp_path: Path) -> None:
+    server.batches.start_after = 0.5
+    server.batches.enqueued_token_limit = 400  # one batch of 10 lines (~28 tokens each) at a time
+    src, out = _job(tmp_path, 30)
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, "--batch-size", "10")
+    assert done.returncode == 0, done.stderr
+    _check_answered_once(server, out, 30)
+    failed = [b for b in server.batches.batches.values() if b.status == "failed"]
+    assert failed
+    assert all(e["code"] == "token_limit_exceeded" for b in failed for e in b.errors or [])
+
+
+def test_batch_flags_are_checked_before_anything_runs(server: FakeServer, tmp_path: Path) -> None:
+    src, out = _job(tmp_path, 3)
+    wrong = run_cli(server, "run", src, "-o", out, "--model", MODEL, "--poll-every", "1")
+    assert wrong.returncode == 2
+    assert "--poll-every applies to --tier batch only" in wrong.stderr
+    too_big = run_cli(server, "run", src, "-o", out, "--model", MODEL, "--tier", "batch", "--batch-size", "60000")
+    assert too_big.returncode == 2
+    assert "--batch-size" in too_big.stderr
+    assert not out.exists()
+
+
+def test_flex_requests_are_half_price_and_a_capacity_refusal_is_retried(server: FakeServer, tmp_path: Path) -> None:
+    server.refuse_flex(2)
+    src, out = _job(tmp_path, 10)
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, "--tier", "flex", "--price", "1,2")
+    assert done.returncode == 0, done.stderr
+    records = read_output(out)
+    assert all(r["ok"] and r["tier"] == "flex" for r in records)
+    assert server.stats.rate_limited == 2
+    assert {e.tier for e in server.ledger} == {"flex"}
+    assert sum(r["cost_usd"] for r in records) == pytest.approx(server.total_billed_usd, rel=1e-6)
+
+
+async def test_the_fakes_batches_are_visible_only_to_their_key() -> None:
+    """The fake as OpenAI documents it: upload, create, list, retrieve, results; another
+    key sees none of it."""
+    async with FakeServer(api_key=None) as fake, aiohttp.ClientSession() as http:
+        mine = {"Authorization": "Bearer sk-one"}
+        theirs = {"Authorization": "Bearer sk-two"}
+        form = aiohttp.FormData()
+        form.add_field("purpose", "batch")
+        line = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": '
+        line += b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}}\n'
+        form.add_field("file", line, filename="in.jsonl")
+        async with http.post(f"{fake.url}/files", data=form, headers=mine) as response:
+            file_id = (await response.json())["id"]
+        body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+        async with http.post(f"{fake.url}/batches", json=body, headers=theirs) as response:
+            assert response.status == 400  # not their file
+        body["metadata"] = {"job": "x"}
+        async with http.post(f"{fake.url}/batches", json=body, headers=mine) as response:
+            batch = await response.json()
+        assert batch["status"] == "validating"
+        assert batch["metadata"] == {"job": "x"}
+        await fake.until(lambda: fake.batches.status_of(batch["id"]) == "completed", timeout=5)
+        async with http.get(f"{fake.url}/batches/{batch['id']}", headers=theirs) as response:
+            assert response.status == 404
+        async with http.get(f"{fake.url}/batches", headers=theirs) as response:
+            assert (await response.json())["data"] == []
+        async with http.get(f"{fake.url}/batches/{batch['id']}", headers=mine) as response:
+            done = await response.json()
+        assert done["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
+        async with http.get(f"{fake.url}/files/{done['output_file_id']}/content", headers=mine) as response:
+            (result,) = (await response.read()).splitlines()
+        assert b'"custom_id":"a"' in result
+        assert b'"status_code":200' in result
