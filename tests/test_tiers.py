@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from clitools import MODEL, questions, read_output, run_cli, start_cli, wait_until, write_jsonl
+from clitools import MODEL, env_for, questions, read_output, run_cli, start_cli, wait_until, write_jsonl
 
 from sluice.testing import FakeServer
 
@@ -219,3 +219,42 @@ async def test_the_fakes_batches_are_visible_only_to_their_key() -> None:
             (result,) = (await response.read()).splitlines()
         assert b'"custom_id":"a"' in result
         assert b'"status_code":200' in result
+
+
+ANTHROPIC = "anthropic/claude-test"
+
+
+def _anthropic_env(server: FakeServer) -> dict[str, str]:
+    return env_for(server, ANTHROPIC_BASE_URL=server.anthropic_url, ANTHROPIC_API_KEY="sk-test")
+
+
+def test_an_anthropic_job_runs_through_message_batches(server: FakeServer, tmp_path: Path) -> None:
+    src, out = _job(tmp_path, 1000)
+    done = run_cli(
+        server, "run", src, "-o", out, "--model", ANTHROPIC, *BATCH, "--batch-size", "400", env=_anthropic_env(server)
+    )
+    assert done.returncode == 0, done.stderr
+    records = _check_answered_once(server, out, 1000)
+    assert all(b.anthropic for b in server.batches.batches.values())
+    assert max(len(b.lines) for b in server.batches.batches.values()) == 400
+    assert records[0]["text"].startswith("echo: question")
+    assert sum(r["cost_usd"] for r in records) == pytest.approx(server.total_billed_usd, rel=1e-6)
+
+
+def test_an_unrecorded_anthropic_batch_is_found_by_what_can_be_seen_of_it(server: FakeServer, tmp_path: Path) -> None:
+    """Anthropic's batches carry no tags: the rerun takes the one batch created after the
+    chunk was journalled, still running, with as many requests."""
+    server.batches.start_after = 1.0
+    src, out = _job(tmp_path, 30)
+    env = _anthropic_env(server)
+    job = start_cli(server, "run", src, "-o", out, "--model", ANTHROPIC, *BATCH, env=env)
+    server.batches.on_created = lambda batch: os.kill(job.pid, signal.SIGKILL)
+    try:
+        job.communicate(timeout=60)
+    finally:
+        server.batches.on_created = None
+    assert job.returncode == -signal.SIGKILL
+    done = run_cli(server, "run", src, "-o", out, "--model", ANTHROPIC, *BATCH, env=env)
+    assert done.returncode == 0, done.stderr
+    _check_answered_once(server, out, 30)
+    assert len(server.batches.batches) == 1

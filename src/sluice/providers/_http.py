@@ -432,6 +432,10 @@ class HttpProvider(ABC):
             ) from None
         return reply_events(Reply(reply.text, reply.usage, body, reply.finish_reason, request_id, ratelimit))
 
+    def url_for(self, deployment: Deployment) -> str:
+        """The URL a chat request to ``deployment`` goes to."""
+        return self._endpoint_for(deployment)[0]
+
     def headers_for(self, deployment: Deployment) -> dict[str, str]:
         """The headers every request to ``deployment`` carries (its key among them)."""
         return dict(self._endpoint_for(deployment)[1])

@@ -3,9 +3,9 @@
 * ``sync``: plain requests (the default).
 * ``flex``: OpenAI's flex processing (``service_tier: "flex"``): half price, slower, and
   refused with a 429 when there is no capacity (retried with backoff like any 429).
-* ``batch``: the provider's Batch API (:mod:`._batch_tier`): half price, answered within
-  the batch's completion window; every line still goes through the engine's budget,
-  store and retries.
+* ``batch``: the provider's Batch API (:mod:`._batch_tier`: OpenAI's Files + Batches and
+  Anthropic's Message Batches): half price, answered within the completion window;
+  every line still goes through the engine's budget, store and retries.
 
 A tier is a property of a deployment (``Deployment.tier``): :func:`tier_deployments`
 turns a job's deployments into those of its tier.
@@ -37,10 +37,9 @@ def tier_deployments(
         return list(deployments)
     out = []
     for d in deployments:
-        if d.provider_name not in ("openai", "azure"):
+        if tier == "flex" and d.provider_name != "openai":
             raise ConfigError(
-                f"deployment {d.label!r}: --tier {tier} needs an OpenAI-compatible deployment "
-                f"(openai/...), not {d.provider_name!r}"
+                f"deployment {d.label!r}: --tier flex is OpenAI's (openai/...), not {d.provider_name!r}'s"
             )
         if tier == "flex":
             out.append(dataclasses.replace(d, tier="flex"))

@@ -24,15 +24,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .. import _json
-from .._errors import BatchIncompleteError, MalformedResponseError, ProviderError, SluiceError
+from .._errors import BatchIncompleteError, ConfigError, ProviderError, SluiceError
 from .._models import Deployment, Request, store_key
-from ..providers import HttpProvider, HttpTransport, OpenAIProvider, Reply
+from ..providers import AnthropicProvider, HttpProvider, HttpTransport, OpenAIProvider, Reply
+from ._anthropic_api import AnthropicBatches
+from ._api import BatchAPI
 from ._openai_api import OpenAIBatches
 
 if TYPE_CHECKING:
@@ -41,7 +41,12 @@ if TYPE_CHECKING:
 __all__ = ["BatchJournal", "BatchSettings", "BatchTier"]
 
 _log = logging.getLogger("sluice")
-_ENDED = ("completed", "failed", "expired", "cancelled")
+
+#: The Batch API and the provider (its bodies, replies and errors) of each provider kind.
+_APIS: dict[str, tuple[type[HttpProvider], type[BatchAPI]]] = {
+    "openai": (OpenAIProvider, OpenAIBatches),
+    "anthropic": (AnthropicProvider, AnthropicBatches),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +55,8 @@ class BatchSettings:
 
     #: Seconds between two looks at a running batch.
     poll_every: float = 30.0
-    #: Lines per batch (OpenAI takes up to 50,000): also about how many lines wait in memory.
+    #: Lines per batch (OpenAI takes up to 50,000, Anthropic 100,000): also about how many
+    #: lines wait in memory.
     max_lines: int = 10_000
     #: Bytes of one batch's input file (OpenAI takes up to 200 MB).
     max_bytes: int = 190 * 1024 * 1024
@@ -60,8 +66,8 @@ class BatchSettings:
     def __post_init__(self) -> None:
         if not self.poll_every > 0:
             raise ValueError(f"poll_every must be a positive number of seconds, got {self.poll_every!r}")
-        if not 1 <= self.max_lines <= 50_000:
-            raise ValueError(f"batch size must be 1 to 50,000 lines (OpenAI's limit), got {self.max_lines!r}")
+        if not 1 <= self.max_lines <= 100_000:
+            raise ValueError(f"batch size must be 1 to 100,000 lines, got {self.max_lines!r}")
         if not self.linger >= 0:
             raise ValueError(f"linger must be >= 0 seconds, got {self.linger!r}")
 
@@ -91,16 +97,24 @@ class _Filling:
 class BatchTier:
     """The Batch API of one deployment, as a provider (see the module docstring)."""
 
-    endpoint = "/v1/chat/completions"
-
     def __init__(self, deployment: Deployment, journal: BatchJournal, settings: BatchSettings) -> None:
+        kind = _APIS.get(deployment.provider_name)
+        if kind is None:
+            raise ConfigError(
+                f"deployment {deployment.label!r}: the batch tier speaks OpenAI's Batch API (openai/..., or any "
+                "server with base_url that speaks it) and Anthropic's Message Batches, "
+                f"not {deployment.provider_name!r}"
+            )
         self._real = deployment  # as the user configured it: its URL, key and model name
         self.name = deployment.provider_name  # prices and names follow the real provider
         self._journal = journal
         self.settings = settings
         self._transport = HttpTransport()
-        self._inner: HttpProvider = OpenAIProvider(self._transport)
-        self._api: OpenAIBatches | None = None
+        self._inner: HttpProvider = kind[0](self._transport)
+        self._api_kind = kind[1]
+        self._api: BatchAPI | None = None
+        self._max_lines = min(settings.max_lines, kind[1].max_lines)
+        self._max_bytes = min(settings.max_bytes, kind[1].max_bytes)
         self._filling = _Filling()
         self._waiting: dict[str, _Answer] = {}  # lines of batches still running, by custom id
         self._tasks: set[asyncio.Task[None]] = set()
@@ -114,6 +128,10 @@ class BatchTier:
 
     def estimate_tokens(self, request: Request, deployment: Deployment) -> int:
         return self._inner.estimate_tokens(request, self._real)
+
+    def check(self, deployment: Deployment) -> None:
+        """Raise ConfigError now if the real deployment cannot be called (no key)."""
+        self._inner.check(self._real)
 
     async def send(self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None) -> Reply:
         custom_id = idempotency_key or store_key(request)
@@ -143,19 +161,17 @@ class BatchTier:
     # -- chunks ----------------------------------------------------------------------------
 
     def _add(self, custom_id: str, request: Request) -> _Answer:
-        body = self._inner.build_body(request, self._real)
-        line = _json.dumps({"custom_id": custom_id, "method": "POST", "url": self.endpoint, "body": body}) + b"\n"
+        api = self._api_ready()
+        line = api.line(custom_id, self._inner.build_body(request, self._real))
         filling = self._filling
-        if filling.lines and (
-            len(filling.lines) >= self.settings.max_lines or filling.size + len(line) > self.settings.max_bytes
-        ):
+        if filling.lines and (len(filling.lines) >= self._max_lines or filling.size + len(line) > self._max_bytes):
             self._submit_filling()
             filling = self._filling
         answer: _Answer = asyncio.get_running_loop().create_future()
         filling.lines.append(line)
         filling.waiting[custom_id] = answer
         filling.size += len(line)
-        if len(filling.lines) >= self.settings.max_lines:
+        if len(filling.lines) >= self._max_lines:
             self._submit_filling()
         else:
             if filling.timer is not None:
@@ -169,22 +185,23 @@ class BatchTier:
             filling.timer.cancel()
         if filling.lines:
             self._waiting.update(filling.waiting)
-            self._spawn(self._submit(b"".join(filling.lines), filling.waiting))
+            self._spawn(self._submit(filling.lines, filling.waiting))
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _submit(self, content: bytes, waiting: dict[str, _Answer]) -> None:
+    async def _submit(self, lines: list[bytes], waiting: dict[str, _Answer]) -> None:
+        api = self._api_ready()
         try:
             chunk = await self._journal.new_chunk(self._real.label, list(waiting))
             while True:
-                batch = await self._create(chunk, content)
+                batch = await api.submit(lines, self._tags(chunk))
                 await self._journal.note_batch(chunk, batch["id"], "submitted")
-                self.batches[batch["id"]] = str(batch.get("status"))
+                self.batches[batch["id"]] = api.status(batch)
                 final = await self._follow(batch)
-                if not _token_limited(final):
+                if not api.token_limited(final):
                     break
                 await self._journal.note_batch(chunk, None, "submitting")
                 await self._wait_for_room()
@@ -195,25 +212,15 @@ class BatchTier:
             error = exc if isinstance(exc, SluiceError) else BatchIncompleteError(f"the batch failed: {exc}")
             self._fail(waiting, error)
 
-    async def _create(self, chunk: int, content: bytes) -> dict[str, Any]:
-        api = await self._api_ready()
-        file_id = await api.upload(content, f"sluice-{self._job}-{chunk}.jsonl")
-        tags = {"sluice_job": str(self._job), "sluice_chunk": str(chunk)}
-        try:
-            return await api.create(file_id, self.endpoint, tags)
-        except ProviderError as exc:
-            if not exc.retryable:
-                raise
-            found = await api.find(tags, since=time.time() - 3600)  # it may have landed: never twice
-            if found is None:
-                return await api.create(file_id, self.endpoint, tags)
-            return found
+    def _tags(self, chunk: int) -> dict[str, str]:
+        self._api_ready()
+        return {"sluice_job": str(self._job), "sluice_chunk": str(chunk)}
 
     async def _follow(self, batch: Mapping[str, Any]) -> Mapping[str, Any]:
         """Poll the batch until it ends; its last state."""
-        api = await self._api_ready()
+        api = self._api_ready()
         batch_id = str(batch["id"])
-        while str(batch.get("status")) not in _ENDED:
+        while not api.ended(batch):
             await asyncio.sleep(self.settings.poll_every)
             try:
                 batch = await api.retrieve(batch_id)
@@ -223,7 +230,7 @@ class BatchTier:
                 # never given up while it may be running: its lines sent again would be billed twice
                 _log.warning("sluice: batch %s could not be read (%s); trying again", batch_id, exc.message)
                 continue
-            self.batches[batch_id] = str(batch.get("status"))
+            self.batches[batch_id] = api.status(batch)
         self._ended.set()
         self._ended = asyncio.Event()
         return batch
@@ -237,27 +244,20 @@ class BatchTier:
     async def _collect(self, chunk: int, batch: Mapping[str, Any], waiting: dict[str, _Answer]) -> None:
         """Read an ended batch's result files: answers journalled, then handed to their lines;
         failures handed to theirs; a line with neither is told the batch did not answer it."""
-        api = await self._api_ready()
+        api = self._api_ready()
         batch_id = str(batch["id"])
-        status = str(batch.get("status"))
-        for file_key in ("output_file_id", "error_file_id"):
-            file_id = batch.get(file_key)
-            if not file_id:
-                continue
-            answered: list[tuple[str, bytes]] = []
-            async for line in api.lines(str(file_id)):
-                custom_id, ok = _line_outcome(line)
-                if custom_id is None:
-                    continue
-                if ok:
-                    answered.append((custom_id, line))
-                    if len(answered) >= 1000:
-                        await self._hand_out(chunk, batch_id, answered, waiting)
-                        answered = []
-                else:
-                    self._resolve(waiting, custom_id, (batch_id, line))
-            await self._hand_out(chunk, batch_id, answered, waiting)
-        why = _why_unanswered(batch)
+        status = api.status(batch)
+        answered: list[tuple[str, bytes]] = []
+        async for custom_id, ok, line in api.results(batch):
+            if ok:
+                answered.append((custom_id, line))
+                if len(answered) >= 1000:
+                    await self._hand_out(chunk, batch_id, answered, waiting)
+                    answered = []
+            else:
+                self._resolve(waiting, custom_id, (batch_id, line))
+        await self._hand_out(chunk, batch_id, answered, waiting)
+        why = api.why_unanswered(batch)
         for custom_id in [c for c, answer in waiting.items() if not answer.done()]:
             self._resolve(waiting, custom_id, None, BatchIncompleteError(f"batch {batch_id} {status}: {why}"))
         await self._journal.note_batch(chunk, batch_id, "collected")
@@ -295,45 +295,40 @@ class BatchTier:
     # -- a line's outcome ------------------------------------------------------------------
 
     def _reply(self, batch_id: str, line: bytes) -> Reply:
-        try:
-            item = _json.loads(line)
-            response = item.get("response")
-            error = item.get("error")
-        except (ValueError, AttributeError):
-            raise MalformedResponseError(f"{self._real.label}: batch {batch_id} gave a line that is not JSON") from None
-        if not isinstance(response, Mapping):
-            what = error.get("message") if isinstance(error, Mapping) else "no response"
-            code = error.get("code") if isinstance(error, Mapping) else None
-            raise BatchIncompleteError(f"batch {batch_id} did not answer this line ({code}: {what})")
-        status = int(response.get("status_code") or 0)
-        body = _json.dumps(response.get("body") or {})
-        request_id = response.get("request_id")
-        if status != 200:
-            raise self._inner.error_of(status, body, {}, request_id, None, self._real)
-        reply = self._inner.reply_of(body, request_id, None, self._real)
+        reply = self._api_ready().reply(batch_id, line)
         return Reply(reply.text, reply.usage, reply.raw, reply.finish_reason, reply.request_id, None, batch_id)
 
     # -- crash recovery --------------------------------------------------------------------
 
-    async def _api_ready(self) -> OpenAIBatches:
+    def _api_ready(self) -> BatchAPI:
         if self._api is None:
-            self._api = OpenAIBatches(self._inner, self._real, self._transport.session())
+            self._api = self._api_kind(self._inner, self._real, self._transport.session())
             self._job = self._journal.batch_job_id()
         return self._api
 
     async def _recover(self) -> None:
         """Once, before the first line: follow the batches an earlier run submitted and did
         not collect, so their lines wait for them instead of going out again."""
-        api = await self._api_ready()
-        for chunk in self._journal.open_chunks(self._real.label):
-            batch: Mapping[str, Any] | None = None
-            if chunk.batch_id is not None:
-                batch = await api.retrieve(chunk.batch_id)
-            else:  # journalled, maybe uploaded and created, but its id never recorded
-                tags = {"sluice_job": str(self._job), "sluice_chunk": str(chunk.id)}
-                batch = await api.find(tags, since=chunk.created_at)
+        api = self._api_ready()
+        chunks = self._journal.open_chunks(self._real.label)
+        recorded = {  # first: none of these is taken for an unrecorded chunk's batch
+            chunk.id: await api.retrieve(chunk.batch_id) for chunk in chunks if chunk.batch_id is not None
+        }
+        for chunk in chunks:
+            batch: Mapping[str, Any] | None = recorded.get(chunk.id)
+            if batch is None:  # journalled, maybe uploaded and created, but its id never recorded
+                batch = await api.find(self._tags(chunk.id), since=chunk.created_at, lines=len(chunk.custom_ids))
                 if batch is None:
-                    await self._journal.note_batch(chunk.id, None, "abandoned")  # never created: sent afresh
+                    await self._journal.note_batch(chunk.id, None, "abandoned")  # sent afresh
+                    if not api.tags_batches:
+                        _log.warning(
+                            "sluice: batch %d (%d lines) may have been created before a crash; %s batches carry no "
+                            "tags and none matched it for sure, so its lines are submitted again (if it exists, "
+                            "those lines may be billed twice)",
+                            chunk.id,
+                            len(chunk.custom_ids),
+                            self._real.provider_name,
+                        )
                     continue
                 await self._journal.note_batch(chunk.id, str(batch["id"]), "submitted")
                 _log.info("found batch %s of chunk %d at the provider (its id was not recorded)", batch["id"], chunk.id)
@@ -342,7 +337,7 @@ class BatchTier:
             for answer in waiting.values():
                 answer.add_done_callback(_quiet)
             self._waiting.update(waiting)
-            self.batches[str(batch["id"])] = str(batch.get("status"))
+            self.batches[str(batch["id"])] = api.status(batch)
             self._spawn(self._resume(chunk.id, batch, waiting))
 
     async def _resume(self, chunk: int, batch: Mapping[str, Any], waiting: dict[str, _Answer]) -> None:
@@ -366,28 +361,3 @@ def _quiet(answer: asyncio.Future[Any]) -> None:
     """A recovered line nobody asks for again (its answer was stored): no 'never retrieved'."""
     if not answer.cancelled():
         answer.exception()
-
-
-def _line_outcome(line: bytes) -> tuple[str | None, bool]:
-    try:
-        item = _json.loads(line)
-    except ValueError:
-        return None, False
-    if not isinstance(item, Mapping) or not isinstance(item.get("custom_id"), str):
-        return None, False
-    response = item.get("response")
-    ok = isinstance(response, Mapping) and response.get("status_code") == 200
-    return str(item["custom_id"]), ok
-
-
-def _token_limited(batch: Mapping[str, Any]) -> bool:
-    if batch.get("status") != "failed":
-        return False
-    errors = (batch.get("errors") or {}).get("data") or []
-    return any(isinstance(e, Mapping) and e.get("code") == "token_limit_exceeded" for e in errors)
-
-
-def _why_unanswered(batch: Mapping[str, Any]) -> str:
-    errors = (batch.get("errors") or {}).get("data") or []
-    messages = [str(e.get("message")) for e in errors if isinstance(e, Mapping)]
-    return "; ".join(messages[:3]) or "no result for this line"

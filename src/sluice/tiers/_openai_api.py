@@ -1,153 +1,136 @@
-"""OpenAI's Files + Batches API, as the batch tier uses it: upload a chunk's lines, create
-its batch with the job's tags, read its state, list the key's batches (to find one a
-crash left unrecorded), cancel, and stream a result file's lines.
-
-Also any server that speaks it (Azure OpenAI's batch deployments, ``sluice serve``, the
-fake in :mod:`sluice.testing`). Requests go through the deployment's own provider for
-its URL, key, and the typed errors of a refused call.
-"""
+"""OpenAI's Files + Batches API (and any server that speaks it: Azure OpenAI's batch
+deployments, ``sluice serve``, the fake in :mod:`sluice.testing`): a chunk is uploaded as
+a JSONL file and a batch created over it with the job's tags in ``metadata``; results
+come as an output file and an error file."""
 
 from __future__ import annotations
 
-import asyncio
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import _json
-from .._errors import MalformedResponseError, ProviderError, RetryableError
+from .._errors import BatchIncompleteError, MalformedResponseError, ProviderError
 from .._models import Deployment
+from ._api import BatchAPI, Outcome
 
 if TYPE_CHECKING:
     import aiohttp
 
-    from ..providers import HttpProvider
+    from ..providers import HttpProvider, Reply
 
 __all__ = ["OpenAIBatches"]
 
-#: Seconds one call of this API may take (an upload of 200 MB included).
-_CALL_TIMEOUT = 600.0
-#: Tries of a call that failed on the way (connection, 5xx, 429) before it is given up.
-_TRIES = 6
+_ENDED = ("completed", "failed", "expired", "cancelled")
 
 
-class OpenAIBatches:
-    """The Files + Batches endpoints of one deployment."""
+class OpenAIBatches(BatchAPI):
+    max_lines = 50_000
+    max_bytes = 190 * 1024 * 1024  # OpenAI takes 200 MB
+    tags_batches = True
+    endpoint = "/v1/chat/completions"
 
     def __init__(self, provider: HttpProvider, deployment: Deployment, session: aiohttp.ClientSession) -> None:
-        self._provider = provider
-        self._deployment = deployment
-        self._session = session
+        super().__init__(provider, deployment, session)
         base = getattr(provider, "base_url", None)
         if base is None:
             raise TypeError(f"{type(provider).__name__} has no base_url: not an OpenAI-compatible provider")
         self._base = str(base(deployment))
-        headers = provider.headers_for(deployment)
-        headers.pop("content-type", None)
-        self._headers = headers
 
-    async def upload(self, content: bytes, filename: str) -> str:
-        """Upload a JSONL file for a batch; its file id."""
+    def line(self, custom_id: str, body: Mapping[str, Any]) -> bytes:
+        return _json.dumps({"custom_id": custom_id, "method": "POST", "url": self.endpoint, "body": body}) + b"\n"
+
+    async def submit(self, lines: list[bytes], tags: Mapping[str, str]) -> dict[str, Any]:
         import aiohttp
+
+        content = b"".join(lines)
+        name = f"sluice-{'-'.join(tags.values())}.jsonl"
 
         def form() -> aiohttp.FormData:
             data = aiohttp.FormData()
             data.add_field("purpose", "batch")
-            data.add_field("file", content, filename=filename, content_type="application/jsonl")
+            data.add_field("file", content, filename=name, content_type="application/jsonl")
             return data
 
-        body = await self._json("POST", "/files", form=form)
-        return str(body["id"])
-
-    async def create(self, file_id: str, endpoint: str, metadata: Mapping[str, str]) -> dict[str, Any]:
-        """Create a batch over an uploaded file (not retried: a create that may have landed
-        is looked up by its metadata, never sent twice)."""
-        payload: dict[str, Any] = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"}
-        payload["metadata"] = dict(metadata)
-        return await self._json("POST", "/batches", payload=payload, tries=1)
+        file_id = str((await self.call("POST", f"{self._base}/files", form=form))["id"])
+        create = {"input_file_id": file_id, "endpoint": self.endpoint, "completion_window": "24h", "metadata": tags}
+        payload = _json.dumps(create)
+        try:
+            return await self.call("POST", f"{self._base}/batches", payload=payload, tries=1)
+        except ProviderError as exc:
+            if not exc.retryable:
+                raise
+            found = await self.find(tags, since=time.time() - 600, lines=len(lines))  # it may have landed
+            return found if found is not None else await self.call("POST", f"{self._base}/batches", payload=payload)
 
     async def retrieve(self, batch_id: str) -> dict[str, Any]:
-        return await self._json("GET", f"/batches/{batch_id}")
+        return await self.call("GET", f"{self._base}/batches/{batch_id}")
 
-    async def cancel(self, batch_id: str) -> dict[str, Any]:
-        return await self._json("POST", f"/batches/{batch_id}/cancel")
+    def status(self, batch: Mapping[str, Any]) -> str:
+        return str(batch.get("status"))
 
-    async def find(self, metadata: Mapping[str, str], *, since: float) -> dict[str, Any] | None:
-        """The newest batch tagged with ``metadata``, looking back to ``since`` (Unix time)."""
+    def ended(self, batch: Mapping[str, Any]) -> bool:
+        return batch.get("status") in _ENDED
+
+    def token_limited(self, batch: Mapping[str, Any]) -> bool:
+        return batch.get("status") == "failed" and any(e.get("code") == "token_limit_exceeded" for e in _errors(batch))
+
+    def why_unanswered(self, batch: Mapping[str, Any]) -> str:
+        messages = [str(e.get("message")) for e in _errors(batch)]
+        return "; ".join(messages[:3]) or "no result for this line"
+
+    async def find(self, tags: Mapping[str, str], *, since: float, lines: int) -> dict[str, Any] | None:
         after: str | None = None
         while True:
             query = "?limit=100" + (f"&after={after}" if after else "")
-            page = await self._json("GET", f"/batches{query}")
+            page = await self.call("GET", f"{self._base}/batches{query}")
             data = page.get("data") or []
             for batch in data:
-                tags = batch.get("metadata") or {}
-                if all(tags.get(k) == v for k, v in metadata.items()):
+                found = batch.get("metadata") or {}
+                if all(found.get(k) == v for k, v in tags.items()):
                     return dict(batch)
             if not page.get("has_more") or not data or float(data[-1].get("created_at") or 0) < since - 60:
                 return None
             after = str(data[-1]["id"])
 
-    async def lines(self, file_id: str) -> AsyncIterator[bytes]:
-        """A result file's lines, streamed (a big output never sits in memory whole)."""
-        import aiohttp
+    async def results(self, batch: Mapping[str, Any]) -> AsyncIterator[Outcome]:
+        for key in ("output_file_id", "error_file_id"):
+            file_id = batch.get(key)
+            if not file_id:
+                continue
+            async for line in self.stream_lines(f"{self._base}/files/{file_id}/content"):
+                try:
+                    item = _json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(item, Mapping) and isinstance(item.get("custom_id"), str):
+                    response = item.get("response")
+                    ok = isinstance(response, Mapping) and response.get("status_code") == 200
+                    yield str(item["custom_id"]), ok, line
 
-        url = f"{self._base}/files/{file_id}/content"
+    async def cancel(self, batch_id: str) -> dict[str, Any]:
+        return await self.call("POST", f"{self._base}/batches/{batch_id}/cancel")
+
+    def reply(self, batch_id: str, line: bytes) -> Reply:
+        label = self.deployment.label
         try:
-            async with self._session.get(url, headers=self._headers, allow_redirects=False) as response:
-                if response.status != 200:
-                    raise self._refused(response.status, await response.read(), response.headers)
-                buffer = b""
-                async for piece in response.content.iter_chunked(1 << 16):
-                    buffer += piece
-                    *complete, buffer = buffer.split(b"\n")
-                    for line in complete:
-                        if line.strip():
-                            yield line
-                if buffer.strip():
-                    yield buffer
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise RetryableError(f"{self._deployment.label}: reading batch file {file_id} failed ({exc})") from None
+            item = _json.loads(line)
+            response, error = item.get("response"), item.get("error")
+        except (ValueError, AttributeError):
+            raise MalformedResponseError(f"{label}: batch {batch_id} gave a line that is not JSON") from None
+        if not isinstance(response, Mapping):
+            what = error.get("message") if isinstance(error, Mapping) else "no response"
+            code = error.get("code") if isinstance(error, Mapping) else None
+            raise BatchIncompleteError(f"batch {batch_id} did not answer this line ({code}: {what})")
+        status = int(response.get("status_code") or 0)
+        body = _json.dumps(response.get("body") or {})
+        request_id = response.get("request_id")
+        if status != 200:
+            raise self.provider.error_of(status, body, {}, request_id, None, self.deployment)
+        return self.provider.reply_of(body, request_id, None, self.deployment)
 
-    # -- the round trip --------------------------------------------------------------------
 
-    async def _json(
-        self,
-        method: str,
-        path: str,
-        *,
-        payload: Mapping[str, Any] | None = None,
-        form: Any = None,
-        tries: int = _TRIES,
-    ) -> dict[str, Any]:
-        """One call, tried again (backing off) while it fails on the way."""
-        import aiohttp
-
-        delay = 1.0
-        for attempt in range(1, tries + 1):
-            try:
-                data = form() if form is not None else (None if payload is None else _json.dumps(payload))
-                headers = dict(self._headers)
-                if payload is not None:
-                    headers["content-type"] = "application/json"
-                timeout = aiohttp.ClientTimeout(total=_CALL_TIMEOUT)
-                async with self._session.request(
-                    method, self._base + path, data=data, headers=headers, timeout=timeout, allow_redirects=False
-                ) as response:
-                    raw = await response.read()
-                    if response.status != 200:
-                        raise self._refused(response.status, raw, response.headers)
-                body = _json.loads(raw)
-                if not isinstance(body, dict):
-                    raise MalformedResponseError(f"{self._deployment.label}: {method} {path} answered {raw[:80]!r}")
-                return body
-            except (TimeoutError, aiohttp.ClientError, RetryableError, ValueError) as exc:
-                if attempt >= tries:
-                    if isinstance(exc, ProviderError):
-                        raise
-                    raise RetryableError(f"{self._deployment.label}: {method} {path} failed ({exc})") from None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 60.0)
-        raise AssertionError("unreachable")
-
-    def _refused(self, status: int, raw: bytes, headers: Mapping[str, str]) -> ProviderError:
-        request_id = headers.get("x-request-id")
-        return self._provider.error_of(status, raw, headers, request_id, None, self._deployment)
+def _errors(batch: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    errors = batch.get("errors")
+    data = errors.get("data") if isinstance(errors, Mapping) else None
+    return [e for e in data or [] if isinstance(e, Mapping)]
