@@ -5,9 +5,11 @@ the submission protocol, and ``--tier flex``."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sqlite3
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -167,7 +169,7 @@ def test_batch_flags_are_checked_before_anything_runs(server: FakeServer, tmp_pa
     src, out = _job(tmp_path, 3)
     wrong = run_cli(server, "run", src, "-o", out, "--model", MODEL, "--poll-every", "1")
     assert wrong.returncode == 2
-    assert "--poll-every applies to --tier batch only" in wrong.stderr
+    assert "--poll-every applies to --tier batch or auto only" in wrong.stderr
     too_big = run_cli(server, "run", src, "-o", out, "--model", MODEL, "--tier", "batch", "--batch-size", "60000")
     assert too_big.returncode == 2
     assert "--batch-size" in too_big.stderr
@@ -258,3 +260,43 @@ def test_an_unrecorded_anthropic_batch_is_found_by_what_can_be_seen_of_it(server
     assert done.returncode == 0, done.stderr
     _check_answered_once(server, out, 30)
     assert len(server.batches.batches) == 1
+
+
+AUTO = ("--tier", "auto", "--poll-every", "0.2", "--price", "1,2", "--rpm", "1200")
+
+
+def test_auto_keeps_to_the_batch_while_it_can_finish_in_time(server: FakeServer, tmp_path: Path) -> None:
+    src, out = _job(tmp_path, 40)
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *AUTO, "--deadline", "1h")
+    assert done.returncode == 0, done.stderr
+    _check_answered_once(server, out, 40)
+
+
+def test_auto_meets_the_deadline_synchronously_when_the_batch_never_starts(server: FakeServer, tmp_path: Path) -> None:
+    """200 lines at 20 a second take 10 s synchronously: with 20 s to go the plan waits
+    for the batch a few seconds, then cancels it and sends the rest itself."""
+    server.batches.start_after = math.inf
+    src, out = _job(tmp_path, 200)
+    started = time.monotonic()
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *AUTO, "--deadline", "20s", timeout=120)
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    records = read_output(out)
+    assert len(records) == 200
+    assert all(r["ok"] for r in records)
+    assert {r["tier"] for r in records} == {"sync"}
+    assert took < 20 + 8  # the deadline, plus the process's start and a few seconds
+    assert server.batches.open_batches == []  # nothing left running at the provider
+    assert [b.status for b in server.batches.batches.values()] == ["cancelled"]
+    assert server.stats.accepted == 200
+    assert server.stats.duplicate_successes == 0
+
+
+def test_auto_needs_a_deadline(server: FakeServer, tmp_path: Path) -> None:
+    src, out = _job(tmp_path, 3)
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, "--tier", "auto")
+    assert done.returncode == 2
+    assert "--deadline" in done.stderr
+    bad = run_cli(server, "run", src, "-o", out, "--model", MODEL, *AUTO, "--deadline", "soon")
+    assert bad.returncode == 2
+    assert "not a duration" in bad.stderr

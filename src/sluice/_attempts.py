@@ -347,11 +347,12 @@ class Attempts:
         loop = asyncio.get_running_loop()
         slot.sending(slot.ready_at)
         sent_at = slot.sent_at
-        timeout = retry.attempt_timeout
-        if deadline is not None and (timeout is None or deadline - sent_at < timeout):
+        untimed = route.deployment.tier == "batch"  # a batch line waits for its batch (its own window)
+        timeout = None if untimed else retry.attempt_timeout
+        if deadline is not None and not untimed and (timeout is None or deadline - sent_at < timeout):
             timeout = deadline - sent_at
         hard = sent_at + timeout if timeout is not None else None
-        idle = None if streamed else retry.idle_timeout
+        idle = None if streamed or untimed else retry.idle_timeout
         if idle is not None and hard is not None and sent_at + idle >= hard:
             idle = None  # the attempt timeout comes first
         charge: float | None = None  # None: it may have been billed, at its worst case

@@ -70,9 +70,26 @@ def engine_from(config: JobConfig, **overrides: Any) -> Engine:
     }
     deployments = arguments.pop("deployments", config.deployments)
     if config.tier != "sync":
+        if config.tier == "auto":
+            config = dataclasses.replace(config, batch=dataclasses.replace(config.batch, sync_rate=_sync_rate(config)))
         arguments.update(_tier_arguments(config, arguments))
         deployments = tier_deployments(deployments, config.tier, arguments.get("store"), config.batch)
     return Engine(deployments, **arguments)
+
+
+def _sync_rate(config: JobConfig) -> float:
+    """Requests a second the job's model can be sent synchronously, from the limits it was
+    given (its deployments' ``rpm``, else ``--rpm`` for every model); 1/s when none says:
+    a plan that cannot know the rate assumes a slow one, and moves to synchronous early."""
+    model = config.model
+    rates = [
+        d.rpm / d.window
+        for d in config.deployments
+        if d.rpm is not None and (model is None or model in (d.model, d.label, f"openai/{d.model}"))
+    ]
+    if not rates and isinstance(config.defaults.get("rpm"), (int, float)):
+        rates = [float(config.defaults["rpm"]) / float(config.defaults.get("window", 60.0))]
+    return sum(rates) or 1.0
 
 
 #: Seconds a flex request may take: OpenAI suggests 15 minutes (it queues for capacity).
@@ -81,7 +98,7 @@ _FLEX_TIMEOUT = 900.0
 
 def _tier_arguments(config: JobConfig, arguments: Mapping[str, Any]) -> dict[str, Any]:
     """What a tier changes in the engine: a batch line waits as long as its batch (no
-    attempt timeout; two batches' worth in flight); a flex one up to 15 minutes."""
+    deadline; two batches' worth in flight); a flex one up to 15 minutes."""
     journal = arguments.get("store")
     retry: RetryPolicy = arguments["retry"]
 
@@ -96,7 +113,8 @@ def _tier_arguments(config: JobConfig, arguments: Mapping[str, Any]) -> dict[str
             deadline=None if retry.deadline is None else max(retry.deadline, 4 * _FLEX_TIMEOUT),
         )
         return {"retry": longer, "adapt_deployment": adapt}
-    untimed = dataclasses.replace(retry, attempt_timeout=None, idle_timeout=None, deadline=None)
+    # a batch line's attempt is not timed (see Attempts.attempt); nor is a job's retrying
+    untimed = dataclasses.replace(retry, deadline=None)
     return {
         "retry": untimed,
         "adapt_deployment": adapt,

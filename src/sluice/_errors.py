@@ -58,6 +58,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidRequestError",
     "MalformedResponseError",
+    "MovedToSyncError",
     "NotFoundError",
     "OverloadedError",
     "PermissionDeniedError",
@@ -251,6 +252,13 @@ class MalformedResponseError(RetryableError):
 
 class FatalProviderError(ProviderError):
     kind = "provider_error"
+
+
+class MovedToSyncError(FatalProviderError):
+    """``--tier auto``: the batch cannot answer this line by the deadline; it goes to the
+    model synchronously (the fallback of its batch tier)."""
+
+    kind = "moved_to_sync"
 
 
 class BadRequestError(FatalProviderError):

@@ -318,6 +318,10 @@ class Secret:
 #: How a deployment may be served (``Deployment.tier``).
 TIERS = ("sync", "flex", "batch")
 
+#: ``--tier auto`` asks for ``model + BATCH_SUFFIX``: the model's batch tier, which falls
+#: back to the model itself (synchronous) when the deadline needs it.
+BATCH_SUFFIX = "@batch"
+
 #: What the flex tier and the Batch APIs bill, as a share of the synchronous price:
 #: OpenAI's batch and flex, and Anthropic's Message Batches, are all half price
 #: (overridable per deployment: ``options = {batch_discount = 0.5}``).

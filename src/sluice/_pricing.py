@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._models import TIER_DISCOUNT, Deployment, Price, Usage
+from ._models import BATCH_SUFFIX, TIER_DISCOUNT, Deployment, Price, Usage
 
 __all__ = ["Price", "Pricing", "cost_of", "worst_case_cost"]
 
@@ -197,8 +197,9 @@ def _sync_price(deployment: Deployment) -> _Known | None:
     route = _route(deployment)
     if route is None:
         return None
+    name = deployment.model_name.removesuffix(BATCH_SUFFIX)  # a model's batch tier is priced as the model
     try:
-        found = calc_price(PriceUsage(input_tokens=1, output_tokens=1), deployment.model_name, **route[0])
+        found = calc_price(PriceUsage(input_tokens=1, output_tokens=1), name, **route[0])
     except LookupError:
         return None
     source = f"genai-prices: {found.provider.id}/{found.model.id}"

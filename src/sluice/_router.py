@@ -38,6 +38,7 @@ from ._errors import (
     GroupExhausted,
     InvalidRequestError,
     MalformedResponseError,
+    MovedToSyncError,
     NotFoundError,
     OverloadedError,
     PermissionDeniedError,
@@ -46,7 +47,7 @@ from ._errors import (
     SluiceError,
 )
 from ._limits import Claim, Limiter, LocalLimiter, Reservation
-from ._models import BUILTIN_PROVIDERS, Deployment
+from ._models import BATCH_SUFFIX, BUILTIN_PROVIDERS, Deployment
 
 if TYPE_CHECKING:
     from .providers import Provider
@@ -338,6 +339,9 @@ class Router:
                 chain = self.fallbacks.get(f"openai/{model}")
             elif model.startswith("openai/"):
                 chain = self.fallbacks.get(model.removeprefix("openai/"))
+        if model.endswith(BATCH_SUFFIX):  # a model's batch tier (--tier auto) falls back to the model
+            real = model.removesuffix(BATCH_SUFFIX)
+            return (real, *(chain or self._fallbacks_of(real)))
         return chain or ()
 
     def _check_fallbacks(self, model: str, chain: Sequence[str]) -> None:
@@ -587,6 +591,8 @@ def model_cannot_take(error: SluiceError) -> bool:
     """A rejection of the request by this model (too long, against its content policy), or a
     request its provider cannot express (raised before sending): another model may take it."""
     if isinstance(error, InvalidRequestError) and not isinstance(error, CapacityError):
+        return True
+    if isinstance(error, MovedToSyncError):
         return True
     if not isinstance(error, BadRequestError):
         return False

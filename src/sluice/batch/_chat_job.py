@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from .._errors import CancelledError, InvalidInputError, SluiceError
 from .._models import Request, Result
 from ..store import SqliteStore
+from ..tiers import batch_request
 from ._inputs import EMBEDDING_IN_CHAT_JOB, InputItem, read_inputs, request_of
 from ._job import JobProgress, JobSpec
 from ._output import DoneLines, JobOutput, OutputFile, output_record
@@ -27,6 +28,7 @@ async def stream_chat(
     file: OutputFile,
 ) -> None:
     engine = engine_for(spec, progress, store)
+    auto = spec.config.tier == "auto"  # each line asks its model's batch tier first
     pending: dict[int, InputItem] = {}
     numbering = itertools.count()
 
@@ -45,7 +47,7 @@ async def stream_chat(
             elif item.embedding is not None:
                 yield InvalidInputError(f"line {item.line}: {EMBEDDING_IN_CHAT_JOB}", line=item.line)
             else:
-                yield request_of(item, spec.cache)
+                yield batch_request(request_of(item, spec.cache)) if auto else request_of(item, spec.cache)
         progress.source_exhausted = True
 
     output = JobOutput(file, progress)

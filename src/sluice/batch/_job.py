@@ -118,6 +118,12 @@ class JobProgress:
     #: A distributed job's figures from its workers' records (requests sent, tokens,
     #: latency); None when the job runs in this process (the engine's own stats count).
     worker_stats: Stats | None = None
+    #: Answers this run by tier (``sync``, ``flex``, ``batch``): [lines, dollars].
+    tiers: dict[str, list[float]] = field(default_factory=dict)
+    #: The provider batches this run followed, and each one's last status.
+    batches: dict[str, str] = field(default_factory=dict)
+    #: Lines a batch answered after ``--tier auto`` had moved them to synchronous requests.
+    answered_twice: int = 0
 
     @property
     def complete(self) -> bool:
@@ -159,6 +165,10 @@ class JobProgress:
         self.written += 1
         if result.cached:
             self.from_store += 1
+        elif result.ok and result.tier is not None:
+            tally = self.tiers.setdefault(result.tier, [0, 0.0])
+            tally[0] += 1
+            tally[1] += result.cost_usd or 0.0
         if sent is not None and max_tokens_added(sent, result) is not None:
             self.capped += 1
             if result.finish_reason in ("length", "max_tokens"):

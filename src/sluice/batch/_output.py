@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _errors, _json
 from .._errors import ConfigError
-from .._models import Request, Result, store_key
+from .._models import BATCH_SUFFIX, Request, Result, store_key
 from .._records import error_record, usage_record, usd_record
 from ._inputs import InputItem
 
@@ -237,7 +237,7 @@ def output_record(item: InputItem, result: Result, sent: Request | None = None) 
     record["attempts"] = result.attempts
     record["latency_s"] = round(result.timings.latency, 4)
     record["deployment"] = result.deployment
-    record["model"] = result.model
+    record["model"] = result.model.removesuffix(BATCH_SUFFIX) if result.model else None  # auto's batch tier
     record["tier"] = result.tier
     if result.batch_id is not None:
         record["batch_id"] = result.batch_id

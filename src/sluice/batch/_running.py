@@ -16,7 +16,7 @@ from .._engine import Engine
 from .._errors import SluiceError
 from .._models import Result
 from ..store import SqliteStore
-from ..tiers import close_tiers
+from ..tiers import batch_report, close_tiers
 from ._job import FailFast, JobProgress, JobSpec
 from ._output import JobOutput
 
@@ -26,7 +26,10 @@ __all__ = ["engine_for", "fold_deployments", "note_deployments", "running"]
 def engine_for(spec: JobSpec, progress: JobProgress, store: SqliteStore) -> Engine:
     """The job's engine: its config's deployments, limits and budget (which counts what
     earlier runs spent)."""
-    engine = engine_from(spec.config, store=store, retry_failed=spec.retry_failed, grace=spec.grace)
+    config = spec.config
+    if config.tier == "auto":  # the deadline plan counts what is left of the whole job
+        config = dataclasses.replace(config, batch=dataclasses.replace(config.batch, remaining=lambda: progress.left))
+    engine = engine_from(config, store=store, retry_failed=spec.retry_failed, grace=spec.grace)
     progress.engine = engine
     if engine.spending.budget is not None:  # the budget is the job's, over all its runs
         engine.spending.budget.add_spent(progress.spent_before)
@@ -59,6 +62,7 @@ async def running(
             async with engine:
                 yield watch
         finally:
+            progress.batches, progress.answered_twice = batch_report(engine.deployments)
             await close_tiers(engine.deployments)  # polling stops; the provider's batches run on
     finally:
         ticker.cancel()

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -312,11 +313,18 @@ def main() -> None:
 @click.option("--no-local-worker", is_flag=True, help="With --redis: only coordinate; workers answer everything.")
 @click.option(
     "--tier",
-    type=click.Choice(["sync", "flex", "batch"]),
+    type=click.Choice(["sync", "flex", "batch", "auto"]),
     default="sync",
     show_default=True,
     help="How requests are served: sync requests; OpenAI's flex processing (half price, slower); "
-    "or the provider's Batch API (half price, within 24 h; a rerun collects running batches).",
+    "the provider's Batch API (half price, within 24 h; a rerun collects running batches); "
+    "or auto: the Batch API, then sync requests for what it would not finish by --deadline.",
+)
+@click.option(
+    "--deadline",
+    callback=lambda ctx, param, value: None if value is None else _duration(value, "--deadline"),
+    metavar="DURATION",
+    help="With --tier auto: when every line must be answered, from now (45s, 30m, 6h).",
 )
 @click.option(
     "--poll-every",
@@ -381,19 +389,41 @@ def _with_tier(config: JobConfig, flags: dict[str, Any]) -> JobConfig:
     from ..tiers import BatchSettings
 
     tier = flags.pop("tier")
-    poll_every, batch_size = flags.pop("poll_every"), flags.pop("batch_size")
-    if tier != "batch":
+    poll_every, batch_size, deadline = flags.pop("poll_every"), flags.pop("batch_size"), flags.pop("deadline")
+    if tier == "auto" and deadline is None:
+        _fail("--tier auto plans against a deadline: add --deadline DURATION (e.g. --deadline 6h)")
+    if tier != "auto" and deadline is not None:
+        _fail("--deadline applies to --tier auto only")
+    if tier not in ("batch", "auto"):
         source = click.get_current_context().get_parameter_source
         for name in ("poll_every", "batch_size"):
             if source(name) is click.core.ParameterSource.COMMANDLINE:
-                _fail(f"--{name.replace('_', '-')} applies to --tier batch only")
+                _fail(f"--{name.replace('_', '-')} applies to --tier batch or auto only")
         return dataclasses.replace(config, tier=tier)
     if flags["redis_url"] is not None:
-        _fail("--tier batch runs in one process: drop --redis (the provider's batch queue does the spreading)")
+        _fail(f"--tier {tier} runs in one process: drop --redis (the provider's batch queue does the spreading)")
     linger = min(2.0, max(1.0, poll_every))  # a partial chunk goes once lines stop coming
-    return dataclasses.replace(
-        config, tier=tier, batch=BatchSettings(poll_every=poll_every, max_lines=batch_size, linger=linger)
+    settings = BatchSettings(
+        poll_every=poll_every,
+        max_lines=batch_size,
+        linger=linger,
+        deadline=None if deadline is None else time.time() + deadline,
     )
+    return dataclasses.replace(config, tier=tier, batch=settings)
+
+
+def _duration(text: str, flag: str) -> float:
+    """``45s``, ``30m``, ``6h``, ``1d`` or plain seconds, as seconds."""
+    value = text.strip().lower()
+    scale = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}.get(value[-1:])
+    number = value[:-1] if scale is not None else value
+    try:
+        seconds = float(number) * (scale or 1.0)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a duration; write 45s, 30m, 6h or 1d", param_hint=flag) from None
+    if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+        raise click.BadParameter(f"{text!r}: a duration must be positive", param_hint=flag)
+    return seconds
 
 
 def _distributed(flags: dict[str, Any]) -> Any:

@@ -14,6 +14,7 @@ from typing import IO, Any
 import click
 
 from .._format import format_duration, usd
+from .._models import TIER_DISCOUNT
 from ..batch._job import JobProgress
 
 __all__ = ["ProgressView", "format_duration", "summary_rows", "table", "usd"]
@@ -151,6 +152,7 @@ def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
             rows.append(("latency", f"p50 {p50:.3f}s, p99 {p99:.3f}s"))
     if progress.engine is not None:
         rows.append(("cost", _cost_summary(progress)))
+    rows += _tier_rows(progress)
     rows += _troubled_deployments(progress)
     rate = progress.written / elapsed if elapsed > 0 else 0.0
     rows.append(("elapsed", f"{format_duration(elapsed)} ({rate:,.1f} records/s)"))
@@ -161,6 +163,43 @@ def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
     if progress.adopted:
         rows.append(("adopted", "the output's records were kept though its state file was gone"))
     return rows
+
+
+def _tier_rows(progress: JobProgress) -> list[tuple[str, str]]:
+    """What each tier answered and cost, against the same answers all synchronous (at the
+    published discounts); the provider batches and how they ended."""
+    if set(progress.tiers) <= {"sync"} and not progress.batches:
+        return []
+    parts, all_sync = [], 0.0
+    rows = []
+    for tier in ("batch", "flex", "sync"):
+        if tier in progress.tiers:
+            lines, cost = progress.tiers[tier]
+            parts.append(f"{tier} {int(lines):,} ({usd(cost)})")
+            all_sync += cost / TIER_DISCOUNT[tier]
+    if parts:
+        rows.append(("tiers", ", ".join(parts) + f"; all sync would have cost ~{usd(all_sync)}"))
+    if progress.batches:
+        counts: dict[str, int] = {}
+        for status in progress.batches.values():
+            counts[status] = counts.get(status, 0) + 1
+        text = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        running = sum(n for status, n in counts.items() if status not in _BATCH_ENDED)
+        if running:
+            text += f"; {running} still running at the provider: rerun the same command to collect them"
+        rows.append(("provider batches", text))
+    if progress.answered_twice:
+        rows.append(
+            (
+                "answered twice",
+                f"{progress.answered_twice:,} lines (a batch answered them after the deadline "
+                "moved them to synchronous requests; both were billed)",
+            )
+        )
+    return rows
+
+
+_BATCH_ENDED = ("completed", "failed", "expired", "cancelled", "ended")
 
 
 def _troubled_deployments(progress: JobProgress) -> list[tuple[str, str]]:

@@ -49,10 +49,16 @@ def closing_lines(progress: JobProgress, *, aborted: bool = False) -> list[str]:
     if progress.recovered.requests:
         worst = progress.recovered.worst_usd
         counted = f" (counted at their worst case, {usd(worst)})" if worst else ""
-        lines.append(
-            f"{progress.recovered.requests:,} requests were in flight when the last run stopped; they are "
-            f"sent again and may be billed twice{counted}"
-        )
+        if progress.batches:  # lines in a provider's batch were collected from it, not sent again
+            lines.append(
+                f"{progress.recovered.requests:,} requests were in flight when the last run stopped; those in "
+                f"provider batches were collected from them, any others were sent again{counted}"
+            )
+        else:
+            lines.append(
+                f"{progress.recovered.requests:,} requests were in flight when the last run stopped; they are "
+                f"sent again and may be billed twice{counted}"
+            )
     if progress.changed:
         lines.append(f"{progress.changed:,} lines changed in the input since their records were written; redone")
     if progress.own_model_lines:

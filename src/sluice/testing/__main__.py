@@ -64,11 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="chars",
         help="how prompts are counted: ~4 characters a token, or one token per UTF-8 byte (hostile)",
     )
+    add("--batch-start-after", type=float, default=0.0, help="seconds a batch waits before it starts (inf: never)")
+    add("--batch-lines-per-second", type=float, default=None, help="batch lines answered a second (default: at once)")
+    add("--batch-expire-after", type=float, default=24 * 3600.0, help="seconds until a batch expires")
     return parser
 
 
 def build_server(args: argparse.Namespace) -> FakeServer:
-    return FakeServer(
+    server = FakeServer(
         rpm=args.rpm,
         tpm=args.tpm,
         window=args.window,
@@ -86,6 +89,10 @@ def build_server(args: argparse.Namespace) -> FakeServer:
         host=args.host,
         port=args.port,
     )
+    server.batches.start_after = args.batch_start_after
+    server.batches.lines_per_second = args.batch_lines_per_second
+    server.batches.expire_after = args.batch_expire_after
+    return server
 
 
 async def _serve(server: FakeServer) -> None:

@@ -17,17 +17,39 @@ import dataclasses
 from collections.abc import Sequence
 
 from .._errors import ConfigError
-from .._models import Deployment
+from .._models import BATCH_SUFFIX, Deployment, Request
 from ._batch_tier import BatchJournal, BatchSettings, BatchTier
 
-__all__ = ["TIER_CHOICES", "BatchJournal", "BatchSettings", "BatchTier", "close_tiers", "tier_deployments"]
+__all__ = [
+    "TIER_CHOICES",
+    "BatchJournal",
+    "BatchSettings",
+    "BatchTier",
+    "batch_report",
+    "batch_request",
+    "close_tiers",
+    "tier_deployments",
+]
 
-#: What ``sluice run --tier`` takes.
-TIER_CHOICES = ("sync", "flex", "batch")
+#: What ``sluice run --tier`` takes: ``auto`` plans against a deadline (batch first, then
+#: synchronous requests for what the batch would not finish in time).
+TIER_CHOICES = ("sync", "flex", "batch", "auto")
+
+
+def batch_request(request: Request) -> Request:
+    """``--tier auto``: the request for its model's batch tier (which falls back to the model)."""
+    if request.model.endswith(BATCH_SUFFIX):
+        return request
+    return dataclasses.replace(request, model=request.model + BATCH_SUFFIX)
 
 
 def tier_deployments(
-    deployments: Sequence[Deployment], tier: str, journal: BatchJournal | None, settings: BatchSettings
+    deployments: Sequence[Deployment],
+    tier: str,
+    journal: BatchJournal | None,
+    settings: BatchSettings,
+    *,
+    model: str | None = None,
 ) -> list[Deployment]:
     """The deployments of ``tier``: flex ones send ``service_tier: "flex"``; batch ones go
     through the deployment's Batch API: no rate limits of their own (the batch queue has
@@ -37,6 +59,14 @@ def tier_deployments(
         return list(deployments)
     out = []
     for d in deployments:
+        if tier == "auto":  # the model as it is, and its batch tier (``model@batch``) beside it
+            if d.model.endswith(BATCH_SUFFIX):
+                real = dataclasses.replace(d, model=d.model.removesuffix(BATCH_SUFFIX))
+                out.extend(tier_deployments([real], "batch", journal, settings, model=d.model))
+            else:
+                out.append(d)
+                out.extend(tier_deployments([d], "batch", journal, settings, model=d.model + BATCH_SUFFIX))
+            continue
         if tier == "flex" and d.provider_name != "openai":
             raise ConfigError(
                 f"deployment {d.label!r}: --tier flex is OpenAI's (openai/...), not {d.provider_name!r}'s"
@@ -49,6 +79,8 @@ def tier_deployments(
         out.append(
             dataclasses.replace(
                 d,
+                model=model or d.model,
+                name=None if d.name is None else d.name + BATCH_SUFFIX,
                 tier="batch",
                 rpm=None,
                 tpm=None,
@@ -57,6 +89,18 @@ def tier_deployments(
             )
         )
     return out
+
+
+def batch_report(deployments: Sequence[Deployment]) -> tuple[dict[str, str], int]:
+    """The batches the tiers followed (id -> last status), and the lines answered twice
+    (by a batch after the deadline moved them to synchronous requests)."""
+    batches: dict[str, str] = {}
+    twice = 0
+    for d in deployments:
+        if isinstance(d.provider, BatchTier):
+            batches.update(d.provider.batches)
+            twice += d.provider.answered_twice
+    return batches, twice
 
 
 async def close_tiers(deployments: Sequence[Deployment]) -> None:

@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._errors import BatchIncompleteError, ConfigError, ProviderError, SluiceError
+from .._errors import BatchIncompleteError, ConfigError, MovedToSyncError, ProviderError, SluiceError
 from .._models import Deployment, Request, store_key
 from ..providers import AnthropicProvider, HttpProvider, HttpTransport, OpenAIProvider, Reply
 from ._anthropic_api import AnthropicBatches
@@ -62,6 +63,12 @@ class BatchSettings:
     max_bytes: int = 190 * 1024 * 1024
     #: Seconds without a new line before a chunk that is not full is submitted.
     linger: float = 2.0
+    #: ``--tier auto``: when (Unix time) every line must be answered; None: no deadline.
+    deadline: float | None = None
+    #: Lines a second the model's synchronous deployment can answer (its limits), for the plan.
+    sync_rate: float = 1.0
+    #: Lines of the job not answered yet (all of them, read or not), for the plan.
+    remaining: Callable[[], int] | None = None
 
     def __post_init__(self) -> None:
         if not self.poll_every > 0:
@@ -123,6 +130,11 @@ class BatchTier:
         self._job: str | None = None
         #: Batches this tier created or adopted, and what became of them (for summaries).
         self.batches: dict[str, str] = {}
+        #: ``--tier auto``: the deadline needs the rest synchronously (batches cancelled).
+        self.moved = False
+        #: Lines a batch answered after they had been moved to synchronous requests.
+        self.answered_twice = 0
+        self._planner: asyncio.Task[None] | None = None
 
     # -- the Provider protocol -----------------------------------------------------------
 
@@ -138,7 +150,11 @@ class BatchTier:
         if self._recovery is None or _failed(self._recovery):  # a failed look is tried again
             self._recovery = asyncio.get_running_loop().create_task(self._recover())
         await asyncio.shield(self._recovery)  # every line waits until an earlier run's batches are known
+        if self.settings.deadline is not None and self._planner is None:
+            self._planner = asyncio.get_running_loop().create_task(self._plan())
         saved = self._journal.batch_result(custom_id)
+        if saved is None and self.moved:
+            raise MovedToSyncError(f"sent synchronously: a batch could not answer it by the deadline ({_at(self)})")
         if saved is None:
             answer = self._waiting.get(custom_id)
             if answer is None:
@@ -148,6 +164,8 @@ class BatchTier:
 
     async def aclose(self) -> None:
         """Stop polling (the provider's batches keep running: a rerun collects them)."""
+        if self._planner is not None:
+            self._planner.cancel()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -281,6 +299,8 @@ class BatchTier:
         answer = waiting.get(custom_id)
         self._waiting.pop(custom_id, None)
         if answer is None or answer.done():
+            if answer is not None and error is None and isinstance(answer.exception(), MovedToSyncError):
+                self.answered_twice += 1  # billed by the batch too: counted, reported
             return
         if error is not None:
             answer.set_exception(error)
@@ -297,6 +317,39 @@ class BatchTier:
     def _reply(self, batch_id: str, line: bytes) -> Reply:
         reply = self._api_ready().reply(batch_id, line)
         return Reply(reply.text, reply.usage, reply.raw, reply.finish_reason, reply.request_id, None, batch_id)
+
+    # -- the deadline (--tier auto) -------------------------------------------------------
+
+    async def _plan(self) -> None:
+        """Keep to the batch while the synchronous limits could still answer what is left
+        before the deadline (with a margin); then cancel the batches and move every line
+        still waiting to the synchronous deployment."""
+        settings = self.settings
+        assert settings.deadline is not None
+        while not self.moved:
+            left = settings.remaining() if settings.remaining is not None else len(self._waiting)
+            needed = left / settings.sync_rate * 1.15 + max(5.0, 2 * settings.poll_every)
+            if left > 0 and time.time() + needed >= settings.deadline:
+                await self._move_to_sync()
+                return
+            await asyncio.sleep(min(settings.poll_every, 1.0))
+
+    async def _move_to_sync(self) -> None:
+        self.moved = True
+        _log.warning("sluice: the deadline is near: cancelling the batches; the rest goes synchronously")
+        moved = MovedToSyncError(f"sent synchronously: a batch could not answer it by the deadline ({_at(self)})")
+        filling, self._filling = self._filling, _Filling()
+        if filling.timer is not None:
+            filling.timer.cancel()
+        self._fail(filling.waiting, moved)
+        self._fail(dict(self._waiting), moved)
+        api = self._api_ready()
+        for batch_id, status in list(self.batches.items()):
+            if status not in ("completed", "failed", "expired", "cancelled", "ended"):
+                try:
+                    await api.cancel(batch_id)  # its answered lines still come (counted if moved meanwhile)
+                except ProviderError as exc:
+                    _log.warning("sluice: could not cancel batch %s (%s)", batch_id, exc.message)
 
     # -- crash recovery --------------------------------------------------------------------
 
@@ -351,6 +404,11 @@ class BatchTier:
 
     def __repr__(self) -> str:
         return f"BatchTier({self._real.label!r})"
+
+
+def _at(tier: BatchTier) -> str:
+    deadline = tier.settings.deadline
+    return "deadline " + (time.strftime("%H:%M:%S", time.localtime(deadline)) if deadline is not None else "none")
 
 
 def _failed(task: asyncio.Task[None]) -> bool:
