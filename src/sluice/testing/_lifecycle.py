@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from aiohttp import web
 
@@ -50,7 +50,7 @@ class LoopbackServer:
         self._loop = asyncio.get_running_loop()
         self._closing = asyncio.Event()
         # No access log: logging every request would dominate the zero-latency path.
-        server = web.Server(self._handle, access_log=None)
+        server = web.Server(self._handle, access_log=None, request_factory=_request_factory(self._loop))
         runner = web.ServerRunner(server, shutdown_timeout=SHUTDOWN_TIMEOUT)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self._requested_port, backlog=1024)
@@ -138,3 +138,14 @@ class LoopbackServer:
     def anthropic_url(self) -> str:
         """Anthropic-style base URL; the client posts to ``{anthropic_url}/v1/messages``."""
         return f"http://{self.host}:{self.port}"
+
+
+#: The largest request body taken: a Batch API upload may be 200 MB (aiohttp's default is 1 MB).
+MAX_BODY = 256 * 1024 * 1024
+
+
+def _request_factory(loop: asyncio.AbstractEventLoop) -> Any:
+    def make(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> web.BaseRequest:
+        return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=MAX_BODY)
+
+    return make
