@@ -300,3 +300,71 @@ def test_auto_needs_a_deadline(server: FakeServer, tmp_path: Path) -> None:
     bad = run_cli(server, "run", src, "-o", out, "--model", MODEL, *AUTO, "--deadline", "soon")
     assert bad.returncode == 2
     assert "not a duration" in bad.stderr
+
+
+def test_sluice_cancel_cancels_the_jobs_batches_and_the_rerun_sends_the_rest(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    server.batches.start_after = math.inf
+    src, out = _job(tmp_path, 20)
+    state = out.with_suffix(".sluice.db")
+    job = start_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, "--grace", "0")
+    try:
+        wait_until(lambda: any(batch_id for _, batch_id, _ in _chunks(state)), timeout=30)
+        busy = run_cli(server, "cancel", out)
+        assert busy.returncode == 2  # refused while the job runs: it would send the lines again
+        assert "in use by a running sluice job" in busy.stderr
+        job.send_signal(signal.SIGINT)
+        stdout, stderr = job.communicate(timeout=30)
+    finally:
+        job.kill()
+    assert job.returncode == 130, stderr
+    assert "still running at the provider: rerun the same command to collect them" in stdout
+    (first,) = server.batches.batches
+    cancelled = run_cli(server, "cancel", out)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert f"{first}  cancelling" in cancelled.stdout  # as OpenAI answers a cancel
+    wait_until(lambda: server.batches.status_of(first) == "cancelled")
+    assert server.batches.open_batches == []
+    server.batches.start_after = 0.0
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
+    assert done.returncode == 0, done.stderr
+    _check_answered_once(server, out, 20)
+    again = run_cli(server, "cancel", out)
+    assert again.returncode == 0
+    assert "no provider batch of this job is open" in again.stdout
+
+
+@pytest.mark.parametrize(
+    ("step", "prefix"),
+    [
+        ("upload", "POST /v1/files"),
+        ("poll", "GET /v1/batches/"),
+        ("download", "GET /v1/files/file-"),
+    ],
+)
+def test_kill_9_at_each_step_then_every_line_is_answered_once(
+    server: FakeServer, tmp_path: Path, step: str, prefix: str
+) -> None:
+    """The client dies as its request for that step reaches the provider; the rerun ends
+    with every line answered once, no line billed twice, nothing sent synchronously."""
+    src, out = _job(tmp_path, 25)
+    job = start_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
+    seen: list[str] = []
+
+    def kill_at(what: str) -> None:
+        if what.startswith(prefix) and not seen and (step != "download" or what.endswith("/content")):
+            seen.append(what)
+            os.kill(job.pid, signal.SIGKILL)
+
+    server.batches.on_request = kill_at
+    try:
+        job.communicate(timeout=60)
+    finally:
+        server.batches.on_request = None
+    assert job.returncode == -signal.SIGKILL
+    assert seen
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
+    assert done.returncode == 0, done.stderr
+    _check_answered_once(server, out, 25)
+    assert len(server.batches.batches) == 1

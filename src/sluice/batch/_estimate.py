@@ -9,6 +9,7 @@ max_tokens (what it reserves up front), so the shortest time is given as a range
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,18 +54,19 @@ class Estimate:
     pricing: Pricing = field(default_factory=Pricing)
     expected_output: int | None = None
 
-    def _cost(self, tally: _Tally) -> str:
+    def _cost(self, tally: _Tally, tier: str = "sync") -> str:
         """From prompts only to every output token used: the true cost lies between."""
-        low = self.pricing.cost(tally.deployment, Usage(input_tokens=tally.prompt_tokens))
+        deployment = tally.deployment if tier == "sync" else dataclasses.replace(tally.deployment, tier=tier)
+        low = self.pricing.cost(deployment, Usage(input_tokens=tally.prompt_tokens))
         high = self.pricing.cost(
-            tally.deployment, Usage(input_tokens=tally.prompt_tokens, output_tokens=tally.max_output_tokens)
+            deployment, Usage(input_tokens=tally.prompt_tokens, output_tokens=tally.max_output_tokens)
         )
         if low is None or high is None:
             return "unknown: no price for this model (give --price IN,OUT)"
         expected = ""
         if self.expected_output is not None:
             mid = self.pricing.cost(
-                tally.deployment,
+                deployment,
                 Usage(input_tokens=tally.prompt_tokens, output_tokens=self.expected_output * tally.requests),
             )
             expected = f", ~${mid:,.4f} at {self.expected_output} output tokens each"
@@ -84,6 +86,11 @@ class Estimate:
             rows.append(("  prompt tokens (est.)", f"{tally.prompt_tokens:,}"))
             rows.append(("  reserved tokens", f"{tally.reserved_tokens:,} (prompt + max_tokens)"))
             rows.append(("  cost", self._cost(tally)))
+            provider = tally.deployment.provider_name
+            if provider in ("openai", "anthropic"):  # the tiers this model could use instead
+                rows.append(("  cost, --tier batch", f"{self._cost(tally, 'batch')}; within 24 h (the batch window)"))
+            if provider == "openai":
+                rows.append(("  cost, --tier flex", f"{self._cost(tally, 'flex')}; slower, may wait for capacity"))
             low, high = tally.seconds(tally.prompt_tokens), tally.seconds(tally.reserved_tokens)
             if low is None or high is None:
                 rows.append(("  shortest time", "no limits configured: bound by latency and concurrency"))

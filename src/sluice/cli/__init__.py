@@ -509,6 +509,34 @@ def estimate(input_path: Path, **flags: Any) -> None:
 
 
 @main.command()
+@click.argument("output", type=click.Path(path_type=Path))
+@click.option(
+    "--state", type=click.Path(path_type=Path), help="The job's state file (default: OUTPUT with .sluice.db)."
+)
+@_config_options
+@_friendly
+def cancel(output: Path, **flags: Any) -> None:
+    """Cancel the provider batches of the job writing OUTPUT (run with --tier batch or
+    auto). What they finished is kept: rerun the job to collect it and send the rest."""
+    import asyncio
+
+    from ..batch._cancel import cancel_job_batches
+    from ..batch._runner import default_state_path
+
+    state = flags.pop("state") or default_state_path(output)
+    if not _is_sqlite(state):
+        _fail(f"{state} is not a sluice state file; give the job's output (its -o file) or --state")
+    config = _job_config(flags)
+    done = asyncio.run(cancel_job_batches(state, config))
+    if not done:
+        click.echo(f"sluice: no provider batch of this job is open ({state})")
+        return
+    for label, batch_id, status in done:
+        click.echo(f"  {label}  {batch_id}  {status}")
+    click.echo("sluice: rerun the job to collect what the batches finished; the rest is sent again", err=True)
+
+
+@main.command()
 @click.argument("state", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_friendly
 def report(state: Path) -> None:

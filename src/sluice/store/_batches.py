@@ -113,14 +113,14 @@ def save_results_op(chunk: int, batch_id: str, lines: Sequence[tuple[str, bytes]
     return op
 
 
-def chunks_op(db: sqlite3.Connection, deployment: str) -> list[Chunk]:
-    """The chunks of ``deployment`` not yet collected."""
+def chunks_op(db: sqlite3.Connection, deployment: str | None) -> list[Chunk]:
+    """The chunks of ``deployment`` (of every deployment: None) not yet collected."""
     if not _has_tables(db):
         return []
     rows = db.execute(
         "SELECT id, deployment, custom_ids, batch_id, status, created_at FROM tier_chunks"
-        " WHERE deployment = ? AND status IN ('submitting', 'submitted') ORDER BY id",
-        (deployment,),
+        " WHERE (? IS NULL OR deployment = ?) AND status IN ('submitting', 'submitted') ORDER BY id",
+        (deployment, deployment),
     ).fetchall()
     return [Chunk(r[0], r[1], tuple(_json.loads(r[2])), r[3], r[4], r[5]) for r in rows]
 

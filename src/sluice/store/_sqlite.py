@@ -279,8 +279,9 @@ class SqliteStore:
         """Downloaded result lines by custom id, in one transaction; durable on return."""
         await self._write().run(_batches.save_results_op(chunk, batch_id, lines))
 
-    def open_chunks(self, deployment: str) -> list[_batches.Chunk]:
-        """The chunks of ``deployment`` an earlier run submitted and did not collect."""
+    def open_chunks(self, deployment: str | None = None) -> list[_batches.Chunk]:
+        """The chunks of ``deployment`` (None: of every one) an earlier run submitted and did
+        not collect."""
         return _batches.chunks_op(self._db, deployment)
 
     def batch_result(self, custom_id: str) -> tuple[str, bytes] | None:

@@ -109,6 +109,9 @@ class BatchDesk:
         #: Called with a batch's public form right after it is created, before the reply
         #: goes out (a test kills the client there: the batch exists, unrecorded).
         self.on_created: Callable[[Mapping[str, Any]], None] | None = None
+        #: Called with ``"METHOD /path"`` as each Files or Batches request arrives (a test
+        #: kills the client at a chosen step of its protocol).
+        self.on_request: Callable[[str], None] | None = None
         self.files: dict[str, _File] = {}
         self.batches: dict[str, _Batch] = {}
         self._line_faults: list[int] = []
@@ -138,6 +141,8 @@ class BatchDesk:
         if not (anthropic or path.startswith(("/v1/files", "/v1/batches"))):
             return None
         fmt: Format = AnthropicFormat() if anthropic else OpenAIFormat()
+        if self.on_request is not None:
+            self.on_request(f"{method} {path}")
         try:
             fmt.check_auth(request.headers, self._server.api_key)
             owner = _owner(request.headers)

@@ -86,7 +86,7 @@ class BatchJournal(Protocol):
     async def new_chunk(self, deployment: str, custom_ids: list[str]) -> int: ...
     async def note_batch(self, chunk: int, batch_id: str | None, status: str) -> None: ...
     async def save_batch_results(self, chunk: int, batch_id: str, lines: list[tuple[str, bytes]]) -> None: ...
-    def open_chunks(self, deployment: str) -> list[Chunk]: ...
+    def open_chunks(self, deployment: str | None = None) -> list[Chunk]: ...
     def batch_result(self, custom_id: str) -> tuple[str, bytes] | None: ...
 
 
@@ -350,6 +350,26 @@ class BatchTier:
                     await api.cancel(batch_id)  # its answered lines still come (counted if moved meanwhile)
                 except ProviderError as exc:
                     _log.warning("sluice: could not cancel batch %s (%s)", batch_id, exc.message)
+
+    async def cancel_open(self) -> list[tuple[str, str]]:
+        """``sluice cancel``: cancel this deployment's batches an earlier run left running
+        (found by their tags when a crash kept an id from being written); (batch, status)
+        for each. What they finished stays collectable: a rerun keeps it."""
+        api = self._api_ready()
+        done: list[tuple[str, str]] = []
+        for chunk in self._journal.open_chunks(self._real.label):
+            batch_id = chunk.batch_id
+            if batch_id is None:
+                found = await api.find(self._tags(chunk.id), since=chunk.created_at, lines=len(chunk.custom_ids))
+                if found is None:
+                    continue
+                batch_id = str(found["id"])
+                await self._journal.note_batch(chunk.id, batch_id, "submitted")
+            batch = await api.retrieve(batch_id)
+            if not api.ended(batch):
+                batch = await api.cancel(batch_id)
+            done.append((batch_id, api.status(batch)))
+        return done
 
     # -- crash recovery --------------------------------------------------------------------
 
