@@ -98,10 +98,16 @@ def test_kill_9_while_the_batch_runs_then_the_rerun_collects_it(server: FakeServ
         job.kill()
         job.communicate()
     assert server.stats.accepted == 0  # killed before the batch answered anything
-    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
-    assert done.returncode == 0, done.stderr
-    _check_answered_once(server, out, 60)
+    # ~2x what the batch bills (60 lines of 10 + 16 tokens at half of $1/$2 per Mtok: $0.00126);
+    # had the killed run's lines been counted at their worst case too, it would not pay
+    budget = "0.0026"
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, "--budget", budget)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "60 lines of the last run were waiting in provider batches" in done.stderr
+    records = _check_answered_once(server, out, 60)
     assert len(server.batches.batches) == 1
+    assert server.total_billed_usd * 2 <= 0.0026
+    assert sum(r["cost_usd"] for r in records) == pytest.approx(server.total_billed_usd, rel=1e-6)
 
 
 def test_a_crash_between_creating_the_batch_and_recording_it_submits_nothing_twice(

@@ -8,9 +8,10 @@ loop (:mod:`._attempts`) is what changes them.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from ._models import idempotency_key_of
 
 if TYPE_CHECKING:
     from ._budget import Budget
@@ -60,9 +61,3 @@ class Job:
     def idempotency_key(self) -> str | None:
         """What the provider is sent as ``Idempotency-Key`` (see :func:`idempotency_key_of`)."""
         return None if self.key is None else idempotency_key_of(self.key)
-
-
-def idempotency_key_of(key: str) -> str:
-    """A header-safe form of a store key (ids may hold any character), the same on every
-    run: a provider that honours ``Idempotency-Key`` answers a resent request once."""
-    return "sluice-" + hashlib.sha256(key.encode()).hexdigest()[:32]

@@ -27,6 +27,7 @@ __all__ = [
     "Secret",
     "Timings",
     "Usage",
+    "idempotency_key_of",
     "request_key",
     "store_key",
 ]
@@ -126,6 +127,13 @@ def _valid_text(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def idempotency_key_of(key: str) -> str:
+    """A header-safe form of a store key (ids may hold any character), the same on every
+    run: a provider that honours ``Idempotency-Key`` answers a resent request once (and
+    a provider batch's ``custom_id``)."""
+    return "sluice-" + hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 def store_key(request: Request) -> str:

@@ -36,6 +36,7 @@ def report_rows(path: Path) -> list[tuple[str, str]]:
         histogram = LatencyHistogram()
         for latency in store.latencies():
             histogram.add(latency)
+        chunks = store.chunk_counts()
     finally:
         store.close()
     status = str(meta.get("status", "unknown"))
@@ -67,6 +68,7 @@ def report_rows(path: Path) -> list[tuple[str, str]]:
     if summary["cost_usd"] is not None:
         rows.append(("cost", f"${summary['cost_usd']:,.4f}"))
     rows += _deployment_rows(meta)
+    rows += _batch_rows(chunks)
     p50, p90, p99 = (histogram.percentile(q) for q in (50, 90, 99))
     if p50 is not None and p90 is not None and p99 is not None:
         rows.append(("latency", f"p50 {p50:.3f}s, p90 {p90:.3f}s, p99 {p99:.3f}s"))
@@ -112,4 +114,22 @@ def _deployment_rows(meta: dict[str, object]) -> list[tuple[str, str]]:
         if entry.get("last_error") and entry.get("failed"):
             text += f" (last error: {entry['last_error']})"
         rows.append((f"  {label}", text))
+    return rows
+
+
+#: How the journal names a provider batch's progress (``store._batches``), for people.
+_CHUNK_STATES = {
+    "submitting": "being submitted (or a crash left it unrecorded: the rerun looks it up)",
+    "submitted": "at the provider (a rerun collects them)",
+    "collected": "collected",
+    "abandoned": "never created (their lines were sent again)",
+}
+
+
+def _batch_rows(chunks: list[tuple[str, str, int, int]]) -> list[tuple[str, str]]:
+    """The job's provider batches (``--tier batch``/``auto``) by deployment and state."""
+    rows = []
+    for deployment, status, batches, lines in chunks:
+        state = _CHUNK_STATES.get(status, status)
+        rows.append((f"batches {deployment}", f"{batches:,} {state}: {lines:,} lines"))
     return rows

@@ -46,19 +46,19 @@ def run_job_command(spec: JobSpec, *, log_every: float) -> int:
 def closing_lines(progress: JobProgress, *, aborted: bool = False) -> list[str]:
     """What a person must know when the job ends, each with what to do next."""
     lines: list[str] = []
-    if progress.recovered.requests:
-        worst = progress.recovered.worst_usd
+    recovered = progress.recovered
+    if recovered.in_batches:
+        lines.append(
+            f"{recovered.in_batches:,} lines of the last run were waiting in provider batches; they are "
+            "collected from them, not sent again"
+        )
+    if recovered.requests:
+        worst = recovered.worst_usd
         counted = f" (counted at their worst case, {usd(worst)})" if worst else ""
-        if progress.batches:  # lines in a provider's batch were collected from it, not sent again
-            lines.append(
-                f"{progress.recovered.requests:,} requests were in flight when the last run stopped; those in "
-                f"provider batches were collected from them, any others were sent again{counted}"
-            )
-        else:
-            lines.append(
-                f"{progress.recovered.requests:,} requests were in flight when the last run stopped; they are "
-                f"sent again and may be billed twice{counted}"
-            )
+        lines.append(
+            f"{recovered.requests:,} requests were in flight when the last run stopped; they are "
+            f"sent again and may be billed twice{counted}"
+        )
     if progress.changed:
         lines.append(f"{progress.changed:,} lines changed in the input since their records were written; redone")
     if progress.own_model_lines:

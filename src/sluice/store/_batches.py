@@ -22,11 +22,21 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .. import _json
+from .._models import idempotency_key_of
 
 _T = TypeVar("_T")
 _Op = Callable[[sqlite3.Connection], _T]
 
-__all__ = ["Chunk", "chunks_op", "job_id_op", "new_chunk_op", "note_batch_op", "results_op", "save_results_op"]
+__all__ = [
+    "Chunk",
+    "chunk_counts_op",
+    "chunks_op",
+    "job_id_op",
+    "new_chunk_op",
+    "note_batch_op",
+    "results_op",
+    "save_results_op",
+]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tier_chunks (
@@ -123,6 +133,36 @@ def chunks_op(db: sqlite3.Connection, deployment: str | None) -> list[Chunk]:
         (deployment, deployment),
     ).fetchall()
     return [Chunk(r[0], r[1], tuple(_json.loads(r[2])), r[3], r[4], r[5]) for r in rows]
+
+
+def chunk_counts_op(db: sqlite3.Connection) -> list[tuple[str, str, int, int]]:
+    """(deployment, status, chunks, lines) over every chunk the job journalled."""
+    if not _has_tables(db):
+        return []
+    rows = db.execute(
+        "SELECT deployment, status, count(*), coalesce(sum(json_array_length(custom_ids)), 0) FROM tier_chunks"
+        " GROUP BY deployment, status ORDER BY deployment, status"
+    ).fetchall()
+    return [(str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in rows]
+
+
+def forget_batched_intents_op(db: sqlite3.Connection) -> int:
+    """Drop the open intents of lines that wait in a recorded provider batch: the rerun
+    follows the batch, and the line is billed once, when collected (its new attempt is
+    counted then). Lines of a chunk with no recorded batch keep their worst case (the
+    batch may exist unfound). How many were dropped."""
+    if not _has_tables(db):
+        return 0
+    waiting: set[str] = set()
+    for (custom_ids,) in db.execute("SELECT custom_ids FROM tier_chunks WHERE status = 'submitted'"):
+        waiting.update(_json.loads(custom_ids))
+    if not waiting:
+        return 0
+    batched = [i for i, key in db.execute("SELECT id, key FROM intents") if idempotency_key_of(key) in waiting]
+    for start in range(0, len(batched), 500):
+        part = batched[start : start + 500]
+        db.execute(f"DELETE FROM intents WHERE id IN ({','.join('?' * len(part))})", part)
+    return len(batched)
 
 
 def results_op(db: sqlite3.Connection, custom_id: str) -> tuple[str, bytes] | None:

@@ -123,6 +123,8 @@ class Recovered:
 
     requests: int = 0
     worst_usd: float = 0.0
+    #: Of those, lines of provider batches the rerun follows (not counted as maybe billed).
+    in_batches: int = 0
 
 
 class SqliteStore:
@@ -284,6 +286,10 @@ class SqliteStore:
         not collect."""
         return _batches.chunks_op(self._db, deployment)
 
+    def chunk_counts(self) -> list[tuple[str, str, int, int]]:
+        """(deployment, status, batches, lines) of the job's provider batches, for reports."""
+        return _batches.chunk_counts_op(self._db)
+
     def batch_result(self, custom_id: str) -> tuple[str, bytes] | None:
         """(batch id, result line) downloaded for ``custom_id``, if any."""
         return _batches.results_op(self._db, custom_id)
@@ -316,12 +322,15 @@ class SqliteStore:
 
     def recover_intents(self) -> Recovered:
         """Count attempts an earlier run left in flight as possibly billed (their worst
-        case), once: they leave the intents table in the same transaction."""
+        case), once: they leave the intents table in the same transaction. An attempt
+        that is a line of a provider batch whose id was recorded is not: the rerun follows
+        that batch and bills the line once, when it is collected (``in_batches``)."""
         add_up = " ON CONFLICT(key) DO UPDATE SET maybe_billed_usd = maybe_billed_usd + excluded.maybe_billed_usd"
         if self._charge is not _CHARGE_KEYED:
             add_up = ""
 
         def op(db: sqlite3.Connection) -> Recovered:
+            in_batches = _batches.forget_batched_intents_op(db)
             count, worst = db.execute("SELECT count(*), coalesce(sum(worst_usd), 0) FROM intents").fetchone()
             if count:
                 db.execute(
@@ -332,7 +341,7 @@ class SqliteStore:
                 before = db.execute("SELECT value FROM meta WHERE name = 'in_flight_at_stop'").fetchone()
                 total = (json.loads(before[0]) if before else 0) + count
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('in_flight_at_stop', ?)", (json.dumps(total),))
-            return Recovered(int(count), float(worst))
+            return Recovered(int(count), float(worst), in_batches)
 
         result: Recovered = self._write().run_sync(op)
         return result
