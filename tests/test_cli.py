@@ -431,9 +431,10 @@ def test_the_estimate_brackets_the_actual_cost_of_a_real_run(server: FakeServer,
     source = write_jsonl(tmp_path / "in.jsonl", questions(50))
     estimate = run_cli(server, "estimate", source, "--model", MODEL, "--price", "2,8")
     assert estimate.returncode == 0, estimate.stderr
-    low, high = (
-        float(x) for x in re.findall(r"\$([0-9.]+) \((?:prompts only|every max_tokens used)\)", estimate.stdout)
-    )
+    (sync,) = [line for line in estimate.stdout.splitlines() if line.strip().startswith("cost ")]
+    low, high = (float(x) for x in re.findall(r"\$([0-9.]+) \((?:prompts only|every max_tokens used)\)", sync))
+    (batch,) = [line for line in estimate.stdout.splitlines() if "cost, --tier batch" in line]
+    assert [float(x) for x in re.findall(r"\$([0-9.]+) \(", batch)] == pytest.approx([low / 2, high / 2], abs=1e-4)
     done = run_cli(server, "run", source, "-o", tmp_path / "out.jsonl", "--model", MODEL, "--price", "2,8")
     assert done.returncode == 0, done.stderr
     actual = sum(r["cost_usd"] for r in read_output(tmp_path / "out.jsonl"))

@@ -294,6 +294,7 @@ def test_auto_meets_the_deadline_synchronously_when_the_batch_never_starts(serve
     assert took < 20 + 8  # the deadline, plus the process's start and a few seconds
     assert server.batches.open_batches == []  # nothing left running at the provider
     assert [b.status for b in server.batches.batches.values()] == ["cancelled"]
+    assert "answered twice" not in done.stdout  # the batch answered none of them
     assert server.stats.accepted == 200
     assert server.stats.duplicate_successes == 0
 
@@ -374,3 +375,18 @@ def test_kill_9_at_each_step_then_every_line_is_answered_once(
     assert done.returncode == 0, done.stderr
     _check_answered_once(server, out, 25)
     assert len(server.batches.batches) == 1
+
+
+def test_auto_counts_the_lines_a_batch_answered_after_they_were_moved(server: FakeServer, tmp_path: Path) -> None:
+    """A slow batch answers some lines before its cancel lands: those were billed by the
+    batch and by their synchronous request. The summary's count is the fake's."""
+    server.batches.lines_per_second = 20
+    src, out = _job(tmp_path, 200)
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *AUTO, "--deadline", "20s", timeout=120)
+    assert done.returncode == 0, done.stderr
+    records = read_output(out)
+    assert sorted(r["line"] for r in records) == list(range(1, 201))
+    twice = server.stats.duplicate_successes
+    assert twice > 0  # the batch did answer some before it was cancelled
+    assert f"{twice:,} lines (a batch answered them" in done.stdout
+    assert server.batches.open_batches == []

@@ -54,9 +54,11 @@ async def running(
             progress.fatal = verdict
             progress.stop()
 
-    ticker = asyncio.get_running_loop().create_task(
-        _tick(output, on_tick, lambda: note_deployments(store, engine, progress.done))
-    )
+    def note() -> None:
+        note_deployments(store, engine, progress.done)
+        progress.batches, progress.answered_twice = batch_report(engine.deployments)  # for the live line
+
+    ticker = asyncio.get_running_loop().create_task(_tick(output, on_tick, note))
     try:
         try:
             async with engine:

@@ -48,6 +48,8 @@ def status_line(progress: JobProgress) -> str:
             parts.append(spend)
     if progress.engine is not None:
         parts += [s.describe() for s in progress.engine.deployment_status() if s.state != "ok"]
+    if progress.batches:
+        parts.append("batches " + _batch_counts(progress.batches))
     parts.append(f"ETA {format_duration(eta)}")
     if progress.stopping:
         parts.append("stopping: finishing in-flight requests (Ctrl-C again to abort)")
@@ -180,11 +182,8 @@ def _tier_rows(progress: JobProgress) -> list[tuple[str, str]]:
     if parts:
         rows.append(("tiers", ", ".join(parts) + f"; all sync would have cost ~{usd(all_sync)}"))
     if progress.batches:
-        counts: dict[str, int] = {}
-        for status in progress.batches.values():
-            counts[status] = counts.get(status, 0) + 1
-        text = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-        running = sum(n for status, n in counts.items() if status not in _BATCH_ENDED)
+        text = _batch_counts(progress.batches)
+        running = sum(1 for status in progress.batches.values() if status not in _BATCH_ENDED)
         if running:
             text += f"; {running} still running at the provider: rerun the same command to collect them"
         rows.append(("provider batches", text))
@@ -200,6 +199,14 @@ def _tier_rows(progress: JobProgress) -> list[tuple[str, str]]:
 
 
 _BATCH_ENDED = ("completed", "failed", "expired", "cancelled", "ended")
+
+
+def _batch_counts(batches: dict[str, str]) -> str:
+    """``2 in_progress, 1 completed``: the provider's own status names."""
+    counts: dict[str, int] = {}
+    for status in batches.values():
+        counts[status] = counts.get(status, 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
 
 
 def _troubled_deployments(progress: JobProgress) -> list[tuple[str, str]]:

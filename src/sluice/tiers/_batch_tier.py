@@ -287,7 +287,7 @@ class BatchTier:
             return
         await self._journal.save_batch_results(chunk, batch_id, answered)  # durable before anyone is told
         for custom_id, line in answered:
-            self._resolve(waiting, custom_id, (batch_id, line))
+            self._resolve(waiting, custom_id, (batch_id, line), answered=True)
 
     def _resolve(
         self,
@@ -295,12 +295,14 @@ class BatchTier:
         custom_id: str,
         outcome: tuple[str, bytes] | None,
         error: BaseException | None = None,
+        *,
+        answered: bool = False,
     ) -> None:
         answer = waiting.get(custom_id)
         self._waiting.pop(custom_id, None)
         if answer is None or answer.done():
-            if answer is not None and error is None and isinstance(answer.exception(), MovedToSyncError):
-                self.answered_twice += 1  # billed by the batch too: counted, reported
+            if answered and answer is not None and isinstance(answer.exception(), MovedToSyncError):
+                self.answered_twice += 1  # the batch answered (and billed) a line already moved
             return
         if error is not None:
             answer.set_exception(error)
