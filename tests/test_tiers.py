@@ -390,3 +390,47 @@ def test_auto_counts_the_lines_a_batch_answered_after_they_were_moved(server: Fa
     assert twice > 0  # the batch did answer some before it was cancelled
     assert f"{twice:,} lines (a batch answered them" in done.stdout
     assert server.batches.open_batches == []
+
+
+def test_a_failed_result_download_is_read_again_not_billed_twice(server: FakeServer, tmp_path: Path) -> None:
+    """The batch answered (and was billed for) every line: a 500 while reading its output
+    file must not send them out again."""
+    server.batches.fail_calls("GET /v1/files/", times=2)
+    src, out = _job(tmp_path, 25)
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
+    assert done.returncode == 0, done.stderr
+    _check_answered_once(server, out, 25)
+    assert len(server.batches.batches) == 1
+
+
+def test_a_create_whose_reply_is_lost_is_found_not_made_twice(server: FakeServer, tmp_path: Path) -> None:
+    server.batches.fail_calls("POST /v1/batches", status=500)  # nothing made
+    server.batches.fail_calls("POST /v1/batches", status=502, after=True)  # made; the reply lost
+    src, out = _job(tmp_path, 10)
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, timeout=90)
+    assert done.returncode == 0, done.stderr
+    _check_answered_once(server, out, 10)
+    assert len(server.batches.batches) == 1
+
+
+def test_a_killed_batch_job_is_not_rerun_synchronously(server: FakeServer, tmp_path: Path) -> None:
+    """Its lines wait in a provider batch: a sync rerun would send them again. Refused with
+    what to do; an auto rerun collects them (the same keys in every tier)."""
+    server.batches.start_after = 1.0
+    src, out = _job(tmp_path, 10)
+    state = out.with_suffix(".sluice.db")
+    job = start_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
+    try:
+        wait_until(lambda: any(batch_id for _, batch_id, _ in _chunks(state)), timeout=30)
+    finally:
+        job.kill()
+        job.communicate()
+    sync = run_cli(server, "run", src, "-o", out, "--model", MODEL)
+    assert sync.returncode == 2
+    assert "10 lines of this job wait in provider batches" in sync.stderr
+    assert "sluice cancel" in sync.stderr
+    assert server.stats.received == 0
+    auto = run_cli(server, "run", src, "-o", out, "--model", MODEL, *AUTO, "--deadline", "1h")
+    assert auto.returncode == 0, auto.stderr
+    _check_answered_once(server, out, 10)
+    assert len(server.batches.batches) == 1

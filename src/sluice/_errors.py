@@ -46,6 +46,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "BatchIncompleteError",
+    "BatchResultsLostError",
     "BudgetExhaustedError",
     "CancelledError",
     "CapacityError",
@@ -252,6 +253,14 @@ class MalformedResponseError(RetryableError):
 
 class FatalProviderError(ProviderError):
     kind = "provider_error"
+
+
+class BatchResultsLostError(FatalProviderError):
+    """A provider batch answered this line but its results can no longer be read (the
+    file is gone): possibly billed; not sent again by this run (a rerun does it)."""
+
+    kind = "batch_results_lost"
+    billed_by_default = True
 
 
 class MovedToSyncError(FatalProviderError):

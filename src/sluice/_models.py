@@ -6,6 +6,7 @@ the million and safe to share between tasks.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,7 @@ __all__ = [
     "Secret",
     "Timings",
     "Usage",
+    "asked_as",
     "idempotency_key_of",
     "request_key",
     "store_key",
@@ -156,6 +158,15 @@ def seal(request: Request) -> Request:
     if request._key is None:
         object.__setattr__(request, "_key", store_key(request))
     return request
+
+
+def asked_as(request: Request, model: str) -> Request:
+    """The same request asked under another name of the same model (its batch tier,
+    ``model@batch``), keeping its store key: the answer is the model's either way, so a
+    rerun in another tier finds it, and a provider batch's lines keep their ids."""
+    asked = dataclasses.replace(request, model=model)
+    object.__setattr__(asked, "_key", store_key(request))
+    return asked
 
 
 def _number(value: object) -> bool:

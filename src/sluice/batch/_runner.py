@@ -89,13 +89,22 @@ def fewer_collections() -> Iterator[None]:
 
 
 def _claim_state(store: SqliteStore, spec: JobSpec) -> None:
-    """A state file belongs to one input; refuse to mix two jobs' results by line number."""
+    """A state file belongs to one input; refuse to mix two jobs' results by line number.
+    Lines waiting in provider batches are collected only by a run that follows batches:
+    a synchronous one would send them again while the batches answer them too."""
     previous = store.meta().get("input")
     if previous and previous != str(spec.input) and not spec.restart:
         raise ConfigError(
             f"{spec.state} is the state of a job over {previous}; give another -o or --state, "
             "or --restart to start over (stored answers are still reused)"
         )
+    if spec.config.tier not in ("batch", "auto"):
+        waiting = sum(len(chunk.custom_ids) for chunk in store.open_chunks())
+        if waiting:
+            raise ConfigError(
+                f"{waiting:,} lines of this job wait in provider batches of an earlier --tier batch run: rerun "
+                f"with --tier batch (or auto) to collect them, or cancel them first (sluice cancel {spec.output})"
+            )
 
 
 def _claim_output(store: SqliteStore, spec: JobSpec, progress: JobProgress, output: OutputFile) -> None:

@@ -115,9 +115,16 @@ class BatchDesk:
         self.files: dict[str, _File] = {}
         self.batches: dict[str, _Batch] = {}
         self._line_faults: list[int] = []
+        self._call_faults: list[tuple[str, int, bool]] = []
         self._ids = itertools.count(1)
 
     # -- for tests -----------------------------------------------------------------------
+
+    def fail_calls(self, prefix: str, times: int = 1, *, status: int = 500, after: bool = False) -> None:
+        """The next ``times`` Batch API calls whose ``"METHOD /path"`` starts with ``prefix``
+        get ``status``: before anything is done, or (``after``) once the call has taken
+        effect, as a reply lost on the way (a batch created, its id never received)."""
+        self._call_faults.extend([(prefix, status, after)] * times)
 
     def fail_lines(self, times: int = 1, status: int = 500) -> None:
         """The next ``times`` lines answered fail inside the batch with ``status`` (a 5xx or
@@ -141,8 +148,24 @@ class BatchDesk:
         if not (anthropic or path.startswith(("/v1/files", "/v1/batches"))):
             return None
         fmt: Format = AnthropicFormat() if anthropic else OpenAIFormat()
+        call = f"{method} {path}"
         if self.on_request is not None:
-            self.on_request(f"{method} {path}")
+            self.on_request(call)
+        fault = next((f for f in self._call_faults if call.startswith(f[0])), None)
+        if fault is not None:
+            self._call_faults.remove(fault)
+            error = web.Response(
+                status=fault[1], body=fmt.error("server", "The server had an error."), content_type=_JSON
+            )
+            if not fault[2]:
+                return error
+            await self._route(request, fmt, anthropic, path, method)  # it takes effect; the reply is lost
+            return error
+        return await self._route(request, fmt, anthropic, path, method)
+
+    async def _route(
+        self, request: web.BaseRequest, fmt: Format, anthropic: bool, path: str, method: str
+    ) -> web.StreamResponse:
         try:
             fmt.check_auth(request.headers, self._server.api_key)
             owner = _owner(request.headers)

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from .._errors import ConfigError
-from .._models import BATCH_SUFFIX, Deployment, Request
+from .._models import BATCH_SUFFIX, Deployment, Request, asked_as
 from ._batch_tier import BatchJournal, BatchSettings, BatchTier
 
 __all__ = [
@@ -40,7 +40,7 @@ def batch_request(request: Request) -> Request:
     """``--tier auto``: the request for its model's batch tier (which falls back to the model)."""
     if request.model.endswith(BATCH_SUFFIX):
         return request
-    return dataclasses.replace(request, model=request.model + BATCH_SUFFIX)
+    return asked_as(request, request.model + BATCH_SUFFIX)  # the same key: any tier's rerun finds it
 
 
 def tier_deployments(

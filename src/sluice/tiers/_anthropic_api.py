@@ -11,12 +11,11 @@ most one batch per crash, ``--batch-size`` lines) may be billed as well.
 from __future__ import annotations
 
 import datetime
-import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import _json
-from .._errors import BatchIncompleteError, MalformedResponseError, ProviderError
+from .._errors import BatchIncompleteError, MalformedResponseError
 from ._api import BatchAPI, Outcome
 
 if TYPE_CHECKING:
@@ -40,6 +39,11 @@ _STATUS = {
 }
 
 
+#: Seconds after a chunk is journalled within which its batch must have been created to be
+#: taken for it (an untagged batch created later is another chunk's, or another job's).
+_CREATE_WINDOW = 120.0
+
+
 class AnthropicBatches(BatchAPI):
     max_lines = 100_000
     max_bytes = 250 * 1024 * 1024  # Anthropic takes 256 MB
@@ -56,14 +60,11 @@ class AnthropicBatches(BatchAPI):
 
     async def submit(self, lines: list[bytes], tags: Mapping[str, str]) -> dict[str, Any]:
         payload = b'{"requests":[' + b",".join(line.rstrip(b"\n") for line in lines) + b"]}"
-        since = time.time()
-        try:
-            batch = await self.call("POST", self._url, payload=payload, tries=1)
-        except ProviderError as exc:
-            if not exc.retryable:
-                raise
-            found = await self.find(tags, since=since, lines=len(lines))  # it may have landed
-            batch = found if found is not None else await self.call("POST", self._url, payload=payload)
+
+        async def once() -> dict[str, Any]:
+            return await self.call("POST", self._url, payload=payload, tries=1)
+
+        batch = await self.create_once(once, tags, lines=len(lines))
         self.known.add(str(batch["id"]))
         return batch
 
@@ -88,7 +89,7 @@ class AnthropicBatches(BatchAPI):
                 total = sum(int(v) for v in counts.values() if isinstance(v, int))
                 created = _timestamp(batch.get("created_at"))
                 if (
-                    created >= since - 5
+                    since - 5 <= created <= since + _CREATE_WINDOW
                     and total == lines
                     and not self.ended(batch)
                     and str(batch.get("id")) not in self.known

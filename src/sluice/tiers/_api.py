@@ -10,8 +10,9 @@ implement it.
 from __future__ import annotations
 
 import asyncio
+import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import _json
@@ -29,6 +30,8 @@ __all__ = ["BatchAPI", "Outcome"]
 _CALL_TIMEOUT = 600.0
 #: Tries of a call that failed on the way (connection, 5xx, 429) before it is given up.
 _TRIES = 6
+#: Tries of a batch's create, each followed by a search for it (see ``create_once``).
+_CREATE_TRIES = 4
 
 #: A result line: (custom id, answered with a 200, the line as the provider wrote it).
 Outcome = tuple[str, bool, bytes]
@@ -92,6 +95,25 @@ class BatchAPI(ABC):
     def reply(self, batch_id: str, line: bytes) -> Reply:
         """The answer in a result line; raises the typed error of a failed request, or
         BatchIncompleteError for a line the batch did not answer."""
+
+    async def create_once(
+        self, create: Callable[[], Awaitable[dict[str, Any]]], tags: Mapping[str, str], *, lines: int
+    ) -> dict[str, Any]:
+        """Create a batch without ever making two: each try is sent once (no retry inside
+        the round trip); after a try that failed on the way, the provider's batches are
+        searched for it (it may have landed) before the next try."""
+        since = time.time()
+        for attempt in range(1, _CREATE_TRIES + 1):
+            try:
+                return await create()
+            except ProviderError as exc:
+                if not exc.retryable or attempt == _CREATE_TRIES:
+                    raise
+            await asyncio.sleep(2.0 * attempt)  # the listing may lag the create
+            found = await self.find(tags, since=since, lines=lines)
+            if found is not None:
+                return found
+        raise AssertionError("unreachable")
 
     # -- the round trip --------------------------------------------------------------------
 

@@ -24,12 +24,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._errors import BatchIncompleteError, ConfigError, MovedToSyncError, ProviderError, SluiceError
+from .._errors import (
+    BatchIncompleteError,
+    BatchResultsLostError,
+    ConfigError,
+    FatalProviderError,
+    MovedToSyncError,
+    ProviderError,
+    SluiceError,
+)
 from .._models import Deployment, Request, store_key
 from ..providers import AnthropicProvider, HttpProvider, HttpTransport, OpenAIProvider, Reply
 from ._anthropic_api import AnthropicBatches
@@ -42,6 +51,11 @@ if TYPE_CHECKING:
 __all__ = ["BatchJournal", "BatchSettings", "BatchTier"]
 
 _log = logging.getLogger("sluice")
+
+#: A batch's end, in either API's words.
+_ENDED = ("completed", "failed", "expired", "cancelled", "ended")
+#: Refusals for the enqueued-token limit in a row before a chunk is given up.
+_MAX_REFUSALS = 8
 
 #: The Batch API and the provider (its bodies, replies and errors) of each provider kind.
 _APIS: dict[str, tuple[type[HttpProvider], type[BatchAPI]]] = {
@@ -98,6 +112,7 @@ class _Filling:
     lines: list[bytes] = field(default_factory=list)
     waiting: dict[str, _Answer] = field(default_factory=dict)
     size: int = 0
+    tokens: int = 0
     timer: asyncio.TimerHandle | None = None
 
 
@@ -135,6 +150,9 @@ class BatchTier:
         #: Lines a batch answered after they had been moved to synchronous requests.
         self.answered_twice = 0
         self._planner: asyncio.Task[None] | None = None
+        #: Each created batch's lines, while it is followed; and the chunks being followed.
+        self._followed: dict[str, dict[str, _Answer]] = {}
+        self._following: set[int] = set()
 
     # -- the Provider protocol -----------------------------------------------------------
 
@@ -189,6 +207,7 @@ class BatchTier:
         filling.lines.append(line)
         filling.waiting[custom_id] = answer
         filling.size += len(line)
+        filling.tokens += self._inner.estimate_tokens(request, self._real)
         if len(filling.lines) >= self._max_lines:
             self._submit_filling()
         else:
@@ -203,26 +222,42 @@ class BatchTier:
             filling.timer.cancel()
         if filling.lines:
             self._waiting.update(filling.waiting)
-            self._spawn(self._submit(filling.lines, filling.waiting))
+            self._spawn(self._submit(filling.lines, filling.waiting, filling.tokens))
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _submit(self, lines: list[bytes], waiting: dict[str, _Answer]) -> None:
+    async def _submit(self, lines: list[bytes], waiting: dict[str, _Answer], tokens: int = 0) -> None:
         api = self._api_ready()
         try:
             chunk = await self._journal.new_chunk(self._real.label, list(waiting))
+            refusals = 0
             while True:
+                if self.moved:  # the deadline moved its lines before it was created
+                    await self._journal.note_batch(chunk, None, "abandoned")
+                    return
                 batch = await api.submit(lines, self._tags(chunk))
-                await self._journal.note_batch(chunk, batch["id"], "submitted")
-                self.batches[batch["id"]] = api.status(batch)
+                batch_id = str(batch["id"])
+                await self._journal.note_batch(chunk, batch_id, "submitted")
+                self.batches[batch_id] = api.status(batch)
+                self._followed[batch_id] = waiting
+                if self.moved:  # created as the deadline moved its lines: it must not answer them too
+                    await self._cancel_quietly(batch_id)
                 final = await self._follow(batch)
                 if not api.token_limited(final):
                     break
+                refusals += 1
+                del self._followed[batch_id]
+                limit = _enqueued_limit(api.why_unanswered(final))
+                if limit is not None and tokens > limit:
+                    raise FatalProviderError(
+                        f"{self._real.label}: this batch holds about {tokens:,} tokens, above the provider's "
+                        f"enqueued-token limit of {limit:,}: lower --batch-size and rerun"
+                    )
                 await self._journal.note_batch(chunk, None, "submitting")
-                await self._wait_for_room()
+                await self._wait_for_room(refusals)
             await self._collect(chunk, final, waiting)
         except asyncio.CancelledError:
             raise
@@ -246,38 +281,68 @@ class BatchTier:
                 if not exc.retryable:
                     raise
                 # never given up while it may be running: its lines sent again would be billed twice
-                _log.warning("sluice: batch %s could not be read (%s); trying again", batch_id, exc.message)
+                _log.warning("batch %s could not be read (%s); trying again", batch_id, exc.message)
                 continue
             self.batches[batch_id] = api.status(batch)
-        self._ended.set()
-        self._ended = asyncio.Event()
+        if not api.token_limited(batch):  # a refused batch never ran: it frees no room
+            self._ended.set()
+            self._ended = asyncio.Event()
         return batch
 
-    async def _wait_for_room(self) -> None:
-        """Refused for the enqueued-token limit: wait until one of our batches ends (or a
-        while, when none of ours is running: another job's may be)."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._ended.wait(), max(self.settings.poll_every * 4, 1.0))
+    async def _wait_for_room(self, refusals: int) -> None:
+        """Refused for the enqueued-token limit: wait until one of the job's batches ends
+        (or, with none of them running, a while that doubles: another job's may hold the
+        queue). Refused ``_MAX_REFUSALS`` times in a row: the chunk cannot fit."""
+        if refusals >= _MAX_REFUSALS:
+            raise FatalProviderError(
+                f"{self._real.label}: the provider refused this batch {refusals} times for its enqueued-token "
+                "limit; the batch alone may exceed it: lower --batch-size (or wait for other batches) and rerun"
+            )
+        running = any(status not in _ENDED for status in self.batches.values())
+        wait = min(max(self.settings.poll_every, 1.0) * 2**refusals, 600.0)
+        if running:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ended.wait(), wait)
+        else:
+            await asyncio.sleep(wait)
 
     async def _collect(self, chunk: int, batch: Mapping[str, Any], waiting: dict[str, _Answer]) -> None:
         """Read an ended batch's result files: answers journalled, then handed to their lines;
-        failures handed to theirs; a line with neither is told the batch did not answer it."""
+        failures handed to theirs; a line with neither is told the batch did not answer it.
+
+        A download that fails on the way is started again (the batch answered, and was
+        billed for, its lines: they must not go out again); one the provider refuses (the
+        file is gone) fails the rest as possibly billed, not to be resent by this run."""
         api = self._api_ready()
         batch_id = str(batch["id"])
         status = api.status(batch)
-        answered: list[tuple[str, bytes]] = []
-        async for custom_id, ok, line in api.results(batch):
-            if ok:
-                answered.append((custom_id, line))
-                if len(answered) >= 1000:
-                    await self._hand_out(chunk, batch_id, answered, waiting)
-                    answered = []
-            else:
-                self._resolve(waiting, custom_id, (batch_id, line))
-        await self._hand_out(chunk, batch_id, answered, waiting)
+        delay = 1.0
+        while True:
+            try:
+                answered: list[tuple[str, bytes]] = []
+                async for custom_id, ok, line in api.results(batch):
+                    if ok:
+                        answered.append((custom_id, line))
+                        if len(answered) >= 1000:
+                            await self._hand_out(chunk, batch_id, answered, waiting)
+                            answered = []
+                    else:
+                        self._resolve(waiting, custom_id, (batch_id, line))
+                await self._hand_out(chunk, batch_id, answered, waiting)
+                break
+            except ProviderError as exc:
+                if not exc.retryable:
+                    lost = BatchResultsLostError(f"batch {batch_id}'s results could not be read: {exc.message}")
+                    self._fail(waiting, lost)
+                    await self._journal.note_batch(chunk, batch_id, "collected")
+                    return
+                _log.warning("the results of batch %s could not be read (%s); trying again", batch_id, exc.message)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 60.0)
         why = api.why_unanswered(batch)
         for custom_id in [c for c, answer in waiting.items() if not answer.done()]:
             self._resolve(waiting, custom_id, None, BatchIncompleteError(f"batch {batch_id} {status}: {why}"))
+        self._followed.pop(batch_id, None)
         await self._journal.note_batch(chunk, batch_id, "collected")
 
     async def _hand_out(
@@ -285,8 +350,16 @@ class BatchTier:
     ) -> None:
         if not answered:
             return
-        await self._journal.save_batch_results(chunk, batch_id, answered)  # durable before anyone is told
+        usable = []
         for custom_id, line in answered:
+            try:
+                self._reply(batch_id, line)
+            except SluiceError as exc:  # not kept: a rerun must be able to ask again
+                self._resolve(waiting, custom_id, None, exc, answered=True)
+            else:
+                usable.append((custom_id, line))
+        await self._journal.save_batch_results(chunk, batch_id, usable)  # durable before anyone is told
+        for custom_id, line in usable:
             self._resolve(waiting, custom_id, (batch_id, line), answered=True)
 
     def _resolve(
@@ -299,7 +372,8 @@ class BatchTier:
         answered: bool = False,
     ) -> None:
         answer = waiting.get(custom_id)
-        self._waiting.pop(custom_id, None)
+        if answer is not None and self._waiting.get(custom_id) is answer:
+            del self._waiting[custom_id]
         if answer is None or answer.done():
             if answered and answer is not None and isinstance(answer.exception(), MovedToSyncError):
                 self.answered_twice += 1  # the batch answered (and billed) a line already moved
@@ -337,41 +411,64 @@ class BatchTier:
             await asyncio.sleep(min(settings.poll_every, 1.0))
 
     async def _move_to_sync(self) -> None:
+        """Every line still waiting goes synchronously; the batches are cancelled. A line
+        of a batch that was already running may have been answered (and billed) there too:
+        its attempt counts as possibly billed, so the budget holds its worst case."""
         self.moved = True
-        _log.warning("sluice: the deadline is near: cancelling the batches; the rest goes synchronously")
-        moved = MovedToSyncError(f"sent synchronously: a batch could not answer it by the deadline ({_at(self)})")
+        _log.warning("the deadline is near: cancelling the batches; the rest goes synchronously")
+        note = f"sent synchronously: a batch could not answer it by the deadline ({_at(self)})"
         filling, self._filling = self._filling, _Filling()
         if filling.timer is not None:
             filling.timer.cancel()
-        self._fail(filling.waiting, moved)
-        self._fail(dict(self._waiting), moved)
-        api = self._api_ready()
+        self._fail(filling.waiting, MovedToSyncError(note, maybe_billed=False))
+        for batch_id, waiting in list(self._followed.items()):
+            running = self.batches.get(batch_id) not in ("validating", *_ENDED)
+            self._fail(waiting, MovedToSyncError(note, maybe_billed=running))
+        self._fail(dict(self._waiting), MovedToSyncError(note, maybe_billed=False))  # not yet created
         for batch_id, status in list(self.batches.items()):
-            if status not in ("completed", "failed", "expired", "cancelled", "ended"):
-                try:
-                    await api.cancel(batch_id)  # its answered lines still come (counted if moved meanwhile)
-                except ProviderError as exc:
-                    _log.warning("sluice: could not cancel batch %s (%s)", batch_id, exc.message)
+            if status not in _ENDED:
+                await self._cancel_quietly(batch_id)  # its answered lines still come (counted)
+
+    async def _cancel_quietly(self, batch_id: str) -> None:
+        try:
+            batch = await self._api_ready().cancel(batch_id)
+            self.batches[batch_id] = self._api_ready().status(batch)
+        except ProviderError as exc:
+            _log.warning("could not cancel batch %s (%s)", batch_id, exc.message)
 
     async def cancel_open(self) -> list[tuple[str, str]]:
-        """``sluice cancel``: cancel this deployment's batches an earlier run left running
-        (found by their tags when a crash kept an id from being written); (batch, status)
-        for each. What they finished stays collectable: a rerun keeps it."""
+        """``sluice cancel``: cancel this deployment's batches an earlier run left running;
+        (batch, status or what went wrong) for each. A batch whose id a crash kept from
+        being written is found by its tags; with a provider that cannot tag (Anthropic)
+        it cannot be told from another job's, so it is reported, not cancelled. What the
+        batches finished stays collectable: a rerun keeps it."""
         api = self._api_ready()
         done: list[tuple[str, str]] = []
-        for chunk in self._journal.open_chunks(self._real.label):
-            batch_id = chunk.batch_id
-            if batch_id is None:
-                found = await api.find(self._tags(chunk.id), since=chunk.created_at, lines=len(chunk.custom_ids))
-                if found is None:
-                    continue
-                batch_id = str(found["id"])
-                await self._journal.note_batch(chunk.id, batch_id, "submitted")
-            batch = await api.retrieve(batch_id)
-            if not api.ended(batch):
-                batch = await api.cancel(batch_id)
-            done.append((batch_id, api.status(batch)))
+        chunks = self._journal.open_chunks(self._real.label)
+        for chunk in chunks:
+            if chunk.batch_id is not None:
+                done.append((chunk.batch_id, await self._cancel_one(chunk.batch_id)))
+        for chunk in chunks:
+            if chunk.batch_id is not None:
+                continue
+            if not api.tags_batches:
+                done.append((f"(batch {chunk.id}, not recorded)", "not identifiable without tags; not cancelled"))
+                continue
+            found = await api.find(self._tags(chunk.id), since=chunk.created_at, lines=len(chunk.custom_ids))
+            if found is not None:
+                await self._journal.note_batch(chunk.id, str(found["id"]), "submitted")
+                done.append((str(found["id"]), await self._cancel_one(str(found["id"]))))
         return done
+
+    async def _cancel_one(self, batch_id: str) -> str:
+        api = self._api_ready()
+        try:
+            batch = await api.retrieve(batch_id)
+            if api.ended(batch) or api.status(batch) in ("cancelling", "canceling"):
+                return api.status(batch)
+            return api.status(await api.cancel(batch_id))
+        except ProviderError as exc:
+            return f"not cancelled: {exc.message}"
 
     # -- crash recovery --------------------------------------------------------------------
 
@@ -383,21 +480,37 @@ class BatchTier:
 
     async def _recover(self) -> None:
         """Once, before the first line: follow the batches an earlier run submitted and did
-        not collect, so their lines wait for them instead of going out again."""
+        not collect, so their lines wait for them instead of going out again. Safe to run
+        again after a failure: a chunk already followed is not followed twice."""
         api = self._api_ready()
-        chunks = self._journal.open_chunks(self._real.label)
-        recorded = {  # first: none of these is taken for an unrecorded chunk's batch
-            chunk.id: await api.retrieve(chunk.batch_id) for chunk in chunks if chunk.batch_id is not None
-        }
+        chunks = [c for c in self._journal.open_chunks(self._real.label) if c.id not in self._following]
+        recorded: dict[int, Mapping[str, Any]] = {}
+        for chunk in chunks:  # first: none of these is taken for an unrecorded chunk's batch
+            if chunk.batch_id is None:
+                continue
+            try:
+                recorded[chunk.id] = await api.retrieve(chunk.batch_id)
+            except ProviderError as exc:
+                if exc.retryable:
+                    raise  # tried already; the next line tries recovery again
+                await self._journal.note_batch(chunk.id, chunk.batch_id, "abandoned")
+                _log.warning(
+                    "batch %s (%d lines) of an earlier run cannot be read (%s); its lines are sent again",
+                    chunk.batch_id,
+                    len(chunk.custom_ids),
+                    exc.message,
+                )
         for chunk in chunks:
             batch: Mapping[str, Any] | None = recorded.get(chunk.id)
+            if batch is None and chunk.batch_id is not None:
+                continue  # abandoned above
             if batch is None:  # journalled, maybe uploaded and created, but its id never recorded
                 batch = await api.find(self._tags(chunk.id), since=chunk.created_at, lines=len(chunk.custom_ids))
                 if batch is None:
                     await self._journal.note_batch(chunk.id, None, "abandoned")  # sent afresh
                     if not api.tags_batches:
                         _log.warning(
-                            "sluice: batch %d (%d lines) may have been created before a crash; %s batches carry no "
+                            "batch %d (%d lines) may have been created before a crash; %s batches carry no "
                             "tags and none matched it for sure, so its lines are submitted again (if it exists, "
                             "those lines may be billed twice)",
                             chunk.id,
@@ -412,7 +525,10 @@ class BatchTier:
             for answer in waiting.values():
                 answer.add_done_callback(_quiet)
             self._waiting.update(waiting)
-            self.batches[str(batch["id"])] = api.status(batch)
+            batch_id = str(batch["id"])
+            self.batches[batch_id] = api.status(batch)
+            self._followed[batch_id] = waiting
+            self._following.add(chunk.id)
             self._spawn(self._resume(chunk.id, batch, waiting))
 
     async def _resume(self, chunk: int, batch: Mapping[str, Any], waiting: dict[str, _Answer]) -> None:
@@ -426,6 +542,13 @@ class BatchTier:
 
     def __repr__(self) -> str:
         return f"BatchTier({self._real.label!r})"
+
+
+def _enqueued_limit(message: str) -> int | None:
+    """The limit OpenAI names in a ``token_limit_exceeded`` message ("Limit: 2,000,000
+    enqueued tokens"), if it names one."""
+    found = re.search(r"Limit:\s*([\d,]+)\s*enqueued", message)
+    return int(found.group(1).replace(",", "")) if found else None
 
 
 def _at(tier: BatchTier) -> str:

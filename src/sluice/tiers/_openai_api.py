@@ -5,12 +5,11 @@ come as an output file and an error file."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import _json
-from .._errors import BatchIncompleteError, MalformedResponseError, ProviderError
+from .._errors import BatchIncompleteError, MalformedResponseError
 from .._models import Deployment
 from ._api import BatchAPI, Outcome
 
@@ -36,6 +35,8 @@ class OpenAIBatches(BatchAPI):
         if base is None:
             raise TypeError(f"{type(provider).__name__} has no base_url: not an OpenAI-compatible provider")
         self._base = str(base(deployment))
+        #: Each chunk's uploaded file, until its batch is created.
+        self._uploaded: dict[str, str] = {}
 
     def line(self, custom_id: str, body: Mapping[str, Any]) -> bytes:
         return _json.dumps({"custom_id": custom_id, "method": "POST", "url": self.endpoint, "body": body}) + b"\n"
@@ -52,16 +53,19 @@ class OpenAIBatches(BatchAPI):
             data.add_field("file", content, filename=name, content_type="application/jsonl")
             return data
 
-        file_id = str((await self.call("POST", f"{self._base}/files", form=form))["id"])
+        chunk = tags.get("sluice_chunk", "")
+        file_id = self._uploaded.get(chunk)  # a chunk refused for the token limit goes again: its file is there
+        if file_id is None:
+            file_id = self._uploaded[chunk] = str((await self.call("POST", f"{self._base}/files", form=form))["id"])
         create = {"input_file_id": file_id, "endpoint": self.endpoint, "completion_window": "24h", "metadata": tags}
         payload = _json.dumps(create)
-        try:
+
+        async def once() -> dict[str, Any]:
             return await self.call("POST", f"{self._base}/batches", payload=payload, tries=1)
-        except ProviderError as exc:
-            if not exc.retryable:
-                raise
-            found = await self.find(tags, since=time.time() - 600, lines=len(lines))  # it may have landed
-            return found if found is not None else await self.call("POST", f"{self._base}/batches", payload=payload)
+
+        batch = await self.create_once(once, tags, lines=len(lines))
+        self._uploaded.pop(chunk, None)
+        return batch
 
     async def retrieve(self, batch_id: str) -> dict[str, Any]:
         return await self.call("GET", f"{self._base}/batches/{batch_id}")
