@@ -887,3 +887,51 @@ async def test_a_clients_rpm_holds_for_its_batch_lines_too(tmp_path: Path) -> No
         assert [e["error"]["code"] for e in errors] == ["batch_cancelled"] * 3
         assert upstream.stats.received == 3
         await client.close()
+
+
+async def test_batch_tier_batch_runs_a_clients_batch_through_the_providers_batch_api(tmp_path: Path) -> None:
+    """``[serve] batch_tier = "batch"``: the client's chat batch goes to the upstream's
+    Batch API (half price, no synchronous request), spending from the client's budget."""
+    import json
+
+    lines = [
+        {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "gpt-test", "messages": ask(i), "max_tokens": 8},
+        }
+        for i in range(6)
+    ]
+    payload = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    budgeted = ClientSpec("alice", "ALICE_KEY", budget_usd=1.0)
+    async with (
+        fake() as upstream,
+        serving([deployment(upstream)], tmp_path, clients=(budgeted,), batch_tier="batch", batch_poll_every=0.2) as url,
+    ):
+        alice = sdk(url, key=ALICE_KEY)
+        uploaded = await alice.files.create(file=("in.jsonl", payload), purpose="batch")
+        batch = await alice.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        async with asyncio.timeout(60):
+            while batch.status not in ("completed", "failed", "expired"):
+                await asyncio.sleep(0.05)
+                batch = await alice.batches.retrieve(batch.id)
+        assert batch.status == "completed"
+        assert batch.output_file_id is not None
+        output = (await alice.files.content(batch.output_file_id)).text.splitlines()
+        assert sorted(json.loads(line)["custom_id"] for line in output) == [f"req-{i}" for i in range(6)]
+        assert upstream.stats.received == 0  # no synchronous request upstream
+        assert upstream.stats.accepted == 6
+        assert {e.tier for e in upstream.ledger} == {"batch"}
+        assert batch.usage is not None
+        await alice.close()
+
+
+def test_a_batch_tier_other_than_sync_or_batch_is_refused() -> None:
+    from sluice._errors import ConfigError
+    from sluice.serve._settings import serve_tables
+
+    with pytest.raises(ConfigError, match="batch_tier must be 'sync' or 'batch'"):
+        serve_tables({"serve": {"batch_tier": "flex"}}, "sluice.toml")

@@ -29,10 +29,11 @@ from polling import until
 from sluice import Deployment, Engine, Price, RetryPolicy
 from sluice._budget import Budget
 from sluice.serve._batches import Limits, setup_batch_api
-from sluice.serve._keys import CLIENT, ENGINE, STATE_DIR
+from sluice.serve._keys import BATCH_ENGINE, CLIENT, ENGINE, STATE_DIR
 from sluice.store import SqliteStore
 from sluice.testing import FakeServer
 from sluice.testing._embeddings import fake_vector
+from sluice.tiers import BatchSettings, close_tiers, tier_deployments
 
 CHAT_MODEL = "gpt-4o-mini"
 EMBED_MODEL = "text-embedding-3-small"
@@ -87,10 +88,13 @@ async def serving(
     limits: Limits | None = None,
     client_named: Callable[[str], Caller | None] | None = None,
     resolve_model: Callable[[Any, str], str | None] | None = None,
+    batch_engine: Engine | None = None,
 ) -> AsyncIterator[tuple[str, web.AppRunner]]:
     """The Batch API on a loopback port: (base URL for the SDK, the runner)."""
     app = web.Application(middlewares=[bearer_names_the_client] if auth else [])
     app[ENGINE] = engine
+    if batch_engine is not None:
+        app[BATCH_ENGINE] = batch_engine
     app[STATE_DIR] = state
     setup_batch_api(app, limits=limits, grace=10.0, client_named=client_named, resolve_model=resolve_model)
     runner = web.AppRunner(app)
@@ -215,6 +219,39 @@ async def test_a_chat_batch_round_trip_as_openai_clients_expect(server: FakeServ
     assert out_file.bytes > 0
     assert purposes == ["batch", "batch_output"]
     assert only_batch == [batch.input_file_id]
+
+
+async def test_a_chat_batch_through_the_providers_batch_api_at_half_price(server: FakeServer, tmp_path: Path) -> None:
+    """``[serve] batch_tier = "batch"``: the client's batch becomes a provider batch (no
+    synchronous request), billed at half the price, under the client's budget: both
+    engines spend from one purse."""
+    n = 12
+    server.prices = {"*": (1.0, 2.0)}
+    async with engine_for(server, tmp_path) as engine:
+        assert engine.store is not None
+        settings = BatchSettings(poll_every=0.2, linger=0.2)
+        tiered = tier_deployments(deployments(server), "batch", engine.store, settings)  # type: ignore[arg-type]
+        batch_engine = Engine(tiered, retry=FAST_RETRY, store=engine.store, spending=engine.spending)
+        try:
+            async with (
+                batch_engine,
+                serving(tmp_path, engine, batch_engine=batch_engine) as (url, _),
+                sdk(url) as client,
+            ):
+                batch = await submit(client, [chat_line(i) for i in range(n)])
+                done = await finished(client, batch.id)
+                output = await lines_of(client, done.output_file_id)
+        finally:
+            await close_tiers(tiered)
+    assert done.status == "completed"
+    assert sorted(line["custom_id"] for line in output) == sorted(f"req-{i}" for i in range(n))
+    assert all(line["response"]["status_code"] == 200 for line in output)
+    assert server.stats.received == 0  # nothing synchronous
+    assert server.stats.accepted == n
+    assert {b.status for b in server.batches.batches.values()} == {"completed"}
+    assert sum(len(b.lines) for b in server.batches.batches.values()) == n  # each line in one batch
+    assert {e.tier for e in server.ledger} == {"batch"}
+    assert batch_engine.spending is engine.spending
 
 
 async def test_an_embeddings_batch(server: FakeServer, tmp_path: Path) -> None:

@@ -64,7 +64,9 @@ class Engine:
     A model with no configured deployment is served by ``Deployment(model, **defaults)``:
     no local limits unless ``defaults`` gives some; it learns from the provider's headers.
     ``adapt_deployment`` is applied to such a deployment first (a job's tier, see
-    :mod:`sluice.tiers`).
+    :mod:`sluice.tiers`). ``spending`` shares another engine's money (its budget,
+    reservations and waiters) instead of the budget arguments: ``sluice serve`` runs
+    batch-tier lines on an engine of their own that spends the clients' budgets.
 
     With a ``store``, every attempt is recorded (durably) before it is sent and settled
     with what it cost, every finished result is written as it lands, and a request whose
@@ -103,6 +105,7 @@ class Engine:
         cooldown: Cooldown | None = None,
         grace: float | None = None,
         adapt_deployment: Callable[[Deployment], Deployment] | None = None,
+        spending: Spending | None = None,
     ) -> None:
         if isinstance(deployments, Deployment):
             deployments = [deployments]
@@ -115,7 +118,10 @@ class Engine:
         self.buffer = buffer or max(concurrency * 4, 64)
         self.store = store
         self.retry_failed = retry_failed
-        self.spending = Spending(budget_usd, allow_unpriced=allow_unpriced, cheaper=cheaper, shared=shared_budget)
+        # another engine's spending: one budget, one ledger of waiters, for both engines' requests
+        self.spending = spending or Spending(
+            budget_usd, allow_unpriced=allow_unpriced, cheaper=cheaper, shared=shared_budget
+        )
         self.stats = Stats()
         self._limiter_factory = limiter_factory
         self._cooldown = cooldown or Cooldown()

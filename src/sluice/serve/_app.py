@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import signal
@@ -40,6 +41,7 @@ from .._errors import ConfigError, SluiceError
 from .._limits import Limiter
 from .._models import Deployment
 from ..store import SqliteStore
+from ..tiers import BatchSettings, close_tiers
 from ._batches import setup_batch_api
 from ._body import BODY_TIMEOUT, BodyTimeout, read_body, read_json, timed_out
 from ._chat import chat_completions
@@ -47,13 +49,14 @@ from ._clients import Client, Clients, SpendStore
 from ._context import CONTEXT, JSON_BODY, BadBody, Refused, ServeContext, client_of, model_names, upstream_secrets
 from ._embeddings import embeddings
 from ._errors import openai_error
-from ._keys import CLIENT, ENGINE, STATE_DIR, ClientLike
+from ._keys import BATCH_ENGINE, CLIENT, ENGINE, STATE_DIR, ClientLike
 from ._metrics import CONTENT_TYPE, Metrics
 from ._queue import Admission, serve_limiter
 from ._replicas import REPLICAS, Replicas, forward_middleware
 from ._settings import ClientSpec, ServeSettings
 
 if TYPE_CHECKING:
+    from .._engine import Engine
     from ._redis import ServeRedis
 
 __all__ = ["BODY_TIMEOUT", "build_app", "make_runner", "read_body", "serve"]
@@ -137,6 +140,10 @@ def build_app(
         shared_budget=redis.engine_budget(config.budget_usd) if redis is not None else None,
         on_retry=lambda event: metrics_box[0].retry(event) if metrics_box else None,
     )
+    batch_engine = None
+    if settings.batch_tier == "batch":  # chat batches through the provider's Batch API
+        tiered = dataclasses.replace(config, tier="batch", batch=BatchSettings(poll_every=settings.batch_poll_every))
+        batch_engine = engine_from(tiered, store=store, spending=engine.spending)
     spend = SpendStore(state_dir / "clients.db")
     try:
         registry = Clients.from_specs(clients, engine, spend, environ, redis)
@@ -163,11 +170,13 @@ def build_app(
         redis=redis,
     )
     app[ENGINE] = engine
+    if batch_engine is not None:
+        app[BATCH_ENGINE] = batch_engine
     app[STATE_DIR] = state_dir
     app[CONTEXT] = ctx
     app[SETTINGS] = settings
     app[BODY_TIMEOUT] = settings.body_timeout_s
-    start, close = _lifetime(ctx, store, spend)
+    start, close = _lifetime(ctx, store, spend, batch_engine)
     app.on_startup.append(start)  # before the Batch API's hooks: its batches resume on a started engine
     setup_batch_api(app, client_named=registry.by_name.get, resolve_model=functools.partial(_batch_model, ctx))
     app.on_cleanup.append(close)  # after them: batches stop feeding and record what is in flight first
@@ -186,7 +195,7 @@ def build_app(
 
 
 def _lifetime(
-    ctx: ServeContext, store: SqliteStore, spend: SpendStore
+    ctx: ServeContext, store: SqliteStore, spend: SpendStore, batch_engine: Engine | None = None
 ) -> tuple[Callable[[web.Application], Awaitable[None]], Callable[[web.Application], Awaitable[None]]]:
     """The engine's start and close (plain hooks, not a cleanup context: aiohttp runs every
     cleanup context before the other cleanup hooks, and the engine must close last)."""
@@ -194,6 +203,8 @@ def _lifetime(
 
     async def start(app: web.Application) -> None:
         await ctx.engine.start()
+        if batch_engine is not None:
+            await batch_engine.start()
         keep = _refresh_often(ctx.redis) if ctx.redis is not None else _save_often(ctx.clients)
         saver.append(asyncio.create_task(keep))
 
@@ -203,6 +214,11 @@ def _lifetime(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         try:
+            if batch_engine is not None:
+                try:
+                    await batch_engine.close()
+                finally:
+                    await close_tiers(batch_engine.deployments)  # the provider's batches run on
             await ctx.engine.close()
         finally:
             try:

@@ -19,7 +19,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -29,8 +29,11 @@ from ._body import BodyTimeout, read_json, timed_out
 from ._context import BadBody
 from ._errors import openai_error
 from ._files import add_file_routes
-from ._keys import ENGINE, STATE_DIR, ClientLike
+from ._keys import BATCH_ENGINE, ENGINE, STATE_DIR, ClientLike
 from ._replicas import LIST_CAP, REPLICAS, is_forwarded, merged_page
+
+if TYPE_CHECKING:
+    from .._engine import Engine
 
 __all__ = ["Limits", "setup_batch_api"]
 
@@ -97,7 +100,7 @@ async def _resume(app: web.Application) -> None:
         if known is not None:
             _start(app, known, batch)
         elif runs.client_named is not None:  # no longer configured: nobody may pay for it
-            run = BatchRun(ctx, lambda: app[ENGINE], Caller(owner), batch)
+            run = BatchRun(ctx, _engine_of(app, batch), Caller(owner), batch)
             run.fail("client_removed", f"the client {owner!r} is no longer configured on this server")
         else:
             ctx.parked.setdefault(owner, []).append(functools.partial(_start_for, app, batch))
@@ -107,8 +110,15 @@ def _start_for(app: web.Application, batch: dict[str, Any], client: ClientLike) 
     _start(app, client, batch)
 
 
+def _engine_of(app: web.Application, batch: Mapping[str, Any]) -> Callable[[], Engine]:
+    """Chat batches on the Batch-API engine when the server has one; the rest on the engine."""
+    if batch.get("endpoint") == CHAT and BATCH_ENGINE in app:
+        return lambda: app[BATCH_ENGINE]
+    return lambda: app[ENGINE]
+
+
 def _start(app: web.Application, client: ClientLike, batch: dict[str, Any]) -> BatchRun:
-    run = BatchRun(app[BATCH_CTX], lambda: app[ENGINE], client, batch)
+    run = BatchRun(app[BATCH_CTX], _engine_of(app, batch), client, batch)
     runs = app[_RUNS].by_id
     runs[run.id] = run
     run.start().add_done_callback(lambda _: runs.pop(run.id, None))

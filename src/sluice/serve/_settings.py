@@ -10,6 +10,7 @@
     max_body_mb = 32         # larger bodies: 413
     cache = false            # false: every request goes upstream; "deterministic": identical
                              # requests at temperature 0 are answered from the state; true: all
+    batch_tier = "sync"      # "batch": clients' chat batches through the upstream's Batch API
 
     [[client]]
     name = "notebook"
@@ -48,9 +49,17 @@ class ServeSettings:
     #: samples twice gets two answers), ``"deterministic"`` (those at ``temperature`` 0) or
     #: ``"on"`` (all). A request overrides it with ``x-sluice-cache: on|off``.
     cache: str = "off"
+    #: How clients' chat batches (``/v1/batches``) are run: ``"sync"`` (requests through
+    #: the engine, at once) or ``"batch"`` (through the provider's Batch API: half price,
+    #: within its 24 h window; OpenAI-compatible and Anthropic deployments).
+    batch_tier: str = "sync"
+    #: Seconds between two looks at a provider batch (``batch_tier = "batch"``).
+    batch_poll_every: float = 30.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache", _cache_setting(self.cache, "ServeSettings"))
+        if self.batch_tier not in ("sync", "batch"):
+            raise ConfigError(f"[serve] batch_tier must be 'sync' or 'batch', got {self.batch_tier!r}")
 
     @property
     def max_body_bytes(self) -> int:
@@ -75,6 +84,7 @@ _SERVE_NUMBERS = {
     "header_timeout_s": (0, False),
     "body_timeout_s": (0, False),
     "max_body_mb": (0, False),
+    "batch_poll_every": (0.1, False),
 }
 
 
@@ -86,7 +96,7 @@ def serve_tables(data: Mapping[str, Any], where: str) -> tuple[ServeSettings, tu
 def _settings(table: Any, where: str) -> ServeSettings:
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: [serve] must be a table")
-    known = {*_SERVE_NUMBERS, "cache"}
+    known = {*_SERVE_NUMBERS, "cache", "batch_tier"}
     extra = sorted(set(table) - known)
     if extra:
         raise ConfigError(f"{where}: [serve]: unknown key(s) {extra}; known: {sorted(known)}")
@@ -100,6 +110,8 @@ def _settings(table: Any, where: str) -> ServeSettings:
             raise ConfigError(f"{where}: [serve] {key} must be {what} >= {minimum}, got {value!r}")
     if "cache" in table:
         _cache_setting(table["cache"], where)  # a bad one named with its file
+    if table.get("batch_tier", "sync") not in ("sync", "batch"):
+        raise ConfigError(f"{where}: [serve] batch_tier must be 'sync' or 'batch', got {table['batch_tier']!r}")
     return ServeSettings(**table)
 
 
