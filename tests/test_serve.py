@@ -16,6 +16,7 @@ import time
 import zlib
 from array import array
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
@@ -765,9 +766,7 @@ budget_usd = 1.0
 # -- the Batch API, mounted on the same app ------------------------------------------------------
 
 
-async def test_the_batch_api_runs_behind_the_same_keys_and_client_budget(tmp_path: Path) -> None:
-    import json
-
+def _batch_file(n: int) -> bytes:
     lines = [
         {
             "custom_id": f"req-{i}",
@@ -775,23 +774,35 @@ async def test_the_batch_api_runs_behind_the_same_keys_and_client_budget(tmp_pat
             "url": "/v1/chat/completions",
             "body": {"model": "gpt-test", "messages": ask(i), "max_tokens": 8},
         }
-        for i in range(5)
+        for i in range(n)
     ]
-    payload = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+async def _run_batch(client: openai.AsyncOpenAI, payload: bytes) -> Any:
+    """Upload, create, and poll until the batch has ended; the batch."""
+    uploaded = await client.files.create(file=("in.jsonl", payload), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    async with asyncio.timeout(60):
+        while batch.status not in ("completed", "failed", "expired"):
+            await asyncio.sleep(0.05)
+            batch = await client.batches.retrieve(batch.id)
+    return batch
+
+
+async def test_the_batch_api_runs_behind_the_same_keys_and_client_budget(tmp_path: Path) -> None:
+    import json
+
+    payload = _batch_file(5)
     budgeted = ClientSpec("alice", "ALICE_KEY", budget_usd=1.0)
     async with fake() as upstream, serving([deployment(upstream)], tmp_path, clients=(budgeted, BOB)) as url:
         anonymous = sdk(url, key="sk-not-a-client-key-0123456789")
         with pytest.raises(openai.AuthenticationError):
             await anonymous.files.create(file=("in.jsonl", payload), purpose="batch")
         alice, bob = sdk(url, key=ALICE_KEY), sdk(url, key=BOB_KEY)
-        uploaded = await alice.files.create(file=("in.jsonl", payload), purpose="batch")
-        batch = await alice.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        async with asyncio.timeout(60):
-            while batch.status not in ("completed", "failed", "expired"):
-                await asyncio.sleep(0.05)
-                batch = await alice.batches.retrieve(batch.id)
+        batch = await _run_batch(alice, payload)
         assert batch.status == "completed"
         assert batch.output_file_id is not None
         output = (await alice.files.content(batch.output_file_id)).text.splitlines()
@@ -894,30 +905,14 @@ async def test_batch_tier_batch_runs_a_clients_batch_through_the_providers_batch
     Batch API (half price, no synchronous request), spending from the client's budget."""
     import json
 
-    lines = [
-        {
-            "custom_id": f"req-{i}",
-            "method": "POST",
-            "url": "/v1/chat/completions",
-            "body": {"model": "gpt-test", "messages": ask(i), "max_tokens": 8},
-        }
-        for i in range(6)
-    ]
-    payload = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    payload = _batch_file(6)
     budgeted = ClientSpec("alice", "ALICE_KEY", budget_usd=1.0)
     async with (
         fake() as upstream,
         serving([deployment(upstream)], tmp_path, clients=(budgeted,), batch_tier="batch", batch_poll_every=0.2) as url,
     ):
         alice = sdk(url, key=ALICE_KEY)
-        uploaded = await alice.files.create(file=("in.jsonl", payload), purpose="batch")
-        batch = await alice.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-        )
-        async with asyncio.timeout(60):
-            while batch.status not in ("completed", "failed", "expired"):
-                await asyncio.sleep(0.05)
-                batch = await alice.batches.retrieve(batch.id)
+        batch = await _run_batch(alice, payload)
         assert batch.status == "completed"
         assert batch.output_file_id is not None
         output = (await alice.files.content(batch.output_file_id)).text.splitlines()

@@ -26,11 +26,11 @@ from ._events import Finish, StreamEvent, StreamStart, TextDelta, ToolCallDelta,
 from ._http import token_count
 from ._sse import SseEvent
 
-__all__ = ["AnthropicStreamDecoder"]
+__all__ = ["ERROR_STATUS", "AnthropicStreamDecoder"]
 
 #: The error types of Anthropic's ``error`` event, as the status the same error has
 #: when it comes as a response (so it is classified, and retried, the same way).
-_ERROR_STATUS = {
+ERROR_STATUS = {
     "invalid_request_error": 400,
     "authentication_error": 401,
     "billing_error": 402,
@@ -154,7 +154,7 @@ class AnthropicStreamDecoder:
         be as a response; the work may have been billed."""
         kind = str(error.get("type")) if isinstance(error, Mapping) and error.get("type") else None
         message = str(error.get("message") or "error") if isinstance(error, Mapping) else "error"
-        cls = error_for_status(_ERROR_STATUS.get(kind or "", 500))
+        cls = error_for_status(ERROR_STATUS.get(kind or "", 500))
         return cls(
             f"{self._label} sent an error mid-stream: {message}",
             request_id=self._request_id,

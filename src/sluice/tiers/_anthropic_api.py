@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _json
 from .._errors import BatchIncompleteError, MalformedResponseError
+from ..providers._anthropic_stream import ERROR_STATUS
 from ._api import BatchAPI, Outcome
 
 if TYPE_CHECKING:
@@ -25,18 +26,6 @@ if TYPE_CHECKING:
     from ..providers import HttpProvider, Reply
 
 __all__ = ["AnthropicBatches"]
-
-#: The HTTP status each Anthropic error type comes with (a batch line's error has none).
-_STATUS = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "permission_error": 403,
-    "not_found_error": 404,
-    "request_too_large": 413,
-    "rate_limit_error": 429,
-    "api_error": 500,
-    "overloaded_error": 529,
-}
 
 
 #: Seconds after a chunk is journalled within which its batch must have been created to be
@@ -131,7 +120,7 @@ class AnthropicBatches(BatchAPI):
             error = result.get("error") or {}
             inner = error.get("error") if isinstance(error, Mapping) else None
             error_type = inner.get("type") if isinstance(inner, Mapping) else None
-            status = _STATUS.get(str(error_type), 500)
+            status = ERROR_STATUS.get(str(error_type), 500)  # a batch line's error has no status
             raise self.provider.error_of(status, _json.dumps(error), {}, None, None, self.deployment)
         raise BatchIncompleteError(f"batch {batch_id} did not answer this line ({kind})")
 
