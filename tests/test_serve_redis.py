@@ -89,8 +89,10 @@ async def test_replicas_on_one_redis_share_the_deployments_limit(tmp_path: Path,
         for error in refused:  # only sluice's own refusals, each saying when to come back
             assert isinstance(error, openai.RateLimitError), error
             assert int(error.response.headers["retry-after"]) >= 1
-        assert len(answered) == 30  # 1.5 s of the limit's pace: well within the 30 s max wait
-        assert (await fake_stats(upstream.url))["rate_limited"] == 0
+        stats = await fake_stats(upstream.url)
+        said = [f"{e.response.status_code} {e.response.headers.get('retry-after')}: {e.message}" for e in refused]
+        assert len(answered) == 30, (said, stats)  # 1.5 s of the limit's pace: well within the 30 s max wait
+        assert stats["rate_limited"] == 0
 
 
 async def test_without_redis_the_same_replicas_meet_upstream_429s(tmp_path: Path) -> None:
