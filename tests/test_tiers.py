@@ -434,3 +434,18 @@ def test_a_killed_batch_job_is_not_rerun_synchronously(server: FakeServer, tmp_p
     assert auto.returncode == 0, auto.stderr
     _check_answered_once(server, out, 10)
     assert len(server.batches.batches) == 1
+
+
+def test_a_named_deployment_keeps_its_name_in_the_batch_tier(server: FakeServer, tmp_path: Path) -> None:
+    """Lines that name a configured deployment (``name = "big"``) reach its Batch API, and
+    records name it as configured."""
+    config = tmp_path / "sluice.toml"
+    config.write_text(
+        f'[[deployment]]\nmodel = "{MODEL}"\nname = "big"\nbase_url = "{server.url}"\n'
+        'api_key_env = "OPENAI_API_KEY"\nprice = { input_per_mtok = 1.0, output_per_mtok = 2.0 }\n'
+    )
+    src, out = _job(tmp_path, 5)
+    done = run_cli(server, "run", src, "-o", out, "--config", config, "--model", "big", *BATCH)
+    assert done.returncode == 0, done.stderr
+    records = _check_answered_once(server, out, 5)
+    assert {r["deployment"] for r in records} == {"big"}

@@ -79,8 +79,8 @@ def tier_deployments(
         out.append(
             dataclasses.replace(
                 d,
-                model=model or d.model,
-                name=None if d.name is None else d.name + BATCH_SUFFIX,
+                model=model or d.model,  # auto: beside the model, as ``model@batch``
+                name=None if d.name is None or model is None else d.name + BATCH_SUFFIX,
                 tier="batch",
                 rpm=None,
                 tpm=None,

@@ -107,13 +107,14 @@ class BatchAPI(ABC):
             try:
                 return await create()
             except ProviderError as exc:
-                if not exc.retryable or attempt == _CREATE_TRIES:
+                if not exc.retryable:
                     raise
+                failure = exc
             await asyncio.sleep(2.0 * attempt)  # the listing may lag the create
-            found = await self.find(tags, since=since, lines=lines)
+            found = await self.find(tags, since=since, lines=lines)  # after the last try too
             if found is not None:
                 return found
-        raise AssertionError("unreachable")
+        raise failure
 
     # -- the round trip --------------------------------------------------------------------
 
