@@ -35,6 +35,7 @@ from ._errors import (
     FatalProviderError,
     GroupExhausted,
     InvalidRequestError,
+    MovedToSyncError,
     ProviderError,
     RateLimitError,
     SluiceError,
@@ -524,7 +525,8 @@ class Attempts:
             # the server's hint within RetryPolicy.max_retry_after, else the un-jittered backoff:
             # one 429 saying "retry-after: 86400" must not pause a deployment for a day
             route.limiter.penalize(self.retry.pause(error, attempt))
-        self.router.failed(route, error, guarded=job.guarded, placed_at=job.placed_at)
+        if not isinstance(error, MovedToSyncError):  # a plan's move, not the deployment failing
+            self.router.failed(route, error, guarded=job.guarded, placed_at=job.placed_at)
         if job.guarded:
             job.tried = {*job.tried, route}
         if attempt >= self.retry.max_attempts:
