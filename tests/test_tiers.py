@@ -449,3 +449,26 @@ def test_a_named_deployment_keeps_its_name_in_the_batch_tier(server: FakeServer,
     assert done.returncode == 0, done.stderr
     records = _check_answered_once(server, out, 5)
     assert {r["deployment"] for r in records} == {"big"}
+
+
+def test_a_rerun_with_a_wrong_key_gives_up_no_batch(server: FakeServer, tmp_path: Path) -> None:
+    """A 401 while looking at the recorded batch is the key's fault, not the batch's: it
+    stays recorded, and the rerun with the right key collects it (nothing sent twice)."""
+    server.batches.start_after = 1.5
+    src, out = _job(tmp_path, 10)
+    state = out.with_suffix(".sluice.db")
+    job = start_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
+    try:
+        wait_until(lambda: any(batch_id for _, batch_id, _ in _chunks(state)), timeout=30)
+    finally:
+        job.kill()
+        job.communicate()
+    wrong = run_cli(
+        server, "run", src, "-o", out, "--model", MODEL, *BATCH, env=env_for(server, OPENAI_API_KEY="sk-no")
+    )
+    assert wrong.returncode != 0
+    assert [status for _, _, status in _chunks(state)] == ["submitted"]
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
+    assert done.returncode == 0, done.stderr
+    _check_answered_once(server, out, 10)
+    assert len(server.batches.batches) == 1

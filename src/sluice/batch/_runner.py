@@ -102,8 +102,10 @@ def _claim_state(store: SqliteStore, spec: JobSpec) -> None:
         waiting = sum(len(chunk.custom_ids) for chunk in store.open_chunks())
         if waiting:
             raise ConfigError(
-                f"{waiting:,} lines of this job wait in provider batches of an earlier --tier batch run: rerun "
-                f"with --tier batch (or auto) to collect them, or cancel them first (sluice cancel {spec.output})"
+                f"{waiting:,} lines of this job wait in provider batches of an earlier --tier batch run; a "
+                "synchronous run would send them again while the batches answer them: rerun with --tier batch "
+                f"(or auto) to collect them (first `sluice cancel {spec.output}` to stop the batches: the batch "
+                "rerun then collects what they finished and sends the rest)"
             )
 
 

@@ -312,7 +312,10 @@ class BatchRun:
         engine = self._engine()
         lines: dict[int, int] = {}
         numbering = itertools.count()
-        window = _Window(hi=engine.concurrency)
+        # Lines bound for a provider's Batch API wait there, not at a rate limit: hand them all
+        # over at once, or they would go in batches of 8, 16, 32... one after another.
+        provider_batches = any(d.tier == "batch" for d in engine.deployments)
+        window = _Window(size=engine.concurrency if provider_batches else 8, hi=engine.concurrency)
 
         # The client's own rpm/tpm holds for its batch lines as for its interactive requests
         # (a batch must not be a way around them): a line waits for it before the engine

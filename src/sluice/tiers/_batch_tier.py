@@ -36,6 +36,7 @@ from .._errors import (
     ConfigError,
     FatalProviderError,
     MovedToSyncError,
+    NotFoundError,
     ProviderError,
     SluiceError,
 )
@@ -330,12 +331,14 @@ class BatchTier:
                         self._resolve(waiting, custom_id, (batch_id, line))
                 await self._hand_out(chunk, batch_id, answered, waiting)
                 break
+            except NotFoundError as exc:  # the file is gone: the rest are lost, possibly billed
+                lost = BatchResultsLostError(f"batch {batch_id}'s results could not be read: {exc.message}")
+                self._fail(waiting, lost)
+                await self._journal.note_batch(chunk, batch_id, "collected")
+                return
             except ProviderError as exc:
                 if not exc.retryable:
-                    lost = BatchResultsLostError(f"batch {batch_id}'s results could not be read: {exc.message}")
-                    self._fail(waiting, lost)
-                    await self._journal.note_batch(chunk, batch_id, "collected")
-                    return
+                    raise  # a key or permission problem: the batch stays recorded, a rerun collects it
                 _log.warning("the results of batch %s could not be read (%s); trying again", batch_id, exc.message)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 60.0)
@@ -490,9 +493,7 @@ class BatchTier:
                 continue
             try:
                 recorded[chunk.id] = await api.retrieve(chunk.batch_id)
-            except ProviderError as exc:
-                if exc.retryable:
-                    raise  # tried already; the next line tries recovery again
+            except NotFoundError as exc:  # gone (purged, another project): only then given up
                 await self._journal.note_batch(chunk.id, chunk.batch_id, "abandoned")
                 _log.warning(
                     "batch %s (%d lines) of an earlier run cannot be read (%s); its lines are sent again",
