@@ -91,7 +91,8 @@ class OpenAIBatches(BatchAPI):
             data = page.get("data") or []
             for batch in data:
                 found = batch.get("metadata") or {}
-                if all(found.get(k) == v for k, v in tags.items()):
+                refused = batch.get("status") == "failed"  # it answered nothing (a token-limit refusal)
+                if not refused and all(found.get(k) == v for k, v in tags.items()):
                     return dict(batch)
             if not page.get("has_more") or not data or float(data[-1].get("created_at") or 0) < since - 60:
                 return None
