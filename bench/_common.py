@@ -16,7 +16,7 @@ import functools
 import ipaddress
 import json
 import os
-import select
+import selectors
 import signal
 import statistics
 import subprocess
@@ -208,9 +208,10 @@ class FakeServerProcess:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RuntimeError(f"the fake server did not start within {self.start_timeout:g} s")
-            ready, _, _ = select.select([proc.stdout], [], [], left)
-            if not ready:
-                continue
+            with selectors.DefaultSelector() as waiting:  # not select(): fds past 1024 in a busy bench
+                waiting.register(proc.stdout, selectors.EVENT_READ)
+                if not waiting.select(timeout=left):
+                    continue
             chunk = os.read(proc.stdout.fileno(), 4096)
             if not chunk:
                 raise RuntimeError(f"the fake server exited at start: {self._stderr_text()}")
@@ -439,7 +440,9 @@ class ServeProcess:
             command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env
         )
         assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], 60)
+        with selectors.DefaultSelector() as waiting:  # not select(): a busy bench holds fds past 1024
+            waiting.register(self.process.stdout, selectors.EVENT_READ)
+            ready = waiting.select(timeout=60)
         line = self.process.stdout.readline().decode() if ready else ""
         if "listening on " not in line:
             self.stop()
