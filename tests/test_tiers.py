@@ -180,6 +180,11 @@ def test_batch_flags_are_checked_before_anything_runs(server: FakeServer, tmp_pa
     assert too_big.returncode == 2
     assert "--batch-size" in too_big.stderr
     assert not out.exists()
+    simulated = run_cli(server, "run", src, "-o", out, "--model", "simulate/demo", "--tier", "batch")
+    assert simulated.returncode == 2
+    assert "has no Batch API" in simulated.stderr
+    assert not out.exists()
+    assert not out.with_suffix(".sluice.db").exists()
 
 
 def test_flex_requests_are_half_price_and_a_capacity_refusal_is_retried(server: FakeServer, tmp_path: Path) -> None:

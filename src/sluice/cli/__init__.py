@@ -390,6 +390,7 @@ def _with_tier(config: JobConfig, flags: dict[str, Any]) -> JobConfig:
 
     tier = flags.pop("tier")
     poll_every, batch_size, deadline = flags.pop("poll_every"), flags.pop("batch_size"), flags.pop("deadline")
+    _check_tier_providers(config, tier)
     if tier == "auto" and deadline is None:
         _fail("--tier auto plans against a deadline: add --deadline DURATION (e.g. --deadline 6h)")
     if tier != "auto" and deadline is not None:
@@ -410,6 +411,25 @@ def _with_tier(config: JobConfig, flags: dict[str, Any]) -> JobConfig:
         deadline=None if deadline is None else time.time() + deadline,
     )
     return dataclasses.replace(config, tier=tier, batch=settings)
+
+
+def _check_tier_providers(config: JobConfig, tier: str) -> None:
+    """A tier the job's deployments cannot be served in is refused now, before any file is
+    made: flex is OpenAI's; the batch tiers speak OpenAI's and Anthropic's Batch APIs."""
+    if tier == "sync":
+        return
+    from .._models import Deployment
+
+    served = list(config.deployments)
+    if config.model is not None and not any(config.model in (d.model, d.label) for d in served):
+        served.append(Deployment(config.model, **config.defaults))
+    allowed = ("openai",) if tier == "flex" else ("openai", "anthropic")
+    for d in served:
+        if d.provider_name not in allowed:
+            _fail(
+                f"--tier {tier}: {d.label} is served by {d.provider_name!r}, which has no "
+                f"{'flex tier' if tier == 'flex' else 'Batch API'}; {tier} takes {' or '.join(allowed)} models"
+            )
 
 
 def _duration(text: str, flag: str) -> float:
