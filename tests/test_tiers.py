@@ -57,6 +57,17 @@ def _chunks(state: Path) -> list[tuple[int, str | None, str]]:
             return []
 
 
+def _kill_once_its_batch_is_recorded(server: FakeServer, src: Path, out: Path) -> None:
+    """Start the batch job and ``kill -9`` it as soon as its batch's id is in the state."""
+    state = out.with_suffix(".sluice.db")
+    job = start_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
+    try:
+        wait_until(lambda: any(batch_id for _, batch_id, _ in _chunks(state)), timeout=30)
+    finally:
+        job.kill()
+        job.communicate()
+
+
 def test_a_batch_job_answers_every_line_once_at_the_batch_price(server: FakeServer, tmp_path: Path) -> None:
     src, out = _job(tmp_path, 50)
     done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, "--batch-size", "20")
@@ -90,13 +101,7 @@ def test_kill_9_while_the_batch_runs_then_the_rerun_collects_it(server: FakeServ
     """The batch keeps running at the provider; the rerun follows it instead of sending again."""
     server.batches.start_after = 1.5
     src, out = _job(tmp_path, 60)
-    state = out.with_suffix(".sluice.db")
-    job = start_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
-    try:
-        wait_until(lambda: any(batch_id for _, batch_id, _ in _chunks(state)), timeout=30)
-    finally:
-        job.kill()
-        job.communicate()
+    _kill_once_its_batch_is_recorded(server, src, out)
     assert server.stats.accepted == 0  # killed before the batch answered anything
     # ~2x what the batch bills (60 lines of 10 + 16 tokens at half of $1/$2 per Mtok: $0.00126);
     # had the killed run's lines been counted at their worst case too, it would not pay
@@ -423,13 +428,7 @@ def test_a_killed_batch_job_is_not_rerun_synchronously(server: FakeServer, tmp_p
     what to do; an auto rerun collects them (the same keys in every tier)."""
     server.batches.start_after = 1.0
     src, out = _job(tmp_path, 10)
-    state = out.with_suffix(".sluice.db")
-    job = start_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
-    try:
-        wait_until(lambda: any(batch_id for _, batch_id, _ in _chunks(state)), timeout=30)
-    finally:
-        job.kill()
-        job.communicate()
+    _kill_once_its_batch_is_recorded(server, src, out)
     sync = run_cli(server, "run", src, "-o", out, "--model", MODEL)
     assert sync.returncode == 2
     assert "10 lines of this job wait in provider batches" in sync.stderr
@@ -462,12 +461,7 @@ def test_a_rerun_with_a_wrong_key_gives_up_no_batch(server: FakeServer, tmp_path
     server.batches.start_after = 1.5
     src, out = _job(tmp_path, 10)
     state = out.with_suffix(".sluice.db")
-    job = start_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH)
-    try:
-        wait_until(lambda: any(batch_id for _, batch_id, _ in _chunks(state)), timeout=30)
-    finally:
-        job.kill()
-        job.communicate()
+    _kill_once_its_batch_is_recorded(server, src, out)
     wrong = run_cli(
         server, "run", src, "-o", out, "--model", MODEL, *BATCH, env=env_for(server, OPENAI_API_KEY="sk-no")
     )
