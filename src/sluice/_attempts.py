@@ -52,6 +52,7 @@ from ._slot import AttemptTimer, Slot, Tally, settle_unsettled, stopped_note
 from ._spending import Spending
 from ._stats import Stats
 from .providers import Reply
+from .structured._loop import until_valid
 
 if TYPE_CHECKING:
     from .store import SettlingStore, Store
@@ -111,6 +112,7 @@ class Attempts:
         *,
         retry_failed: bool = False,
         on_retry: Callable[[RetryEvent], object] | None = None,
+        max_reasks: int = 2,
     ) -> None:
         self.runtime = runtime
         self.router = router
@@ -120,6 +122,8 @@ class Attempts:
         self.store = store
         self.retry_failed = retry_failed
         self.on_retry = on_retry
+        #: Re-asks of an answer that does not match its request's schema (see ``structured``).
+        self.max_reasks = max_reasks
         self.timer = AttemptTimer()
         #: The store writes a result and settles its last attempt's intent in one op.
         self.settling = callable(getattr(store, "put_settled", None))  # not isinstance: no sqlite3 import here
@@ -198,6 +202,22 @@ class Attempts:
         self.stats.fallbacks += 1
         return True
 
+    def replan(self, job: Job, request: Request) -> None:
+        """Ask ``request`` next for ``job`` (a re-ask): its cap, token estimate and worst
+        case worked out again, as for a new job. Raises CapacityError when it can never fit."""
+        route = job.route
+        request, worst = self.spending.prepare(request, route.deployment, job.budget)
+        tokens = route.provider.estimate_tokens(request, route.deployment)
+        if not route.fits(tokens):
+            route.limiter.check(tokens)
+        job.request, job.tokens, job.tried = request, tokens, frozenset()
+        if job.budget is not None:
+            job.worst_cost = self._worst_of_candidates(job) if job.guarded else worst
+
+    def settle_handed_over(self, tally: Tally) -> None:
+        """Settle the intent an answer handed over (``hand_over``): another attempt follows."""
+        settle_unsettled(tally, self.store, self.runtime.store_failed)
+
     def worst(self, job: Job) -> float:
         """What an attempt counts for when it may have been billed unseen: its worst case."""
         if job.budget is not None or job.own_worst:
@@ -258,16 +278,27 @@ class Attempts:
     async def run(self, job: Job) -> Result:
         """Attempt until an outcome, then record it (durably, with a store) and report it."""
         tally = Tally(asyncio.get_running_loop().time())
+        deadline = self.deadline(tally)
         try:
-            outcome = await self.until_outcome(job, tally, self.deadline(tally), hand_over=self.settling)
+            outcome = await self.until_outcome(job, tally, deadline, hand_over=self.settling)
+            if isinstance(outcome, SluiceError):
+                result = self.finish(job, tally, error=outcome, emit=False)
+            elif job.request.schema is None:
+                result = self.finish(job, tally, reply=outcome, emit=False)
+            else:  # it must parse: checked, and re-asked while it does not
+                first, asked = tally.charged, job.request
+                try:
+                    reply, error, parsed = await until_valid(self, job, tally, deadline, outcome)
+                finally:
+                    job.request = asked  # the result is the line's, not its latest re-ask's
+                result = self.finish(job, tally, reply=reply, error=error, emit=False)
+                result = dataclasses.replace(
+                    result, parsed=parsed, reasks=job.reasks, reask_cost_usd=_reask_cost(result, first)
+                )
         except asyncio.CancelledError:
             note = "it was sent and may have been answered" if tally.sent else "it was never sent"
             job.cancelled = self.finish(job, tally, error=CancelledError(f"cancelled; {note}"))
             raise
-        if isinstance(outcome, SluiceError):
-            result = self.finish(job, tally, error=outcome, emit=False)
-        else:
-            result = self.finish(job, tally, reply=outcome, emit=False)
         try:
             await self.record(job, tally, result)
         except asyncio.CancelledError:  # cut off while its outcome was being stored (a grace ran out)
@@ -308,7 +339,7 @@ class Attempts:
                     return outcome
                 if not tally.sent_this_time:  # budget, capacity, deadline, store or stop: final
                     return outcome
-                delay = self.after_failure(job, outcome, tally.attempts, deadline)
+                delay = self.after_failure(job, outcome, tally.attempts - job.attempts_before, deadline)
                 if delay is None:
                     return outcome
                 settle_unsettled(tally, self.store, self.runtime.store_failed)  # it goes again
@@ -632,6 +663,11 @@ def _timed_out(route: Route, timeout: float | None, idle: float | None) -> Attem
     if timeout is None:  # the provider's own timeout
         return AttemptTimeoutError(f"timed out talking to {label}")
     return AttemptTimeoutError(f"no answer from {label} within {timeout:g} s")
+
+
+def _reask_cost(result: Result, before: float) -> float | None:
+    """Of a result's cost, what came after its first answer (its re-asks)."""
+    return None if result.cost_usd is None else max(0.0, result.cost_usd - before)
 
 
 def _commit(hold: BudgetHold | None, charge: float) -> None:

@@ -8,8 +8,9 @@ from typing import Any
 
 from ._errors import InvalidRequestError, SluiceError
 from ._models import Request
+from .structured import Schema
 
-__all__ = ["RequestLike", "aiterate", "coerce", "make_request"]
+__all__ = ["RequestLike", "aiterate", "coerce", "make_request", "with_schema"]
 
 #: What ``map`` accepts per item: a Request, a dict of Request fields, a prompt string,
 #: or a SluiceError standing for a bad input record (it becomes that item's result).
@@ -74,3 +75,22 @@ async def aiterate(source: Iterable[Any] | AsyncIterable[Any]) -> AsyncIterator[
     else:
         for item in source:
             yield item
+
+
+async def with_schema(source: Iterable[Any] | AsyncIterable[Any], schema: Any, model: str | None) -> AsyncIterator[Any]:
+    """``source``'s items, each given ``schema`` unless it has one (or a response_format) of
+    its own; an item that cannot be a request passes as it is, to fail as itself."""
+    shape = Schema.of(schema)  # a bad schema fails here, once, not as every item's error
+    async for item in aiterate(source):
+        if isinstance(item, str) and model is not None:
+            yield Request.from_prompt(model, item, schema=shape)
+        elif isinstance(item, Request) and item.schema is None and "response_format" not in item.params:
+            yield dataclasses.replace(item, schema=shape)
+        elif isinstance(item, Mapping) and item.get("schema") is None and not _has_format(item.get("params")):
+            yield {**item, "schema": shape}
+        else:
+            yield item
+
+
+def _has_format(params: object) -> bool:
+    return isinstance(params, Mapping) and "response_format" in params

@@ -50,6 +50,8 @@ class JobConfig:
     tier: str = "sync"
     #: How the batch tier submits and polls (``--poll-every``, ``--batch-size``).
     batch: BatchSettings = field(default_factory=BatchSettings)
+    #: Re-asks of an answer that does not match its line's schema (``--max-reasks``).
+    max_reasks: int = 2
 
 
 def engine_from(config: JobConfig, **overrides: Any) -> Engine:
@@ -66,6 +68,7 @@ def engine_from(config: JobConfig, **overrides: Any) -> Engine:
         "defaults": config.defaults,
         "fallbacks": config.fallbacks,
         "cooldown": config.cooldown,
+        "max_reasks": config.max_reasks,
         **overrides,
     }
     deployments = arguments.pop("deployments", config.deployments)

@@ -24,7 +24,7 @@ from ._adaptive import Adaptive
 from ._attempts import Attempts, RetryEvent
 from ._budget import Budget, SharedBudget
 from ._coerce import RequestLike, make_request
-from ._errors import ConfigError
+from ._errors import ConfigError, InvalidRequestError
 from ._fanout import fan_out
 from ._limits import Limiter, LocalLimiter
 from ._models import Deployment, Priority, Request, Result
@@ -82,6 +82,10 @@ class Engine:
     counted against the engine's too; ``cheaper`` switches to a cheaper model as money
     runs low. Under a budget, a model with no known price is refused unless
     ``allow_unpriced``.
+
+    A request with a ``schema`` gets an answer that parses or says why not: each answer
+    is validated, and an invalid one re-asked up to ``max_reasks`` times, every re-ask an
+    attempt like any other (see :mod:`sluice.structured`).
     """
 
     def __init__(
@@ -106,6 +110,7 @@ class Engine:
         grace: float | None = None,
         adapt_deployment: Callable[[Deployment], Deployment] | None = None,
         spending: Spending | None = None,
+        max_reasks: int = 2,
     ) -> None:
         if isinstance(deployments, Deployment):
             deployments = [deployments]
@@ -113,6 +118,8 @@ class Engine:
             raise ConfigError(f"concurrency must be a positive integer, got {concurrency!r}")
         if buffer is not None and (not isinstance(buffer, int) or buffer < 1):
             raise ConfigError(f"buffer must be a positive integer, got {buffer!r}")
+        if isinstance(max_reasks, bool) or not isinstance(max_reasks, int) or max_reasks < 0:
+            raise ConfigError(f"max_reasks must be an integer >= 0, got {max_reasks!r}")
         self.retry = retry or RetryPolicy()
         self.concurrency = concurrency
         self.buffer = buffer or max(concurrency * 4, 64)
@@ -145,6 +152,7 @@ class Engine:
             store,
             retry_failed=retry_failed,
             on_retry=on_retry,
+            max_reasks=max_reasks,
         )
 
     # -- configuration -------------------------------------------------------------------
@@ -294,6 +302,8 @@ class Engine:
         """
         self.runtime.check_open()
         request = make_request(model, messages, fields)
+        if request.schema is not None:  # its answer is checked whole, and may be asked again
+            raise InvalidRequestError("a request with a schema cannot be streamed; use complete() or map()")
         job = self.attempts.job(request, priority if request.priority is None else request.priority, budget=budget)
         return Stream(self.attempts, job)
 

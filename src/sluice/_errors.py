@@ -15,6 +15,7 @@
     ├── StoreError                   the state file cannot be written (disk full, read-only...)
     ├── GroupExhausted               every deployment of a model is cooling or failed the request
     ├── EmbeddingError               embed() could not give every text a vector
+    ├── InvalidOutputError           the answer did not match its schema, after its re-asks
     └── ProviderError                the provider (or the way to it) failed
         ├── RetryableError           worth another attempt
         │   ├── RateLimitError           429
@@ -57,6 +58,7 @@ __all__ = [
     "FatalProviderError",
     "GroupExhausted",
     "InvalidInputError",
+    "InvalidOutputError",
     "InvalidRequestError",
     "MalformedResponseError",
     "MovedToSyncError",
@@ -172,6 +174,19 @@ class EmbeddingError(SluiceError):
     @property
     def failed(self) -> list[EmbeddingResult]:
         return [r for r in self.results if not r.ok]
+
+
+class InvalidOutputError(SluiceError):
+    """The answer did not match the request's schema, and its re-asks did not mend it.
+
+    ``errors`` says what the validator found in the last answer (the record's ``text``
+    holds that answer). Not kept on a rerun: a plain rerun asks again."""
+
+    kind = "invalid_output"
+
+    def __init__(self, message: str, errors: tuple[str, ...] | list[str] = ()) -> None:
+        super().__init__(message)
+        self.errors = tuple(errors)
 
 
 class ProviderError(SluiceError):

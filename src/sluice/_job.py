@@ -51,6 +51,10 @@ class Job:
     #: The health epoch of the deployment when its latest attempt was placed: a failure
     #: of an attempt placed before a cooldown began does not lengthen that cooldown.
     placed_at: int | None = None
+    #: Times an invalid answer was re-asked (a request with a schema, see ``structured``).
+    reasks: int = 0
+    #: Attempts made before the current ask: each ask has the whole retry policy.
+    attempts_before: int = 0
 
     @property
     def batch(self) -> bool:
@@ -60,4 +64,7 @@ class Job:
     @property
     def idempotency_key(self) -> str | None:
         """What the provider is sent as ``Idempotency-Key`` (see :func:`idempotency_key_of`)."""
-        return None if self.key is None else idempotency_key_of(self.key)
+        if self.key is None:
+            return None
+        # a re-ask is a new question: an Idempotency-Key honoured would hand back the old answer
+        return idempotency_key_of(self.key if not self.reasks else f"{self.key}\x1freask-{self.reasks}")

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import _json
 from ._errors import ConfigError, InvalidRequestError, SluiceError
+from .structured._ask import ASK_MODES
+from .structured._schema import Schema
 
 if TYPE_CHECKING:
     from .providers import Provider
@@ -55,6 +57,10 @@ class Request:
 
     ``params`` holds any further provider parameters (``top_p``, ``tools``,
     ``response_format``...): they are passed through to the provider untouched.
+    ``schema`` (a JSON Schema dict, a Pydantic model class or a
+    :class:`~sluice.structured.Schema`) asks for a JSON answer of that shape: each
+    provider is asked in its own way, the answer is validated and re-asked when invalid,
+    and ``Result.parsed`` holds it (see :mod:`sluice.structured`).
     ``id`` is yours to set (a row id, a ``custom_id``); without one the request's
     content hash is used, which makes reruns and caching idempotent.
     """
@@ -67,11 +73,19 @@ class Request:
     id: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     priority: int | None = None
+    schema: Schema | None = None
     #: Its store key, kept by :func:`seal` on a request only sluice holds (see there).
     _key: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         problem = _request_problem(self)
+        if problem is None and self.schema is not None and not isinstance(self.schema, Schema):
+            try:
+                object.__setattr__(self, "schema", Schema.of(self.schema))
+            except InvalidRequestError as exc:
+                problem = exc.message
+        if problem is None and self.schema is not None and "response_format" in self.params:
+            problem = "give the answer's shape once: schema= or params['response_format'], not both"
         if problem:
             where = f"request {self.id!r}" if self.id is not None else "request"
             raise InvalidRequestError(f"{where}: {problem}")
@@ -182,7 +196,8 @@ def _number(value: object) -> bool:
 def request_key(request: Request) -> str:
     """A stable content hash of what the provider would see (versioned).
 
-    Metadata, id and priority are left out: they do not change the answer.
+    Metadata, id and priority are left out: they do not change the answer. A schema is
+    in (by its digest) only when there is one, so keys made before schemas are unchanged.
     """
     payload = {
         "v": _KEY_VERSION,
@@ -192,6 +207,8 @@ def request_key(request: Request) -> str:
         "temperature": request.temperature,
         "params": request.params,
     }
+    if request.schema is not None:
+        payload["schema"] = request.schema.digest
     return hashlib.sha256(_json.canonical(payload)).hexdigest()[:32]
 
 
@@ -270,6 +287,13 @@ class Result:
     tier: str | None = None
     #: The provider batch that answered it, for the ``batch`` tier.
     batch_id: str | None = None
+    #: For a request with a ``schema``: the validated answer (a Pydantic instance when the
+    #: schema was a model); None when it is not valid (see ``error``, ``invalid_output``).
+    parsed: Any = None
+    #: How many times an invalid answer was re-asked (each one billed, in ``cost_usd``).
+    reasks: int = 0
+    #: Of ``cost_usd``, what the re-asks cost.
+    reask_cost_usd: float | None = None
 
     @property
     def id(self) -> str:
@@ -490,6 +514,9 @@ def _deployment_problem(d: Deployment) -> str | None:
         return f"weight must be a positive number, got {d.weight!r}"
     if d.tier not in TIERS:
         return f"tier must be one of {', '.join(TIERS)}, got {d.tier!r}"
+    structured = d.options.get("structured") if isinstance(d.options, Mapping) else None
+    if structured is not None and structured not in ASK_MODES:
+        return f"options.structured must be one of {', '.join(ASK_MODES)}, got {structured!r}"
     for name in ("flex_discount", "batch_discount"):
         share = d.options.get(name) if isinstance(d.options, Mapping) else None
         if share is not None and not (_number(share) and 0 < share <= 1):

@@ -51,6 +51,8 @@ def error_record(error: _errors.SluiceError) -> dict[str, Any]:
         record["request_id"] = error.request_id
         if error.provider_type:
             record["provider_type"] = error.provider_type
+    elif isinstance(error, _errors.InvalidOutputError):
+        record["errors"] = list(error.errors)
     return record
 
 
@@ -62,12 +64,16 @@ def error_from_record(record: Mapping[str, Any]) -> _errors.SluiceError:
         error.status = record.get("status")
         error.request_id = record.get("request_id")
         return error
+    if issubclass(cls, _errors.InvalidOutputError):
+        errors = record.get("errors")
+        return cls(message, [str(e) for e in errors] if isinstance(errors, list) else ())
     return cls(message)
 
 
 def result_record(result: Result) -> dict[str, Any]:
-    """Everything a later run needs to hand this result back without sending again."""
-    return {
+    """Everything a later run needs to hand this result back without sending again (and,
+    for a request with a schema, its parsed answer and its re-asks)."""
+    record: dict[str, Any] = {
         "ok": result.ok,
         "text": result.text,
         "error": error_record(result.error) if result.error is not None else None,
@@ -83,6 +89,25 @@ def result_record(result: Result) -> dict[str, Any]:
         "tier": result.tier,
         "batch_id": result.batch_id,
     }
+    schema = result.request.schema if result.request is not None else None
+    if schema is not None:
+        record["parsed"] = schema.to_json(result.parsed)
+        record["reasks"] = result.reasks
+        record["reask_cost_usd"] = usd_record(result.reask_cost_usd)
+    return record
+
+
+def _parsed(request: Request | None, record: Mapping[str, Any]) -> Any:
+    """A stored answer's parsed value as ``Result.parsed`` gives it (a model instance for a
+    model); None when the stored value no longer fits the schema (the schema's code changed)."""
+    value = record.get("parsed")
+    schema = request.schema if request is not None else None
+    if value is None or schema is None:
+        return value
+    try:
+        return schema.revive(value)
+    except Exception:  # a model changed since the record was written: the record is still there
+        return None
 
 
 def result_from_record(request: Request | None, record: Mapping[str, Any], *, index: int | None = None) -> Result:
@@ -105,4 +130,7 @@ def result_from_record(request: Request | None, record: Mapping[str, Any], *, in
         model=record.get("model"),
         tier=record.get("tier"),
         batch_id=record.get("batch_id"),
+        parsed=_parsed(request, record),
+        reasks=int(record.get("reasks") or 0),
+        reask_cost_usd=record.get("reask_cost_usd"),
     )

@@ -79,6 +79,12 @@ class Stats:
     hook_errors: int = 0
     #: Requests moved to the next model of their fallback list.
     fallbacks: int = 0
+    #: Requests with a schema (this run's answers): valid, of those valid after re-asks,
+    #: the re-asks made (valid or not in the end) and what they cost.
+    valid: int = 0
+    reasked: int = 0
+    reasks: int = 0
+    reask_cost_usd: float = 0.0
     errors: Counter[str] = field(default_factory=Counter)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
@@ -101,6 +107,13 @@ class Stats:
     def record(self, result: Result) -> None:
         """Count a request's Result."""
         self._count(result.ok, result.cached, result.error, result.usage, result.timings.latency, result.cost_usd)
+        request = result.request
+        if request is not None and request.schema is not None and not result.cached:
+            self.valid += result.ok
+            if result.reasks:
+                self.reasked += result.ok
+                self.reasks += result.reasks
+                self.reask_cost_usd += result.reask_cost_usd or 0.0
 
     def record_embedding(self, result: EmbeddingResult) -> None:
         """Count one text's embedding as a Result is counted."""
@@ -123,7 +136,11 @@ class Stats:
             self.cancelled += 1
         else:
             self.failed += 1
-            self.errors[error.kind if error is not None else "error"] += 1
+            kind = error.kind if error is not None else "error"
+            self.errors[kind] += 1
+            if kind == "invalid_output" and not cached:  # answered (and billed), just not valid
+                self.input_tokens += usage.input_tokens
+                self.output_tokens += usage.output_tokens
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -142,6 +159,10 @@ class Stats:
             "unpriced": self.unpriced,
             "hook_errors": self.hook_errors,
             "fallbacks": self.fallbacks,
+            "valid": self.valid,
+            "reasked": self.reasked,
+            "reasks": self.reasks,
+            "reask_cost_usd": self.reask_cost_usd,
             "errors": dict(self.errors),
             "latency_p50": self.latency.percentile(50),
             "latency_p90": self.latency.percentile(90),

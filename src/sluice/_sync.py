@@ -12,6 +12,7 @@ import concurrent.futures
 from collections.abc import AsyncIterable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from ._coerce import with_schema
 from ._engine import Engine, RequestLike
 from ._models import Deployment, Result
 from ._retry import RetryPolicy
@@ -54,16 +55,26 @@ def run(
     deployments: Iterable[Deployment] | None = None,
     retry: RetryPolicy | None = None,
     concurrency: int = 256,
+    schema: Any = None,
+    max_reasks: int = 2,
 ) -> list[Result]:
     """Run every request and return the results in input order (blocking).
 
     ``sluice.run(["a question", "another"], model="openai/gpt-4o-mini", rpm=500)``
+
+    ``schema`` (a JSON Schema dict or a Pydantic model) is every request's that has none
+    of its own: each ``result.parsed`` is then a valid answer (see :mod:`sluice.structured`).
     """
 
     async def go() -> list[Result]:
-        engine = Engine(_deployments(model, deployments, rpm, tpm, max_in_flight), retry=retry, concurrency=concurrency)
+        engine = Engine(
+            _deployments(model, deployments, rpm, tpm, max_in_flight),
+            retry=retry,
+            concurrency=concurrency,
+            max_reasks=max_reasks,
+        )
         async with engine:
-            return await engine.run(requests, model=model)
+            return await engine.run(requests if schema is None else with_schema(requests, schema, model), model=model)
 
     return run_sync(go())
 

@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from .. import _json
-from .._errors import InvalidInputError, SluiceError
+from .._errors import InvalidInputError, InvalidRequestError, SluiceError
 from .._models import Request, seal
+from ..structured import Schema, schema_from_response_format
 from ._embed_inputs import EMBEDDING_URLS, EmbeddingInput, embedding_from_body, embedding_from_row
 
 __all__ = [
@@ -134,6 +135,7 @@ class InputOptions:
     format: Format = "auto"
     max_line_bytes: int = 8 * 1024 * 1024
     embed_field: str | None = None  # --embed: embed this field of each row
+    schema: Schema | None = None  # --schema: the answer's shape, for lines that give none
 
 
 def detect_format(path: Path, requested: Format) -> Literal["jsonl", "csv"]:
@@ -320,6 +322,9 @@ def _from_chat_body(body: Mapping[str, Any], where: str, options: InputOptions, 
     if own_id is not None and not isinstance(own_id, str):
         own_id = str(own_id)
     params = {k: v for k, v in body.items() if k not in _OWN_FIELDS and k != "stream"}
+    schema = _schema_of(params, where)
+    if schema is None and "response_format" not in params:  # a line's own "text" format stays its own
+        schema = options.schema
     temperature = body.get("temperature") if options.temperature is None else options.temperature
     return Request(
         model=model,
@@ -329,7 +334,22 @@ def _from_chat_body(body: Mapping[str, Any], where: str, options: InputOptions, 
         params=params,
         id=own_id,
         metadata=metadata,
+        schema=schema,
     )
+
+
+def _schema_of(params: dict[str, Any], where: str) -> Schema | None:
+    """A line's own ``response_format`` (as OpenAI writes it) as its schema, taken out of
+    the params: sluice asks each provider for it in its own way, and validates the answer."""
+    if "response_format" not in params:
+        return None
+    try:
+        schema = schema_from_response_format(params["response_format"], "response_format")
+    except InvalidRequestError as exc:
+        raise InvalidInputError(f"{where}: {exc.message}") from None
+    if schema is not None:
+        del params["response_format"]
+    return schema
 
 
 def _with_system(messages: Any, system: str | None) -> Any:
@@ -357,6 +377,7 @@ def _from_row(row: Mapping[str, Any], where: str, options: InputOptions) -> Requ
         temperature=options.temperature,
         id=row_id,
         metadata={k: v for k, v in row.items() if k is not None},
+        schema=options.schema,
     )
 
 

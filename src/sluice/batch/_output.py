@@ -241,6 +241,11 @@ def output_record(item: InputItem, result: Result, sent: Request | None = None) 
     record["tier"] = result.tier
     if result.batch_id is not None:
         record["batch_id"] = result.batch_id
+    schema = result.request.schema if result.request is not None else None
+    if schema is not None:  # structured: the validated answer, and what it took
+        record["parsed"] = schema.to_json(result.parsed)
+        record["reasks"] = result.reasks
+        record["reask_cost_usd"] = usd_record(result.reask_cost_usd)
     record["cached"] = result.cached
     if sent is not None:
         record["request_hash"] = request_hash(sent)

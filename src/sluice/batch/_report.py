@@ -5,11 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import os
 from pathlib import Path
+from typing import Any
 
+from .._format import usd
 from .._stats import LatencyHistogram
 from ..store import SqliteStore
 
-__all__ = ["report_rows"]
+__all__ = ["report_rows", "structured_line"]
 
 
 def _when(timestamp: object) -> str:
@@ -33,6 +35,7 @@ def report_rows(path: Path) -> list[tuple[str, str]]:
     try:
         meta = store.meta()
         summary = store.summary()
+        structured = store.structured_summary()
         histogram = LatencyHistogram()
         for latency in store.latencies():
             histogram.add(latency)
@@ -67,12 +70,22 @@ def report_rows(path: Path) -> list[tuple[str, str]]:
     ]
     if summary["cost_usd"] is not None:
         rows.append(("cost", f"${summary['cost_usd']:,.4f}"))
+    if structured is not None:
+        rows.append(("structured", structured_line(**structured)))
     rows += _deployment_rows(meta)
     rows += _batch_rows(chunks)
     p50, p90, p99 = (histogram.percentile(q) for q in (50, 90, 99))
     if p50 is not None and p90 is not None and p99 is not None:
         rows.append(("latency", f"p50 {p50:.3f}s, p90 {p90:.3f}s, p99 {p99:.3f}s"))
     return rows
+
+
+def structured_line(*, valid: int, reasked: int, invalid: int, reasks: int, reask_cost_usd: float, **_: Any) -> str:
+    """Answers with a schema, in words: how many parsed, how many needed re-asks, what those cost."""
+    text = f"{valid:,} valid ({reasked:,} after re-asks), {invalid:,} invalid_output"
+    if reasks:
+        text += f"; {reasks:,} re-asks cost {usd(reask_cost_usd)}"
+    return text
 
 
 def _written(meta: dict[str, object], status: str) -> str:

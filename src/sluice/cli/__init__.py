@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import os
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from .._errors import SluiceError
 from .._models import Price
 from ..batch._inputs import InputOptions, Template
 from ._config import JobConfig, describe, describe_defaults, load_config, with_overrides
+from ._flags import duration, fail, schema_flag, with_tier
 from ._worker import checked_redis_url
 
 __all__ = ["main"]
@@ -52,11 +52,6 @@ def _say_library_warnings() -> None:
     logger.propagate = False
 
 
-def _fail(message: str, code: int = 2) -> None:
-    click.echo(f"sluice: error: {message}", err=True)
-    sys.exit(code)
-
-
 def _friendly(fn: F) -> F:
     """Turn a SluiceError anywhere below into one clear line and exit code 2."""
 
@@ -65,7 +60,7 @@ def _friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except SluiceError as exc:
-            _fail(exc.message)
+            fail(exc.message)
         except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
             raise
         except BrokenPipeError:  # `sluice report ... | head`: the reader left; not a bug
@@ -75,7 +70,7 @@ def _friendly(fn: F) -> F:
             sys.exit(EXIT_BROKEN_PIPE)
         except Exception as exc:  # a bug: say so plainly, with its own exit status
             traceback.print_exc()
-            _fail(
+            fail(
                 f"internal error ({type(exc).__name__}: {exc}). This is a bug in sluice, not in your input: "
                 "please report it with the traceback above. A job can be resumed by rerunning the same command",
                 EXIT_INTERNAL,
@@ -222,7 +217,7 @@ def _job_config(flags: dict[str, Any], *, require_trust: bool = True) -> JobConf
 def _input_opts(config: JobConfig, model: str | None, **flags: Any) -> InputOptions:
     force_model = bool(flags.get("force_model"))
     if force_model and model is None:
-        _fail("--force-model needs --model: the model to send every record to")
+        fail("--force-model needs --model: the model to send every record to")
     template = flags.pop("template")
     embed_field = flags.get("embed_field")
     if embed_field is not None:
@@ -234,12 +229,12 @@ def _input_opts(config: JobConfig, model: str | None, **flags: Any) -> InputOpti
         }
         given = [flag for flag, value in chat_only.items() if value is not None]
         if given:
-            _fail(f"--embed embeds a field as it is; {', '.join(given)} shape chat prompts and do not apply")
+            fail(f"--embed embeds a field as it is; {', '.join(given)} shape chat prompts and do not apply")
     if template is not None and template.startswith("@"):
         try:
             template = Path(template[1:]).read_text(encoding="utf-8")
         except OSError as exc:
-            _fail(f"--template {template}: {exc.strerror}")
+            fail(f"--template {template}: {exc.strerror}")
     return InputOptions(
         model=model,
         default_model=config.model,
@@ -322,7 +317,7 @@ def main() -> None:
 )
 @click.option(
     "--deadline",
-    callback=lambda ctx, param, value: None if value is None else _duration(value, "--deadline"),
+    callback=lambda ctx, param, value: None if value is None else duration(value, "--deadline"),
     metavar="DURATION",
     help="With --tier auto: when every line must be answered, from now (45s, 30m, 6h).",
 )
@@ -341,6 +336,20 @@ def main() -> None:
     show_default=True,
     metavar="LINES",
     help="With --tier batch: lines per provider batch (about as many wait in memory).",
+)
+@click.option(
+    "--schema",
+    "schema_spec",
+    metavar="FILE|module:Model",
+    help="Every answer must be JSON of this shape: a JSON Schema file, or a Pydantic model "
+    "(module:Model). Invalid answers are re-asked; a line's own response_format wins.",
+)
+@click.option(
+    "--max-reasks",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="With a schema: times an invalid answer is asked again (each re-ask is billed, within --budget).",
 )
 @click.option("--claim-after", type=click.FloatRange(min=0.5), default=12.0, hidden=True)
 @click.option("--max-deliveries", type=click.IntRange(min=1), default=5, hidden=True)
@@ -364,13 +373,15 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
     from ._run import run_job_command
 
     _say_library_warnings()
-    config = _with_tier(_job_config(flags), flags)
+    config = dataclasses.replace(with_tier(_job_config(flags), flags), max_reasks=flags.pop("max_reasks"))
+    inputs = _input_opts(config, flags.pop("model"), **{k: flags[k] for k in _INPUT_FLAGS if k in flags})
+    schema = schema_flag(flags.pop("schema_spec"), inputs)
     spec = JobSpec(
         input=input_path,
         output=output,
         state=flags["state"] or default_state_path(output),
         config=config,
-        inputs=_input_opts(config, flags.pop("model"), **{k: flags[k] for k in _INPUT_FLAGS if k in flags}),
+        inputs=dataclasses.replace(inputs, schema=schema),
         ordered=flags["ordered"],
         retry_failed=flags["retry_failed"],
         cache=not flags["no_cache"],
@@ -384,68 +395,6 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
     sys.exit(run_job_command(spec, log_every=flags["log_every"]))
 
 
-def _with_tier(config: JobConfig, flags: dict[str, Any]) -> JobConfig:
-    """``--tier`` and the batch tier's settings on the job's config."""
-    from ..tiers import BatchSettings
-
-    tier = flags.pop("tier")
-    poll_every, batch_size, deadline = flags.pop("poll_every"), flags.pop("batch_size"), flags.pop("deadline")
-    _check_tier_providers(config, tier)
-    if tier == "auto" and deadline is None:
-        _fail("--tier auto plans against a deadline: add --deadline DURATION (e.g. --deadline 6h)")
-    if tier != "auto" and deadline is not None:
-        _fail("--deadline applies to --tier auto only")
-    if tier not in ("batch", "auto"):
-        source = click.get_current_context().get_parameter_source
-        for name in ("poll_every", "batch_size"):
-            if source(name) is click.core.ParameterSource.COMMANDLINE:
-                _fail(f"--{name.replace('_', '-')} applies to --tier batch or auto only")
-        return dataclasses.replace(config, tier=tier)
-    if flags["redis_url"] is not None:
-        _fail(f"--tier {tier} runs in one process: drop --redis (the provider's batch queue does the spreading)")
-    linger = min(2.0, max(1.0, poll_every))  # a partial chunk goes once lines stop coming
-    settings = BatchSettings(
-        poll_every=poll_every,
-        max_lines=batch_size,
-        linger=linger,
-        deadline=None if deadline is None else time.time() + deadline,
-    )
-    return dataclasses.replace(config, tier=tier, batch=settings)
-
-
-def _check_tier_providers(config: JobConfig, tier: str) -> None:
-    """A tier the job's deployments cannot be served in is refused now, before any file is
-    made: flex is OpenAI's; the batch tiers speak OpenAI's and Anthropic's Batch APIs."""
-    if tier == "sync":
-        return
-    from .._models import Deployment
-
-    served = list(config.deployments)
-    if config.model is not None and not any(config.model in (d.model, d.label) for d in served):
-        served.append(Deployment(config.model, **config.defaults))
-    allowed = ("openai",) if tier == "flex" else ("openai", "anthropic")
-    for d in served:
-        if d.provider_name not in allowed:
-            _fail(
-                f"--tier {tier}: {d.label} is served by {d.provider_name!r}, which has no "
-                f"{'flex tier' if tier == 'flex' else 'Batch API'}; {tier} takes {' or '.join(allowed)} models"
-            )
-
-
-def _duration(text: str, flag: str) -> float:
-    """``45s``, ``30m``, ``6h``, ``1d`` or plain seconds, as seconds."""
-    value = text.strip().lower()
-    scale = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}.get(value[-1:])
-    number = value[:-1] if scale is not None else value
-    try:
-        seconds = float(number) * (scale or 1.0)
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a duration; write 45s, 30m, 6h or 1d", param_hint=flag) from None
-    if not seconds > 0 or seconds != seconds or seconds == float("inf"):
-        raise click.BadParameter(f"{text!r}: a duration must be positive", param_hint=flag)
-    return seconds
-
-
 def _distributed(flags: dict[str, Any]) -> Any:
     """``--redis`` and its options, or None for a job run in this process."""
     from ..batch._job import Distributed
@@ -454,10 +403,10 @@ def _distributed(flags: dict[str, Any]) -> Any:
     if url is None:
         for flag in ("redis_fail_open", "no_local_worker"):
             if flags[flag]:
-                _fail(f"--{flag.replace('_', '-')} needs --redis URL")
+                fail(f"--{flag.replace('_', '-')} needs --redis URL")
         return None
     if flags["ordered"]:
-        _fail("--ordered is not available with --redis: records are written as the workers answer")
+        fail("--ordered is not available with --redis: records are written as the workers answer")
     from ._worker import require_redis
 
     require_redis()
@@ -545,7 +494,7 @@ def cancel(output: Path, **flags: Any) -> None:
 
     state = flags.pop("state") or default_state_path(output)
     if not _is_sqlite(state):
-        _fail(f"{state} is not a sluice state file; give the job's output (its -o file) or --state")
+        fail(f"{state} is not a sluice state file; give the job's output (its -o file) or --state")
     config = _job_config(flags)
     done = asyncio.run(cancel_job_batches(state, config))
     if not done:
@@ -571,12 +520,12 @@ def report(state: Path) -> None:
         if beside.is_file():
             state = beside  # given the output: its state sits next to it
         elif looks_like_output(state):
-            _fail(
+            fail(
                 f"{state} holds sluice records, but its state file {beside} is not there; "
                 "give the state file itself (sluice report STATE), e.g. the --state the job ran with"
             )
         else:
-            _fail(
+            fail(
                 f"{state} is not a sluice output or state file; give a job's output (its -o file) "
                 "or its state file (OUTPUT.sluice.db)"
             )

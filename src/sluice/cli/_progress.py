@@ -16,6 +16,7 @@ import click
 from .._format import format_duration, usd
 from .._models import TIER_DISCOUNT
 from ..batch._job import JobProgress
+from ..batch._report import structured_line
 
 __all__ = ["ProgressView", "format_duration", "summary_rows", "table", "usd"]
 
@@ -154,6 +155,16 @@ def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
             rows.append(("latency", f"p50 {p50:.3f}s, p99 {p99:.3f}s"))
     if progress.engine is not None:
         rows.append(("cost", _cost_summary(progress)))
+    if stats is not None and (stats.valid or stats.reasks or stats.errors.get("invalid_output")):
+        invalid = stats.errors.get("invalid_output", 0)
+        line = structured_line(
+            valid=stats.valid,
+            reasked=stats.reasked,
+            invalid=invalid,
+            reasks=stats.reasks,
+            reask_cost_usd=stats.reask_cost_usd,
+        )
+        rows.append(("structured (this run)", line))
     rows += _tier_rows(progress)
     rows += _troubled_deployments(progress)
     rate = progress.written / elapsed if elapsed > 0 else 0.0

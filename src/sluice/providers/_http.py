@@ -33,6 +33,7 @@ from .._errors import (
 from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request, Secret
 from .._retry import parse_retry_after, parse_should_retry
+from ..structured._ask import shaped
 from ._base import Reply, estimate_request_tokens
 from ._events import StreamEvent, StreamStart, reply_events
 from ._sse import SseDecoder, SseError, SseEvent
@@ -223,6 +224,13 @@ class HttpProvider(ABC):
     def build_body(self, request: Request, deployment: Deployment) -> dict[str, Any]:
         """The JSON body of one request."""
 
+    def body_of(self, request: Request, deployment: Deployment) -> dict[str, Any]:
+        """The JSON body of one request as it is sent: its schema, if any, said the way the
+        deployment understands (see :mod:`sluice.structured`), then :meth:`build_body`."""
+        if request.schema is not None:
+            request = shaped(request, deployment)
+        return self.build_body(request, deployment)
+
     @abstractmethod
     def parse_reply(self, body: Mapping[str, Any]) -> Reply:
         """Text and usage from a 200 body; raise MalformedResponseError if it is not one."""
@@ -298,7 +306,7 @@ class HttpProvider(ABC):
         return payload, request_id, ratelimit
 
     async def send(self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None) -> Reply:
-        data = self._encode(self.build_body(request, deployment))  # a translation error stays as it is
+        data = self._encode(self.body_of(request, deployment))  # a translation error stays as it is
         payload, request_id, ratelimit = await self.post(deployment, data, idempotency_key=idempotency_key)
         return self.reply_of(payload, request_id, ratelimit, deployment)
 
@@ -335,7 +343,7 @@ class HttpProvider(ABC):
 
     def stream_body(self, request: Request, deployment: Deployment) -> dict[str, Any]:
         """The JSON body of a streamed request: :meth:`build_body`'s, asking for a stream."""
-        body = self.build_body(request, deployment)
+        body = self.body_of(request, deployment)
         body["stream"] = True
         return body
 

@@ -28,6 +28,7 @@ are read as for any deployment (see ``providers._embed``).
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import re
 from collections import deque
@@ -38,6 +39,9 @@ from typing import Any
 from .._errors import ConfigError, OverloadedError, RateLimitError, ServerError
 from .._models import Deployment, Request, Usage
 from .._tokens import estimate_message_tokens, estimate_text_tokens
+
+# the fake server's way of making an answer of a schema's shape: one way, for both
+from ..testing._structured import instance
 from ._base import Reply, estimate_request_tokens
 from ._embed import EmbedReply, simulated_vector
 from ._events import Finish, StreamEvent, StreamStart, TextDelta, UsageUpdate
@@ -186,8 +190,12 @@ class SimulatedProvider:
         limit = request.max_tokens or deployment.default_max_tokens
         output = min(limit, state.rng.randint(low, high))
         state.counter += 1
-        last = str(request.messages[-1].get("content", ""))[:80]
-        text = f"[simulated reply {state.counter}] {last}"
+        if request.schema is not None:  # a rehearsal of a structured job: JSON of its shape
+            text = json.dumps(instance(request.schema.json_schema, request.schema.json_schema))
+            output = max(output, 1)
+        else:
+            last = str(request.messages[-1].get("content", ""))[:80]
+            text = f"[simulated reply {state.counter}] {last}"
         return Reply(
             text=text,
             usage=Usage(input_tokens=prompt, output_tokens=output),

@@ -386,6 +386,27 @@ class SqliteStore:
             "embeddings_ok": embedded[1],
         }
 
+    def structured_summary(self) -> dict[str, Any] | None:
+        """Answers to requests with a schema: valid, valid after re-asks, invalid, the
+        re-asks made and what they cost; None when no stored answer had a schema."""
+        row = self._db.execute(
+            "SELECT count(*), coalesce(sum(ok), 0), coalesce(sum(ok AND json_extract(record, '$.reasks') > 0), 0),"
+            " coalesce(sum(json_extract(record, '$.reasks')), 0),"
+            " coalesce(sum(json_extract(record, '$.reask_cost_usd')), 0),"
+            " coalesce(sum(error_type = 'invalid_output'), 0)"
+            " FROM results WHERE json_type(record, '$.reasks') IS NOT NULL"
+        ).fetchone()
+        if not row[0]:
+            return None
+        return {
+            "lines": row[0],
+            "valid": row[1],
+            "reasked": row[2],
+            "reasks": row[3],
+            "reask_cost_usd": row[4],
+            "invalid": row[5],
+        }
+
     def _has_table(self, name: str) -> bool:
         found = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
         return found.fetchone() is not None

@@ -8,6 +8,7 @@ sluice's estimator.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 from abc import ABC, abstractmethod
@@ -561,3 +562,25 @@ def rfc3339(timestamp: float) -> str:
     """A UTC RFC 3339 timestamp with milliseconds, as in ``anthropic-ratelimit-*-reset``."""
     moment = datetime.fromtimestamp(timestamp, UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+_BAD_JSON = "We could not parse the JSON body of your request."
+
+
+def decode_body(raw: bytes) -> Any:
+    try:
+        return loads(raw)
+    except ValueError:
+        raise ApiError(400, "invalid_request", _BAD_JSON) from None
+
+
+def model_of(raw: bytes) -> str:
+    with contextlib.suppress(ValueError):
+        body = loads(raw)
+        if isinstance(body, dict) and isinstance(body.get("model"), str):
+            return str(body["model"])
+    return "unknown"
+
+
+def openai_error_body(message: str, code: str) -> bytes:
+    return dumps({"error": {"message": message, "type": code, "param": None, "code": code}})

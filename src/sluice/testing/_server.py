@@ -19,11 +19,22 @@ from aiohttp import web
 from ._batches import BatchDesk
 from ._embeddings import EmbeddingsFormat
 from ._faults import STATUS_OF, STREAM_FAULTS, Fault, FaultPlan, FaultSpec
-from ._formats import AnthropicFormat, ApiError, Call, Format, OpenAIFormat, dumps, loads
+from ._formats import (
+    AnthropicFormat,
+    ApiError,
+    Call,
+    Format,
+    OpenAIFormat,
+    decode_body,
+    dumps,
+    model_of,
+    openai_error_body,
+)
 from ._lifecycle import LoopbackServer
 from ._limits import Entry, Limiter, Rejection, retry_after_headers
 from ._stats import LedgerEntry, LedgerKind, ServerStats, Tier, cost_usd
 from ._streams import StreamMode, error_frame, stream_frames, stream_mode
+from ._structured import StructuredAnswers, render, streamed_text
 from ._tokenizer import PromptCounter, TokenizerSpec
 
 __all__ = ["FakeServer"]
@@ -31,7 +42,6 @@ __all__ = ["FakeServer"]
 #: What the ``malformed`` fault sends with status 200.
 _MALFORMED_BODY = b'{"id": "chatcmpl-broken", "object": "chat.completion", "choi'
 _JSON = "application/json"
-_BAD_JSON = "We could not parse the JSON body of your request."
 
 
 class FakeServer(LoopbackServer):
@@ -134,6 +144,9 @@ class FakeServer(LoopbackServer):
         #: Share of the price a ``service_tier: "flex"`` request is billed.
         self.flex_discount = 0.5
         self._flex_refusals = 0
+        #: Answers to requests that ask for JSON, and the invalid ones to give (see
+        #: :mod:`._structured`): ``server.structured.configure(rate=0.2)``.
+        self.structured = StructuredAnswers(seed)
 
     @property
     def embeddings(self) -> EmbeddingsFormat:
@@ -279,7 +292,7 @@ class FakeServer(LoopbackServer):
         headers = request.headers
         try:
             fmt.check_auth(headers, self.api_key, echo=self.echo_key_in_errors)
-            body = _decode(raw)
+            body = decode_body(raw)
             call = fmt.parse(body, headers)
         except ApiError as exc:
             return self._respond(fmt, n, exc.status, fmt.error(exc.kind, exc.message, exc.param))
@@ -287,7 +300,7 @@ class FakeServer(LoopbackServer):
         if flex and self._flex_refusals > 0:
             self._flex_refusals -= 1
             message = "Resource unavailable: no capacity for flex processing now. Please retry later."
-            return self._respond(fmt, n, 429, _openai_error_body(message, "resource_unavailable"))
+            return self._respond(fmt, n, 429, openai_error_body(message, "resource_unavailable"))
         mode = stream_mode(body, isinstance(fmt, AnthropicFormat))
         if fault is not None and mode is None:  # a stream fault for an answer that is not streamed
             return await self._fault(request, fmt, _unstreamed(fault), n, raw, key)
@@ -308,6 +321,10 @@ class FakeServer(LoopbackServer):
         if self.latency_jitter > 0:
             delay += self._rng.uniform(0.0, self.latency_jitter)
         completion = min(call.max_tokens, self.output_tokens)
+        ask = self.structured.ask_of(body, isinstance(fmt, AnthropicFormat))
+        structured = self.structured.answer(ask)[0] if ask is not None else None
+        if ask is not None and mode is not None:
+            call = call._replace(text=streamed_text(structured))
         if mode is not None:
             return await self._stream(request, fmt, n, _Streamed(call, completion, mode, entry, key), delay, fault)
         try:
@@ -328,7 +345,10 @@ class FakeServer(LoopbackServer):
             entry, key, call, completion, "abandoned" if gone else "delivered", tier="flex" if flex else "sync"
         )
         cut = completion < self.output_tokens
-        answer = fmt.success(n, call, completion, cut, int(time.time()))
+        if ask is not None:
+            answer = render(fmt, n, call, completion, structured, ask, int(time.time()))
+        else:
+            answer = fmt.success(n, call, completion, cut, int(time.time()))
         if flex:  # the tier it was served in, as OpenAI says it
             answer = answer[:-1] + b',"service_tier":"flex"}'
         return self._respond(fmt, n, 200, answer)
@@ -542,7 +562,7 @@ class FakeServer(LoopbackServer):
             return self._drop(request)
         extra = dict(spec.headers)
         if kind is Fault.EMPTY_CHOICES:
-            return self._respond(fmt, n, 200, fmt.empty(n, _model_of(raw), int(time.time())), extra)
+            return self._respond(fmt, n, 200, fmt.empty(n, model_of(raw), int(time.time())), extra)
         # malformed, truncated: the answer was generated, and is billed, but its body
         # breaks on the way to the client.
         call = self._generated(request, fmt, raw)
@@ -551,7 +571,7 @@ class FakeServer(LoopbackServer):
                 self._bill(key, call, min(call.max_tokens, self.output_tokens), "malformed")
             return self._respond(fmt, n, 200, _MALFORMED_BODY, extra)
         if call is None:
-            return await self._truncate(request, fmt, n, fmt.empty(n, _model_of(raw), int(time.time())), extra)
+            return await self._truncate(request, fmt, n, fmt.empty(n, model_of(raw), int(time.time())), extra)
         completion = min(call.max_tokens, self.output_tokens)
         body = fmt.success(n, call, completion, completion < self.output_tokens, int(time.time()))
         if kind is Fault.TRICKLE:
@@ -564,7 +584,7 @@ class FakeServer(LoopbackServer):
         (a provider bills no answer for a 400 or a 401)."""
         try:
             fmt.check_auth(request.headers, self.api_key, echo=self.echo_key_in_errors)
-            return fmt.parse(_decode(raw), request.headers)
+            return fmt.parse(decode_body(raw), request.headers)
         except ApiError:
             return None
 
@@ -675,22 +695,3 @@ def _unstreamed(fault: FaultSpec) -> FaultSpec:
     """A stream fault drawn for an answer that is not streamed: its plain counterpart."""
     kind = Fault.TRUNCATED if fault.kind is Fault.STREAM_CUT else Fault.SERVER_ERROR
     return dataclasses.replace(fault, kind=kind)
-
-
-def _decode(raw: bytes) -> Any:
-    try:
-        return loads(raw)
-    except ValueError:
-        raise ApiError(400, "invalid_request", _BAD_JSON) from None
-
-
-def _model_of(raw: bytes) -> str:
-    with contextlib.suppress(ValueError):
-        body = loads(raw)
-        if isinstance(body, dict) and isinstance(body.get("model"), str):
-            return str(body["model"])
-    return "unknown"
-
-
-def _openai_error_body(message: str, code: str) -> bytes:
-    return dumps({"error": {"message": message, "type": code, "param": None, "code": code}})

@@ -1,0 +1,69 @@
+"""Ask until the answer parses: the re-ask loop around the attempt core's retry loop.
+
+Every re-ask goes through :meth:`~sluice._attempts.Attempts.until_outcome` like the first
+ask: money reserved at its worst case, capacity, the durable intent, retries of its own.
+So a budget stops re-asks before it is exceeded (the re-ask that does not fit is not
+sent), and what each one cost is in the line's ``cost_usd`` (``reask_cost_usd`` says how
+much of it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from .._errors import CancelledError, InvalidOutputError, SluiceError
+from ._check import check
+from ._reask import reask
+
+if TYPE_CHECKING:
+    from .._attempts import Attempts
+    from .._job import Job
+    from .._models import Usage
+    from .._slot import Tally
+    from ..providers import Reply
+
+__all__ = ["until_valid"]
+
+
+async def until_valid(
+    attempts: Attempts, job: Job, tally: Tally, deadline: float | None, reply: Reply
+) -> tuple[Reply, SluiceError | None, object]:
+    """(the last answer, with every ask's usage; the line's error or None; the parsed value).
+
+    The error is :class:`InvalidOutputError` when the answers stayed invalid (or a re-ask
+    could not be made: no money left, the provider failing it), a ``CancelledError`` when
+    a stop cut a re-ask off (the rerun asks again)."""
+    schema = job.request.schema
+    assert schema is not None
+    usage = reply.usage
+    while True:
+        verdict = check(schema, reply.text, reply.finish_reason)
+        if verdict.ok:
+            return dataclasses.replace(reply, usage=usage), None, verdict.parsed
+        after = f"after {job.reasks} re-ask{'s' if job.reasks != 1 else ''}, " if job.reasks else ""
+        said = f"{after}the answer does not match the schema {schema.name!r}: {'; '.join(verdict.errors)}"
+        if job.reasks >= attempts.max_reasks:
+            return _invalid(reply, usage, said, verdict.errors)
+        deployment = job.route.deployment
+        cap = job.request.max_tokens or deployment.default_max_tokens
+        question = reask(job.request, reply.text, verdict, output_cap=cap, answered_tokens=reply.usage.output_tokens)
+        try:
+            attempts.replan(job, question)
+        except SluiceError as exc:  # the re-ask can never fit (its deployment's limits)
+            return _invalid(reply, usage, f"{said}; it could not be re-asked: {exc.message}", verdict.errors)
+        job.reasks += 1
+        job.attempts_before = tally.attempts
+        attempts.settle_handed_over(tally)  # the last answer's intent: another attempt follows
+        outcome = await attempts.until_outcome(job, tally, deadline, hand_over=attempts.settling)
+        if isinstance(outcome, CancelledError):
+            return reply, outcome, None
+        if isinstance(outcome, SluiceError):
+            why = f"{said}; re-ask {job.reasks} was not answered: {outcome.message}"
+            return _invalid(reply, usage, why, verdict.errors)
+        usage = usage + outcome.usage
+        reply = outcome
+
+
+def _invalid(reply: Reply, usage: Usage, message: str, errors: tuple[str, ...]) -> tuple[Reply, SluiceError, object]:
+    return dataclasses.replace(reply, usage=usage), InvalidOutputError(message, errors), None
