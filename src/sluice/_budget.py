@@ -23,6 +23,7 @@ from collections import deque
 from typing import Protocol
 
 from ._errors import BudgetExhaustedError, ConfigError, UnknownPriceError
+from ._format import usd
 
 __all__ = [
     "Budget",
@@ -187,8 +188,8 @@ class BudgetLedger:
         tight = min(chain, key=lambda b: b.limit - b._spent - b._reserved)
         left = tight.limit - tight._spent - tight._reserved
         return BudgetExhaustedError(
-            f"not run: its worst case ${amount:.4f} exceeds the ${left:.4f} left of {tight.name} "
-            f"(${tight.limit:.2f}); rerun with a larger budget to resume"
+            f"not run: its worst case {usd(amount)} exceeds the {usd(left)} left of {tight.name} "
+            f"({usd(tight.limit)}); rerun with a larger budget to resume"
         )
 
     def _settle(self, hold: BudgetHold, actual: float) -> None:

@@ -26,6 +26,7 @@ from ._models import Deployment, Request, Usage
 from ._pricing import Pricing
 from ._tokens import max_prompt_tokens
 from .providers._base import max_output_tokens
+from .structured._ask import sent_params
 
 __all__ = ["CheaperModel", "Spending", "worst_case_tokens"]
 
@@ -194,7 +195,7 @@ def worst_case_tokens(request: Request, deployment: Deployment) -> tuple[int, in
     otherwise overshoot the budget.
     """
     prompt = max_prompt_tokens(
-        request.messages, request.params, provider=deployment.provider_name, model=deployment.model_name
+        request.messages, sent_params(request), provider=deployment.provider_name, model=deployment.model_name
     )
     return prompt, max_output_tokens(request, deployment)
 

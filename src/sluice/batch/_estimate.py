@@ -18,6 +18,7 @@ from .._models import Deployment, Usage
 from .._pricing import Pricing
 from .._tokens import estimate_message_tokens, estimate_text_tokens
 from ..providers import estimate_request_tokens
+from ..structured import sent_params
 from ._embed_inputs import EmbeddingInput
 from ._inputs import InputOptions, read_inputs
 
@@ -131,7 +132,7 @@ def estimate_job(
             tally = result.tallies[deployment.label] = _Tally(deployment)
         tally.requests += 1
         reserved = estimate_request_tokens(request, deployment)
-        prompt = estimate_message_tokens(request.messages, request.params)
+        prompt = estimate_message_tokens(request.messages, sent_params(request))
         tally.prompt_tokens += prompt
         tally.reserved_tokens += reserved
         tally.max_output_tokens += reserved - prompt

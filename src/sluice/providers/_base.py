@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, runtime_checkable
 from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request, Usage
 from .._tokens import estimate_message_tokens
+from ..structured._ask import sent_params
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -85,4 +86,4 @@ def estimate_request_tokens(request: Request, deployment: Deployment) -> int:
     """Prompt estimate + the output the request may produce, as providers reserve it
     against a TPM limit (the ~4-characters estimate: providers count TPM from
     characters; a budget's worst case uses ``_tokens.max_prompt_tokens`` instead)."""
-    return estimate_message_tokens(request.messages, request.params) + max_output_tokens(request, deployment)
+    return estimate_message_tokens(request.messages, sent_params(request)) + max_output_tokens(request, deployment)

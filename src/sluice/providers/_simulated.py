@@ -41,6 +41,7 @@ from .._models import Deployment, Request, Usage
 from .._tokens import estimate_message_tokens, estimate_text_tokens
 
 # the fake server's way of making an answer of a schema's shape: one way, for both
+from ..structured._ask import sent_params
 from ..testing._structured import instance
 from ._base import Reply, estimate_request_tokens
 from ._embed import EmbedReply, simulated_vector
@@ -185,7 +186,7 @@ class SimulatedProvider:
         return state, state.latency + (state.rng.uniform(-spread, spread) if spread else 0.0)
 
     def _reply(self, state: _State, request: Request, deployment: Deployment) -> Reply:
-        prompt = estimate_message_tokens(request.messages, request.params)
+        prompt = estimate_message_tokens(request.messages, sent_params(request))
         low, high = state.output_tokens
         limit = request.max_tokens or deployment.default_max_tokens
         output = min(limit, state.rng.randint(low, high))

@@ -10,7 +10,7 @@ validation errors.
 
 from __future__ import annotations
 
-from ._ask import ASK_MODES, ask_mode, shaped
+from ._ask import ASK_MODES, ask_mode, sent_params, shaped
 from ._check import Verdict, check
 from ._load import load_schema
 from ._schema import Schema, schema_from_response_format, strict_compatible
@@ -23,6 +23,7 @@ __all__ = [
     "check",
     "load_schema",
     "schema_from_response_format",
+    "sent_params",
     "shaped",
     "strict_compatible",
 ]

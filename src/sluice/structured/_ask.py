@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .._models import Deployment, Request
     from ._schema import Schema
 
-__all__ = ["ASK_MODES", "ask_mode", "shaped"]
+__all__ = ["ASK_MODES", "ask_mode", "sent_params", "shaped"]
 
 ASK_MODES = ("json_schema", "json_object", "prompt")
 
@@ -49,6 +49,15 @@ def shaped(request: Request, deployment: Deployment) -> Request:
             params["response_format"] = {"type": "json_object"}
         messages = _with_instruction(messages, schema)
     return dataclasses.replace(request, messages=messages, params=params, schema=None)
+
+
+def sent_params(request: Request) -> Mapping[str, Any]:
+    """``request.params`` with its schema in them, as the provider counts the prompt: the
+    schema is sent with every ask (as a response format, a tool or words, of about the
+    same size), so a token estimate or a worst case that left it out would be too low."""
+    if request.schema is None:
+        return request.params
+    return {**request.params, "response_format": request.schema.response_format()}
 
 
 def _with_instruction(messages: Sequence[Mapping[str, Any]], schema: Schema) -> list[Mapping[str, Any]]:

@@ -59,7 +59,11 @@ async def until_valid(
         if isinstance(outcome, CancelledError):
             return reply, outcome, None
         if isinstance(outcome, SluiceError):
-            why = f"{said}; re-ask {job.reasks} was not answered: {outcome.message}"
+            if tally.attempts == job.attempts_before:  # refused before it was sent: not made
+                job.reasks -= 1
+                why = f"{said}; no further re-ask was made: {outcome.message}"
+            else:
+                why = f"{said}; re-ask {job.reasks} was not answered: {outcome.message}"
             return _invalid(reply, usage, why, verdict.errors)
         usage = usage + outcome.usage
         reply = outcome

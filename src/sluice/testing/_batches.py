@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import BodyPartReader, web
 
 from ._formats import AnthropicFormat, ApiError, Call, ErrorKind, Format, OpenAIFormat, dumps, loads
+from ._structured import render
 
 if TYPE_CHECKING:
     from ._server import FakeServer
@@ -385,7 +386,12 @@ class BatchDesk:
         call = line.call
         assert call is not None
         completion = min(call.max_tokens, server.output_tokens)
-        body = fmt.success(server.next_number(), call, completion, completion < server.output_tokens, int(time.time()))
+        n, created = server.next_number(), int(time.time())
+        ask = server.structured.ask_of(line.body, batch.anthropic)
+        if ask is not None:  # a line asking for JSON: answered as a synchronous request would be
+            body = render(fmt, n, call, completion, server.structured.answer(ask)[0], ask, created)
+        else:
+            body = fmt.success(n, call, completion, completion < server.output_tokens, created)
         server.record_batch_success(line.custom_id, call, completion, self.discount)
         batch.done[line.custom_id] = _result_line(batch, line.custom_id, 200, body)
 

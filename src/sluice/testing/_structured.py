@@ -41,6 +41,7 @@ class StructuredAsk(NamedTuple):
     schema: Mapping[str, Any]
     tool: str | None
     prompt: str
+    body: Mapping[str, Any]
 
 
 class StructuredAnswers:
@@ -55,6 +56,8 @@ class StructuredAnswers:
         #: Structured asks answered, and the invalid answers given, by kind.
         self.asked = 0
         self.given: Counter[str] = Counter()
+        #: The body of the latest structured ask (tests read what a re-ask said).
+        self.last_body: Mapping[str, Any] | None = None
         self._asks: Counter[str] = Counter()
         self._rng = random.Random(seed)
 
@@ -77,22 +80,23 @@ class StructuredAnswers:
             for tool in tools:
                 if isinstance(tool, Mapping) and tool.get("name") == choice.get("name"):
                     schema = tool.get("input_schema")
-                    return StructuredAsk(schema if isinstance(schema, Mapping) else {}, str(tool["name"]), prompt)
+                    return StructuredAsk(schema if isinstance(schema, Mapping) else {}, str(tool["name"]), prompt, body)
             return None
         fmt = body.get("response_format")
         if not isinstance(fmt, Mapping):
             return None
         if fmt.get("type") == "json_object":
-            return StructuredAsk({"type": "object", "properties": {"answer": {"type": "string"}}}, None, prompt)
+            return StructuredAsk({"type": "object", "properties": {"answer": {"type": "string"}}}, None, prompt, body)
         spec = fmt.get("json_schema")
         if fmt.get("type") == "json_schema" and isinstance(spec, Mapping) and isinstance(spec.get("schema"), Mapping):
-            return StructuredAsk(spec["schema"], None, prompt)
+            return StructuredAsk(spec["schema"], None, prompt, body)
         return None
 
     def answer(self, ask: StructuredAsk) -> tuple[Any, str | None]:
         """(the answer's value, the invalid kind given or None). A value that is a str is
         the answer's text as it is; anything else is JSON to encode."""
         self.asked += 1
+        self.last_body = ask.body
         self._asks[ask.prompt] += 1
         value = instance(ask.schema, ask.schema)
         kind = None
