@@ -540,6 +540,24 @@ def _is_sqlite(path: Path) -> bool:
         return False
 
 
+@main.command()
+@click.argument("output", metavar="OUTPUT", type=click.Path(path_type=Path))
+@click.option(
+    "--csv", "csv_path", type=click.Path(path_type=Path), required=True, help="Write the records here as CSV."
+)
+def export(output: Path, csv_path: Path) -> None:
+    """Write OUTPUT's records as a table: one row per input line, in line order, a
+    schema's parsed answer opened up into columns (parsed.name, parsed.address.city...),
+    then the line's metadata."""
+    from ..batch._export import export_csv
+
+    try:
+        rows = export_csv(output, csv_path)
+    except SluiceError as exc:
+        fail(exc.message)
+    click.echo(f"wrote {rows:,} rows to {csv_path}")
+
+
 @main.group()
 def config() -> None:
     """Inspect the configuration, and trust a ./sluice.toml to be read."""
