@@ -24,6 +24,7 @@ from .._errors import InvalidRequestError, SluiceError
 from .._models import Request, Result, Usage
 from .._streaming import Delta, Stream
 from ..providers._events import TextDelta
+from ..structured import schema_from_response_format
 from ._clients import Client
 from ._context import CONTEXT, JSON_BODY, BadBody, ServeContext, client_of
 from ._settings import cached_request
@@ -34,8 +35,11 @@ __all__ = ["chat_completions", "parse_chat"]
 _OWN = frozenset({"model", "messages", "max_tokens", "temperature", "stream", "stream_options"})
 
 
-def parse_chat(body: Any, model: str, *, unique: bool) -> tuple[Request, bool, bool]:
-    """(the Request, stream?, include usage?) from a chat body; BadBody names a wrong field."""
+def parse_chat(body: Any, model: str, *, unique: bool, validate: bool = False) -> tuple[Request, bool, bool]:
+    """(the Request, stream?, include usage?) from a chat body; BadBody names a wrong field.
+
+    With ``validate`` a non-streamed request's ``response_format`` becomes its schema: the
+    answer is validated and re-asked (see :mod:`sluice.structured`)."""
     if not isinstance(body, Mapping):
         raise BadBody("the request body must be a JSON object")
     messages = body.get("messages")
@@ -71,6 +75,14 @@ def parse_chat(body: Any, model: str, *, unique: bool) -> tuple[Request, bool, b
     if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))):
         raise BadBody(f"temperature must be a number, got {_kind(temperature)}", "temperature")
     params = {k: v for k, v in body.items() if k not in _OWN}
+    schema = None
+    if validate and not stream and "response_format" in params:
+        try:
+            schema = schema_from_response_format(params["response_format"])
+        except InvalidRequestError as exc:
+            raise BadBody(exc.message, "response_format") from None
+        if schema is not None:
+            del params["response_format"]
     try:
         request = Request(
             model=model,
@@ -78,6 +90,7 @@ def parse_chat(body: Any, model: str, *, unique: bool) -> tuple[Request, bool, b
             max_tokens=body.get("max_tokens"),
             temperature=temperature,
             params=params,
+            schema=schema,
         )
     except InvalidRequestError as exc:
         message = exc.message.removeprefix("request: ")
@@ -104,7 +117,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         cached = cached_request(ctx.settings.cache, request.headers.get("x-sluice-cache"), body.get("temperature"))
     except ValueError as exc:
         raise BadBody(str(exc), "x-sluice-cache") from None
-    chat, stream, include_usage = parse_chat(body, model, unique=not cached)
+    chat, stream, include_usage = parse_chat(body, model, unique=not cached, validate=ctx.settings.validate_json)
     engine = ctx.engine
     tokens, limiters = ctx.estimated_tokens(model, lambda d: _estimate(ctx, chat, d))
     if not stream:
@@ -150,7 +163,7 @@ def _completion(result: Result, model: str) -> dict[str, Any]:
         body.pop("streamed", None)
         if body.get("id") is None:
             body["id"] = f"chatcmpl-{uuid.uuid4().hex}"
-        return body
+        return _validated(body, result)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -165,6 +178,21 @@ def _completion(result: Result, model: str) -> dict[str, Any]:
         ],
         "usage": _usage(result.usage),
     }
+
+
+def _validated(body: dict[str, Any], result: Result) -> dict[str, Any]:
+    """A validated answer's body: its content the JSON itself (a fence the model put round
+    it taken off), its usage every ask's (the client was charged for its re-asks too)."""
+    schema = result.request.schema if result.request is not None else None
+    if schema is None or not body["choices"] or not isinstance(body["choices"][0], Mapping):
+        return body
+    choice = dict(body["choices"][0])
+    message = dict(choice.get("message") or {})
+    message["content"] = _json.dumps_text(schema.to_json(result.parsed))
+    choice["message"] = message
+    body["choices"] = [choice, *body["choices"][1:]]
+    body["usage"] = _usage(result.usage)
+    return body
 
 
 def _usage(usage: Usage) -> dict[str, Any]:

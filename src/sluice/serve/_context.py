@@ -23,6 +23,7 @@ from .._errors import (
     ConnectError,
     DeadlineExceededError,
     EngineClosedError,
+    InvalidOutputError,
     InvalidRequestError,
     MalformedResponseError,
     NotFoundError,
@@ -313,6 +314,8 @@ def error_for(error: SluiceError) -> tuple[int, str, str | None]:
         return 502, "server_error", error.provider_type
     if isinstance(error, InvalidRequestError):
         return 400, "invalid_request_error", error.kind
+    if isinstance(error, InvalidOutputError):  # upstream answered, but not in the client's schema
+        return 502, "server_error", error.kind
     if isinstance(error, (CancelledError, EngineClosedError)):
         return 503, "server_error", "unavailable"
     return 500, "server_error", error.kind

@@ -11,6 +11,8 @@
     cache = false            # false: every request goes upstream; "deterministic": identical
                              # requests at temperature 0 are answered from the state; true: all
     batch_tier = "sync"      # "batch": clients' chat batches through the upstream's Batch API
+    validate_json = false    # true: answers to a json_schema response_format are validated and
+                             # re-asked (up to 2 times); still invalid: a 502 invalid_output
 
     [[client]]
     name = "notebook"
@@ -55,6 +57,10 @@ class ServeSettings:
     batch_tier: str = "sync"
     #: Seconds between two looks at a provider batch (``batch_tier = "batch"``).
     batch_poll_every: float = 30.0
+    #: Validate answers to a ``response_format`` with a JSON schema (non-streamed chat), for
+    #: deployments that cannot guarantee it (see :mod:`sluice.structured`): a client gets JSON
+    #: that matches its schema, or a 502 ``invalid_output`` saying what was wrong.
+    validate_json: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache", _cache_setting(self.cache, "ServeSettings"))
@@ -96,7 +102,7 @@ def serve_tables(data: Mapping[str, Any], where: str) -> tuple[ServeSettings, tu
 def _settings(table: Any, where: str) -> ServeSettings:
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: [serve] must be a table")
-    known = {*_SERVE_NUMBERS, "cache", "batch_tier"}
+    known = {*_SERVE_NUMBERS, "cache", "batch_tier", "validate_json"}
     extra = sorted(set(table) - known)
     if extra:
         raise ConfigError(f"{where}: [serve]: unknown key(s) {extra}; known: {sorted(known)}")
@@ -110,6 +116,8 @@ def _settings(table: Any, where: str) -> ServeSettings:
             raise ConfigError(f"{where}: [serve] {key} must be {what} >= {minimum}, got {value!r}")
     if "cache" in table:
         _cache_setting(table["cache"], where)  # a bad one named with its file
+    if not isinstance(table.get("validate_json", False), bool):
+        raise ConfigError(f"{where}: [serve] validate_json must be true or false, got {table['validate_json']!r}")
     if table.get("batch_tier", "sync") not in ("sync", "batch"):
         raise ConfigError(f"{where}: [serve] batch_tier must be 'sync' or 'batch', got {table['batch_tier']!r}")
     return ServeSettings(**table)
