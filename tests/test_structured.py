@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from sluice import Deployment, Engine, InvalidRequestError, Request, RetryPolicy
 from sluice.store import SqliteStore
-from sluice.structured import Schema, check
+from sluice.structured import MAX_REASKS, Schema, check
 from sluice.testing import FakeServer
 
 PRICE = {"input_per_mtok": 1.0, "output_per_mtok": 2.0}
@@ -212,7 +212,7 @@ async def test_a_server_without_schema_support_is_told_in_words(server: FakeServ
     assert sent is None
     assert result.error is not None
     assert result.error.kind == "invalid_output"
-    assert server.stats.received == 3
+    assert server.stats.received == MAX_REASKS + 1
 
 
 async def test_json_object_mode_says_the_schema_in_a_system_message(server: FakeServer) -> None:

@@ -52,6 +52,7 @@ from ._slot import AttemptTimer, Slot, Tally, settle_unsettled, stopped_note
 from ._spending import Spending
 from ._stats import Stats
 from .providers import Reply
+from .structured import MAX_REASKS
 from .structured._loop import until_valid
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ class Attempts:
         *,
         retry_failed: bool = False,
         on_retry: Callable[[RetryEvent], object] | None = None,
-        max_reasks: int = 2,
+        max_reasks: int = MAX_REASKS,
     ) -> None:
         self.runtime = runtime
         self.router = router

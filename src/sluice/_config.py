@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ._models import Deployment
 from ._retry import RetryPolicy
 from ._router import Cooldown
+from .structured import MAX_REASKS
 from .tiers import BatchSettings, tier_deployments
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class JobConfig:
     #: How the batch tier submits and polls (``--poll-every``, ``--batch-size``).
     batch: BatchSettings = field(default_factory=BatchSettings)
     #: Re-asks of an answer that does not match its line's schema (``--max-reasks``).
-    max_reasks: int = 2
+    max_reasks: int = MAX_REASKS
 
 
 def engine_from(config: JobConfig, **overrides: Any) -> Engine:

@@ -36,6 +36,7 @@ from ._spending import CheaperModel, Spending
 from ._stats import Stats
 from ._streaming import Stream
 from .providers import HttpProvider, ProviderSet
+from .structured import MAX_REASKS
 
 if TYPE_CHECKING:
     from array import array
@@ -110,7 +111,7 @@ class Engine:
         grace: float | None = None,
         adapt_deployment: Callable[[Deployment], Deployment] | None = None,
         spending: Spending | None = None,
-        max_reasks: int = 2,
+        max_reasks: int = MAX_REASKS,
     ) -> None:
         if isinstance(deployments, Deployment):
             deployments = [deployments]

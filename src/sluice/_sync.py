@@ -16,6 +16,7 @@ from ._coerce import with_schema
 from ._engine import Engine, RequestLike
 from ._models import Deployment, Result
 from ._retry import RetryPolicy
+from .structured import MAX_REASKS
 
 __all__ = ["complete", "run", "run_sync"]
 
@@ -56,7 +57,7 @@ def run(
     retry: RetryPolicy | None = None,
     concurrency: int = 256,
     schema: Any = None,
-    max_reasks: int = 2,
+    max_reasks: int = MAX_REASKS,
 ) -> list[Result]:
     """Run every request and return the results in input order (blocking).
 

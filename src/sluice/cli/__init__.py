@@ -22,6 +22,7 @@ import click
 from .._errors import SluiceError
 from .._models import Price
 from ..batch._inputs import InputOptions, Template
+from ..structured import MAX_REASKS
 from ._config import JobConfig, describe, describe_defaults, load_config, with_overrides
 from ._flags import duration, fail, schema_flag, with_tier
 from ._worker import checked_redis_url
@@ -347,7 +348,7 @@ def main() -> None:
 @click.option(
     "--max-reasks",
     type=click.IntRange(min=0),
-    default=2,
+    default=MAX_REASKS,
     show_default=True,
     help="With a schema: times an invalid answer is asked again (each re-ask is billed, within --budget).",
 )

@@ -12,7 +12,7 @@
                              # requests at temperature 0 are answered from the state; true: all
     batch_tier = "sync"      # "batch": clients' chat batches through the upstream's Batch API
     validate_json = false    # true: answers to a json_schema response_format are validated and
-                             # re-asked (up to 2 times); still invalid: a 502 invalid_output
+                             # re-asked (up to 5 times); still invalid: a 502 invalid_output
 
     [[client]]
     name = "notebook"

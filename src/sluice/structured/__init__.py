@@ -13,10 +13,11 @@ from __future__ import annotations
 from ._ask import ASK_MODES, ask_mode, sent_params, shaped
 from ._check import Verdict, check
 from ._load import load_schema
-from ._schema import Schema, schema_from_response_format, strict_compatible
+from ._schema import MAX_REASKS, Schema, schema_from_response_format, strict_compatible
 
 __all__ = [
     "ASK_MODES",
+    "MAX_REASKS",
     "Schema",
     "Verdict",
     "ask_mode",

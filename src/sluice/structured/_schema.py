@@ -21,7 +21,13 @@ from typing import Any
 from .. import _json
 from .._errors import InvalidRequestError
 
-__all__ = ["Schema", "schema_from_response_format"]
+__all__ = ["MAX_REASKS", "Schema", "schema_from_response_format"]
+
+#: Re-asks of an invalid answer by default: a model whose answers are invalid one time in
+#: five then leaves a line invalid with p = 0.2**6 (6e-5; every line of a 500-line job valid
+#: 97 % of the time, against 45 % with 3), while one that cannot answer the schema at all
+#: costs at most 6 asks a line, each reserved against the budget first.
+MAX_REASKS = 5
 
 #: OpenAI's rule for ``json_schema.name`` (and a tool's name, on Anthropic).
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
