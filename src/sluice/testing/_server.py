@@ -323,7 +323,7 @@ class FakeServer(LoopbackServer):
         completion = min(call.max_tokens, self.output_tokens)
         ask = self.structured.ask_of(body, isinstance(fmt, AnthropicFormat))
         structured = self.structured.answer(ask)[0] if ask is not None else None
-        if ask is not None and mode is not None:
+        if ask is not None and mode is not None and ask.tool is None:  # Anthropic streams a tool's input itself
             call = call._replace(text=streamed_text(structured))
         if mode is not None:
             return await self._stream(request, fmt, n, _Streamed(call, completion, mode, entry, key), delay, fault)
