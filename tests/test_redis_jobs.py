@@ -359,3 +359,32 @@ def test_redis_that_lost_its_data_gets_the_job_again_and_it_completes(
     assert coordinator.returncode == 0, err
     assert "Redis no longer knows the job" in err
     assert _lines(out) == list(range(1, 201))
+
+
+def test_workers_validate_a_schema_and_reask_like_the_coordinator(
+    server: FakeServer, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The schema travels with each request (as its JSON Schema), so workers validate and
+    re-ask; the records are the same as one process would write."""
+    server.structured.configure(first=1, kinds=["missing"])
+    schema = {
+        "type": "object",
+        "properties": {"label": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["label", "n"],
+    }
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    source = write_jsonl(tmp_path / "in.jsonl", questions(40))
+    out = tmp_path / "out.jsonl"
+    worker = _worker(server, redis_server, "--concurrency", "4", "--name", "w1")
+    try:
+        client = _client(redis_server)
+        wait_until(lambda: client.scard("sluice:workers") == 1, timeout=30)
+        extra = ("--no-local-worker", "--schema", str(tmp_path / "schema.json"))
+        run = run_cli(server, *_run_args(source, out, redis_server, *extra), env=_env(server))
+    finally:
+        _stop(worker)
+    assert run.returncode == 0, run.stdout + run.stderr
+    records = read_output(out)
+    assert len(records) == 40
+    assert all(r["ok"] and r["reasks"] == 1 and set(r["parsed"]) == {"label", "n"} for r in records)
+    assert server.stats.received == 80

@@ -13,6 +13,7 @@ from .. import _json
 from .._errors import SluiceError
 from .._models import Deployment, Price, Request
 from .._records import error_from_record
+from ..structured import schema_from_response_format
 
 __all__ = [
     "SHARED_FIELDS",
@@ -53,6 +54,8 @@ def request_fields(request: Request) -> str:
             "params": request.params,
             "id": request.id,
             "metadata": request.metadata,
+            # a model class cannot travel: its JSON Schema does (the same digest, so the same key)
+            "schema": request.schema.response_format() if request.schema is not None else None,
         }
     )
 
@@ -67,6 +70,7 @@ def request_from_fields(body: str | bytes) -> Request:
         params=data.get("params") or {},
         id=data.get("id"),
         metadata=data.get("metadata") or {},
+        schema=schema_from_response_format(data.get("schema")),
     )
 
 
