@@ -388,3 +388,28 @@ def test_workers_validate_a_schema_and_reask_like_the_coordinator(
     assert len(records) == 40
     assert all(r["ok"] and r["reasks"] == 1 and set(r["parsed"]) == {"label", "n"} for r in records)
     assert server.stats.received == 80
+
+
+def test_an_always_invalid_line_is_final_for_its_delivery_and_billed_in_its_record(
+    server: FakeServer, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Its re-asks were made (and billed) by one delivery: it is not delivered again."""
+    server.structured.configure(rate=1.0, kinds=["prose"])
+    server.prices = {"*": (1.0, 2.0)}
+    (tmp_path / "schema.json").write_text(json.dumps({"type": "object", "properties": {"a": {"type": "string"}}}))
+    source = write_jsonl(tmp_path / "in.jsonl", questions(6))
+    out = tmp_path / "out.jsonl"
+    worker = _worker(server, redis_server, "--concurrency", "4", "--name", "w1")
+    try:
+        client = _client(redis_server)
+        wait_until(lambda: client.scard("sluice:workers") == 1, timeout=30)
+        extra = ("--no-local-worker", "--schema", str(tmp_path / "schema.json"), "--max-reasks", "2", "--price", "1,2")
+        run = run_cli(server, *_run_args(source, out, redis_server, *extra), env=_env(server))
+    finally:
+        _stop(worker)
+    assert run.returncode == 1, run.stdout + run.stderr
+    records = read_output(out)
+    assert {r["error"]["type"] for r in records} == {"invalid_output"}
+    assert all(r["reasks"] == 2 and r["attempts"] == 3 for r in records)
+    assert server.stats.received == 18
+    assert sum(r["cost_usd"] for r in records) == pytest.approx(server.total_billed_usd, rel=1e-9)

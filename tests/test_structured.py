@@ -177,7 +177,7 @@ async def test_a_budget_stops_reasks_before_it_is_exceeded(server: FakeServer) -
         assert engine.spending.budget is not None
         spent = engine.spending.budget.spent()
     assert result.error is not None
-    assert result.error.kind == "invalid_output"
+    assert result.error.kind == "budget_exhausted"  # the money, not the model: exit 4, a rerun with more
     assert "no further re-ask was made" in result.error.message
     assert "budget" in result.error.message
     assert 2 <= server.stats.received < 6  # stopped by money, not by max_reasks
@@ -300,3 +300,154 @@ def test_the_sync_api_takes_a_schema() -> None:
 
     results = sluice.run(["one", "two"], model="simulate/demo", schema=Person)
     assert all(isinstance(r.parsed, Person) for r in results), [r.error for r in results]
+
+
+# -- hostile schemas and answers -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("schema", "said"),
+    [
+        ({"$ref": "#/$defs/Typo", "$defs": {"Person": PERSON}}, "'#/$defs/Typo' at (top) is not a local reference"),
+        ({"type": "object", "properties": {"a": {"$ref": "http://127.0.0.1:9/x"}}}, "at properties/a"),
+        ({"$ref": "file:///etc/passwd"}, "nothing is fetched"),
+        ({"allOf": [{"$ref": "#"}]}, "refer to each other without end"),
+        ({"type": "string", "pattern": "("}, "at pattern: '(' is not a 'regex'"),
+    ],
+)
+def test_a_schema_whose_refs_do_not_resolve_locally_is_refused(schema: dict[str, Any], said: str) -> None:
+    with pytest.raises(InvalidRequestError, match="schema") as refused:
+        Schema(schema)
+    assert said in refused.value.message
+
+
+def test_answers_that_are_not_plain_json_are_invalid_not_a_crash() -> None:
+    schema = Schema({"type": "object", "properties": {"score": {"type": "number", "maximum": 1}}})
+    assert "NaN is not a JSON number" in check(schema, '{"score": NaN}', "stop").errors[0]
+    assert not check(schema, '{"score": -Infinity}', "stop").ok
+    assert "appears twice" in check(schema, '{"score": 0.1, "score": 0.9}', "stop").errors[0]
+    deep = check(schema, "[" * 5000 + "]" * 5000, "stop")
+    assert not deep.ok
+    assert deep.broken is None  # the answer's fault: re-asked
+
+
+async def test_a_models_validator_that_raises_ends_the_line_not_the_job(server: FakeServer) -> None:
+    from pydantic import field_validator
+
+    class Fragile(BaseModel):
+        name: str
+
+        @field_validator("name")
+        @classmethod
+        def explode(cls, value: str) -> str:
+            raise KeyError("a bug in the user's validator")
+
+    async with _engine(server) as engine:
+        results = [
+            r async for r in engine.map([Request.from_prompt("openai/m", f"q{i}", schema=Fragile) for i in range(3)])
+        ]
+    assert [r.error.kind if r.error else None for r in results] == ["invalid_request"] * 3
+    assert all("KeyError" in (r.error.message if r.error else "") for r in results)
+    assert server.stats.received == 3  # asked once each: asking again cannot mend the schema's code
+
+
+def test_a_schema_cannot_go_with_tools() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with pytest.raises(InvalidRequestError, match="cannot go with tools"):
+        Request.from_prompt("m", "hi", schema=PERSON, params={"tools": tools})
+
+
+def test_strict_is_asked_for_only_where_openai_takes_it() -> None:
+    from sluice.structured import schema_from_response_format, strict_compatible
+
+    assert strict_compatible(PERSON)
+    for not_strict in (
+        {"type": "array", "items": PERSON},
+        {"anyOf": [PERSON, {"type": "null"}]},
+        {**PERSON, "properties": {"name": {"allOf": [{"type": "string"}]}, "age": {"type": "integer"}}},
+        {**PERSON, "properties": {"name": {"$ref": "#/$defs/n", "description": "x"}, "age": {"type": "integer"}}},
+        {**PERSON, "required": ["name"]},
+    ):
+        assert not strict_compatible(not_strict), not_strict
+    said = schema_from_response_format({"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}})
+    assert said is not None
+    assert said.strict is False  # the line left strict out: OpenAI's default, not ours
+
+
+async def test_a_rerun_of_an_invalid_line_asks_with_new_idempotency_keys(server: FakeServer, tmp_path: Path) -> None:
+    state = tmp_path / "state.db"
+    server.structured.configure(rate=1.0, kinds=["prose"])
+    for _ in range(2):
+        async with _engine(server, store=SqliteStore(state), max_reasks=1) as engine:
+            result = await engine.complete("openai/m", "who?", schema=PERSON)
+        assert result.error is not None
+        assert result.error.kind == "invalid_output"
+    assert server.stats.received == 4
+    assert len(server.stats.by_key) == 4  # a provider honouring the key would have handed back the old answers
+    assert server.stats.duplicate_successes == 0
+
+
+async def test_a_stored_answer_the_models_code_now_refuses_is_asked_again(server: FakeServer, tmp_path: Path) -> None:
+    from pydantic import field_validator
+
+    class Loose(BaseModel):
+        name: str
+
+    class Picky(BaseModel):  # the same JSON Schema (so the same key), a validator of its own
+        name: str
+
+        @field_validator("name")
+        @classmethod
+        def not_text(cls, value: str) -> str:
+            if value == "text":
+                raise ValueError("a placeholder name")
+            return value
+
+    Picky.__name__ = "Loose"
+    state = tmp_path / "state.db"
+    async with _engine(server, store=SqliteStore(state), max_reasks=0) as engine:
+        first = await engine.complete("openai/m", "who?", schema=Loose)
+    async with _engine(server, store=SqliteStore(state), max_reasks=0) as engine:
+        again = await engine.complete("openai/m", "who?", schema=Picky)
+    assert first.ok
+    assert not again.cached  # not served as ok with parsed None
+    assert again.error is not None
+    assert server.stats.received == 2
+
+
+async def test_an_identical_request_in_flight_shares_the_answer_not_its_cost(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    server.structured.configure(first=1, kinds=["missing"])
+    server.latency = 0.05
+    async with _engine(server, store=SqliteStore(tmp_path / "state.db")) as engine:  # a store keys requests
+        twins = [Request.from_prompt("openai/m", "same", schema=PERSON) for _ in range(2)]
+        results = [r async for r in engine.map(twins)]
+    leader, follower = sorted(results, key=lambda r: r.cached)
+    assert leader.reask_cost_usd
+    assert leader.reasks == 1
+    assert follower.cached
+    assert follower.cost_usd == 0.0
+    assert follower.reask_cost_usd == 0.0
+    assert server.stats.received == 2
+
+
+async def test_anthropic_refuses_a_schema_whose_top_is_not_an_object(server: FakeServer) -> None:
+    async with _engine(server, "anthropic") as engine:
+        result = await engine.complete(
+            "anthropic/m", "list them", schema={"type": "array", "items": {"type": "string"}}
+        )
+    assert result.error is not None
+    assert result.error.kind == "invalid_request"
+    assert "top level" in result.error.message
+    assert server.stats.received == 0
+
+
+def test_a_pydantic_model_with_no_json_schema_is_refused() -> None:
+    from collections.abc import Callable
+
+    class WithCallable(BaseModel):
+        hook: Callable[[int], int]
+
+    with pytest.raises(InvalidRequestError, match="has no JSON Schema"):
+        Schema(WithCallable)

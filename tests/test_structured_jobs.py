@@ -298,3 +298,52 @@ async def test_serve_passes_response_format_through_unless_asked_to_validate(tmp
     assert answer.choices[0].message.content
     assert answer.choices[0].message.content.startswith("Sure!")
     assert upstream.stats.received == 1
+
+
+def test_export_will_not_overwrite_the_job_itself(server: FakeServer, tmp_path: Path) -> None:
+    src, out, schema = _job(tmp_path, 3)
+    assert _run(server, src, "-o", out, "--schema", schema).returncode == 0
+    before = out.read_bytes()
+    for target in (out, out.with_suffix(".sluice.db"), tmp_path):
+        refused = run_cli(server, "export", out, "--csv", target)
+        assert refused.returncode == 2, refused.stderr
+        assert "Traceback" not in refused.stderr
+    assert out.read_bytes() == before
+
+
+def test_a_list_schema_for_an_anthropic_model_is_refused_up_front(server: FakeServer, tmp_path: Path) -> None:
+    (tmp_path / "list.json").write_text(json.dumps({"type": "array", "items": {"type": "string"}}))
+    src, out = write_jsonl(tmp_path / "in.jsonl", questions(2)), tmp_path / "out.jsonl"
+    done = run_cli(server, "run", src, "-o", out, "--model", "anthropic/claude-x", "--schema", tmp_path / "list.json")
+    assert done.returncode == 2
+    assert "answers JSON as a tool's input, which is an object" in done.stderr
+    assert not out.exists()
+
+
+def test_a_line_with_tools_keeps_its_response_format_as_given(server: FakeServer, tmp_path: Path) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "review", "schema": SCHEMA}}
+    src = write_jsonl(
+        tmp_path / "in.jsonl",
+        [{"messages": [{"role": "user", "content": "a"}], "tools": tools, "response_format": fmt}],
+    )
+    out = tmp_path / "out.jsonl"
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL)
+    assert done.returncode == 0, done.stderr
+    (record,) = read_output(out)
+    assert "parsed" not in record  # not checked: the answer could have been a tool call
+    assert server.structured.last_body is not None
+    assert server.structured.last_body["response_format"] == fmt
+
+
+async def test_serve_passes_n_above_one_through_unchecked(tmp_path: Path) -> None:
+    upstream = fake()
+    async with upstream, serving([deployment(upstream)], tmp_path, validate_json=True) as url, sdk(url) as client:
+        answer = await client.chat.completions.create(
+            model="openai/gpt-test",
+            messages=[{"role": "user", "content": "x"}],
+            n=2,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}},
+        )
+    assert answer.choices
+    assert upstream.stats.received == 1

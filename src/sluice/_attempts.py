@@ -53,7 +53,7 @@ from ._spending import Spending
 from ._stats import Stats
 from .providers import Reply
 from .structured import MAX_REASKS
-from .structured._loop import until_valid
+from .structured._loop import generation_after, reask_cost, until_valid
 
 if TYPE_CHECKING:
     from .store import SettlingStore, Store
@@ -236,9 +236,15 @@ class Attempts:
         if self.store is None or job.key is None:
             return None
         stored = self.store.get(job.key)
-        if stored is None or not (stored.ok or (stored.kept and not self.retry_failed)):
+        if stored is None:
+            return None
+        if not (stored.ok or (stored.kept and not self.retry_failed)):
+            job.generation = generation_after(stored.record)
             return None
         result = result_from_record(job.request, stored.record, index=job.index)
+        schema = job.request.schema
+        if result.ok and schema is not None and schema.model is not None and result.parsed is None:
+            return None  # the model's code changed and the stored answer no longer passes it: ask again
         self.runtime.emit(result)
         return result
 
@@ -252,7 +258,7 @@ class Attempts:
                 if not isinstance(shared.error, CancelledError):
                     free = 0.0 if shared.cost_usd is not None else None  # paid for once, by the leader
                     result = dataclasses.replace(
-                        shared, request=job.request, index=job.index, cached=True, cost_usd=free
+                        shared, request=job.request, index=job.index, cached=True, cost_usd=free, reask_cost_usd=free
                     )
                     self.runtime.emit(result)
                     return result
@@ -294,7 +300,7 @@ class Attempts:
                     job.request = asked  # the result is the line's, not its latest re-ask's
                 result = self.finish(job, tally, reply=reply, error=error, emit=False)
                 result = dataclasses.replace(
-                    result, parsed=parsed, reasks=job.reasks, reask_cost_usd=_reask_cost(result, first)
+                    result, parsed=parsed, reasks=job.reasks, reask_cost_usd=reask_cost(result, first)
                 )
         except asyncio.CancelledError:
             note = "it was sent and may have been answered" if tally.sent else "it was never sent"
@@ -664,11 +670,6 @@ def _timed_out(route: Route, timeout: float | None, idle: float | None) -> Attem
     if timeout is None:  # the provider's own timeout
         return AttemptTimeoutError(f"timed out talking to {label}")
     return AttemptTimeoutError(f"no answer from {label} within {timeout:g} s")
-
-
-def _reask_cost(result: Result, before: float) -> float | None:
-    """Of a result's cost, what came after its first answer (its re-asks)."""
-    return None if result.cost_usd is None else max(0.0, result.cost_usd - before)
 
 
 def _commit(hold: BudgetHold | None, charge: float) -> None:

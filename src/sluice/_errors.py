@@ -184,9 +184,12 @@ class InvalidOutputError(SluiceError):
 
     kind = "invalid_output"
 
-    def __init__(self, message: str, errors: tuple[str, ...] | list[str] = ()) -> None:
+    def __init__(self, message: str, errors: tuple[str, ...] | list[str] = (), generation: int = 0) -> None:
         super().__init__(message)
         self.errors = tuple(errors)
+        #: Runs that asked this line and got no valid answer, before this one: a rerun's asks
+        #: carry the next number in their Idempotency-Key (the old answers must not come back).
+        self.generation = generation
 
 
 class ProviderError(SluiceError):

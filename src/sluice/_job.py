@@ -55,6 +55,8 @@ class Job:
     reasks: int = 0
     #: Attempts made before the current ask: each ask has the whole retry policy.
     attempts_before: int = 0
+    #: Earlier runs that got no valid answer for it (see ``InvalidOutputError.generation``).
+    generation: int = 0
 
     @property
     def batch(self) -> bool:
@@ -67,4 +69,6 @@ class Job:
         if self.key is None:
             return None
         # a re-ask is a new question: an Idempotency-Key honoured would hand back the old answer
-        return idempotency_key_of(self.key if not self.reasks else f"{self.key}\x1freask-{self.reasks}")
+        if not (self.reasks or self.generation):
+            return idempotency_key_of(self.key)
+        return idempotency_key_of(f"{self.key}\x1fgeneration-{self.generation}\x1freask-{self.reasks}")

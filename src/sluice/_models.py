@@ -86,6 +86,11 @@ class Request:
                 problem = exc.message
         if problem is None and self.schema is not None and "response_format" in self.params:
             problem = "give the answer's shape once: schema= or params['response_format'], not both"
+        if problem is None and self.schema is not None and ("tools" in self.params or "functions" in self.params):
+            problem = (
+                "a schema cannot go with tools: the answer may be a tool call, which has no JSON to "
+                "check (send tools without a schema, or ask for the JSON without tools)"
+            )
         if problem:
             where = f"request {self.id!r}" if self.id is not None else "request"
             raise InvalidRequestError(f"{where}: {problem}")

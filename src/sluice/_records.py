@@ -53,6 +53,8 @@ def error_record(error: _errors.SluiceError) -> dict[str, Any]:
             record["provider_type"] = error.provider_type
     elif isinstance(error, _errors.InvalidOutputError):
         record["errors"] = list(error.errors)
+        if error.generation:
+            record["generation"] = error.generation
     return record
 
 
@@ -65,8 +67,12 @@ def error_from_record(record: Mapping[str, Any]) -> _errors.SluiceError:
         error.request_id = record.get("request_id")
         return error
     if issubclass(cls, _errors.InvalidOutputError):
-        errors = record.get("errors")
-        return cls(message, [str(e) for e in errors] if isinstance(errors, list) else ())
+        errors, generation = record.get("errors"), record.get("generation")
+        return cls(
+            message,
+            [str(e) for e in errors] if isinstance(errors, list) else (),
+            generation if isinstance(generation, int) and not isinstance(generation, bool) else 0,
+        )
     return cls(message)
 
 

@@ -108,7 +108,8 @@ class Stats:
         """Count a request's Result."""
         self._count(result.ok, result.cached, result.error, result.usage, result.timings.latency, result.cost_usd)
         request = result.request
-        if request is not None and request.schema is not None and not result.cached:
+        cut = result.error is not None and result.error.kind == "cancelled"  # redone by the rerun
+        if request is not None and request.schema is not None and not result.cached and not cut:
             self.valid += result.ok
             if result.reasks:
                 self.reasked += result.ok

@@ -180,6 +180,7 @@ class _Coordinator:
             max_deliveries=self.options.max_deliveries,
             name=self.spec.input.name,
             budget_name=budget_name,
+            max_reasks=config.max_reasks,
         )
         loop = asyncio.get_running_loop()
         tasks: list[asyncio.Task[Any]] = []

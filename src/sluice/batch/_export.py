@@ -9,6 +9,7 @@ half-written FILE.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -32,6 +33,11 @@ def export_csv(output: Path, target: Path) -> int:
 
     Raises ConfigError, saying what is wrong, for an output that is not a sluice output
     or a target that cannot be written."""
+    if target.exists() and target.is_dir():
+        raise ConfigError(f"--csv {target}: is a directory; name the file to write")
+    with contextlib.suppress(OSError):
+        if target.resolve() == output.resolve() or target.resolve() == output.with_suffix(".sluice.db").resolve():
+            raise ConfigError(f"--csv {target}: that is the job's own output or state; name another file")
     starts, parsed_columns, metadata_columns, structured = _scan(output)
     columns = [c for c in _LEADING if c != "reasks" or structured]
     columns += [f"parsed.{c}" if c else "parsed" for c in parsed_columns]
@@ -49,6 +55,9 @@ def export_csv(output: Path, target: Path) -> int:
                 records.seek(starts[line])
                 writer.writerow(_row(_json.loads(records.readline()), columns))
         os.replace(temporary, target)
+    except OSError as exc:
+        Path(temporary).unlink(missing_ok=True)
+        raise ConfigError(f"--csv {target}: cannot be written: {exc.strerror or exc}") from None
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
@@ -78,7 +87,8 @@ def _scan(output: Path) -> tuple[dict[int, int], list[str], list[str], bool]:
                 if not raw.endswith(b"\n"):
                     break  # a half-written last line (the job is running, or was killed): the next run cuts it
                 raise ConfigError(f"{output}:{number}: not a JSON record; is this a sluice output?") from None
-            if not isinstance(record, dict) or not isinstance(record.get("line"), int):
+            line = record.get("line") if isinstance(record, dict) else None
+            if not isinstance(line, int) or isinstance(line, bool) or line < 1:
                 raise ConfigError(f"{output}:{number}: not a sluice output record (no 'line')")
             starts[record["line"]] = at
             if "reasks" in record:

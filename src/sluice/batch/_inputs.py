@@ -136,6 +136,9 @@ class InputOptions:
     max_line_bytes: int = 8 * 1024 * 1024
     embed_field: str | None = None  # --embed: embed this field of each row
     schema: Schema | None = None  # --schema: the answer's shape, for lines that give none
+    #: A line's ``response_format`` with a schema is its schema (validated, re-asked); off,
+    #: it goes to the provider untouched (``sluice serve`` without ``validate_json``).
+    line_schemas: bool = True
 
 
 def detect_format(path: Path, requested: Format) -> Literal["jsonl", "csv"]:
@@ -322,7 +325,7 @@ def _from_chat_body(body: Mapping[str, Any], where: str, options: InputOptions, 
     if own_id is not None and not isinstance(own_id, str):
         own_id = str(own_id)
     params = {k: v for k, v in body.items() if k not in _OWN_FIELDS and k != "stream"}
-    schema = _schema_of(params, where)
+    schema = _schema_of(params, where) if options.line_schemas else None
     if schema is None and "response_format" not in params:  # a line's own "text" format stays its own
         schema = options.schema
     temperature = body.get("temperature") if options.temperature is None else options.temperature
@@ -341,8 +344,8 @@ def _from_chat_body(body: Mapping[str, Any], where: str, options: InputOptions, 
 def _schema_of(params: dict[str, Any], where: str) -> Schema | None:
     """A line's own ``response_format`` (as OpenAI writes it) as its schema, taken out of
     the params: sluice asks each provider for it in its own way, and validates the answer."""
-    if "response_format" not in params:
-        return None
+    if "response_format" not in params or "tools" in params or "functions" in params:
+        return None  # with tools the answer may be a call: the format goes to the provider as given
     try:
         schema = schema_from_response_format(params["response_format"], "response_format")
     except InvalidRequestError as exc:

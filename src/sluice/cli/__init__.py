@@ -376,7 +376,7 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
     _say_library_warnings()
     config = dataclasses.replace(with_tier(_job_config(flags), flags), max_reasks=flags.pop("max_reasks"))
     inputs = _input_opts(config, flags.pop("model"), **{k: flags[k] for k in _INPUT_FLAGS if k in flags})
-    schema = schema_flag(flags.pop("schema_spec"), inputs)
+    schema = schema_flag(flags.pop("schema_spec"), inputs, config)
     spec = JobSpec(
         input=input_path,
         output=output,

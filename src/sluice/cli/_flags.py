@@ -24,17 +24,28 @@ def fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-def schema_flag(spec: str | None, inputs: InputOptions) -> Schema | None:
+def schema_flag(spec: str | None, inputs: InputOptions, config: JobConfig) -> Schema | None:
     """``--schema``: the Schema it names, or a clear refusal (exit 2) before anything runs."""
     if spec is None:
         return None
     if inputs.embed_field is not None:
         fail("--schema shapes chat answers; --embed makes vectors, which have none")
     try:
-        return load_schema(spec)
+        schema = load_schema(spec)
     except ConfigError as exc:
         fail(exc.message)
         return None
+    model = inputs.model or config.model
+    anthropic = model is not None and (
+        model.startswith("anthropic/")
+        or any(d.provider_name == "anthropic" for d in config.deployments if model in (d.model, d.label))
+    )
+    if anthropic and not schema.object_rooted:
+        fail(
+            f"--schema {spec}: {model} answers JSON as a tool's input, which is an object; give a schema "
+            'whose top level is {"type": "object", ...} (wrap a list or a value in one)'
+        )
+    return schema
 
 
 def with_tier(config: JobConfig, flags: dict[str, Any]) -> JobConfig:

@@ -55,7 +55,15 @@ __all__ = ["Worker", "default_worker_name"]
 T = TypeVar("T")
 
 #: Failures that are final wherever the request runs: record them, do not give them back.
-_FINAL_KINDS = KEPT_KINDS | {"budget_exhausted", "invalid_request", "invalid_input", "exceeds_capacity"}
+#: ``invalid_output`` too: its re-asks were made (and billed) by this delivery; another would
+#: pay for them again (a plain rerun of the job asks it again).
+_FINAL_KINDS = KEPT_KINDS | {
+    "budget_exhausted",
+    "invalid_request",
+    "invalid_input",
+    "exceeds_capacity",
+    "invalid_output",
+}
 #: A job Redis no longer knows for this long is left (its coordinator is gone too).
 _FORGOTTEN_AFTER = 60.0
 _HEARTBEAT_EVERY = 3.0
@@ -375,6 +383,7 @@ class Worker:
             allow_unpriced=settings.allow_unpriced or config.allow_unpriced,
             defaults=config.defaults or defaults_from_shared(settings.defaults),
             grace=self.grace,
+            max_reasks=settings.max_reasks,
             **options,
         )
         return engine, shared

@@ -35,6 +35,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..structured import MAX_REASKS
+
 __all__ = [
     "UNREACHABLE",
     "Delivery",
@@ -134,6 +136,8 @@ class JobSettings:
     name: str = ""
     #: The shared budget's name (the job's: its spending persists in Redis across reruns).
     budget_name: str = ""
+    #: Re-asks of an answer that does not match its request's schema (the job's ``--max-reasks``).
+    max_reasks: int = MAX_REASKS
 
     def to_hash(self) -> dict[str, str]:
         return {
@@ -148,6 +152,7 @@ class JobSettings:
                     "max_deliveries": self.max_deliveries,
                     "name": self.name,
                     "budget_name": self.budget_name,
+                    "max_reasks": self.max_reasks,
                 }
             ),
         }
@@ -166,6 +171,7 @@ class JobSettings:
             max_deliveries=max(1, int(data.get("max_deliveries", 5))),
             name=str(data.get("name", "")),
             budget_name=str(data.get("budget_name", "")),
+            max_reasks=max(0, int(data.get("max_reasks", MAX_REASKS))),
         )
 
 

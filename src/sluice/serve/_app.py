@@ -178,7 +178,12 @@ def build_app(
     app[BODY_TIMEOUT] = settings.body_timeout_s
     start, close = _lifetime(ctx, store, spend, batch_engine)
     app.on_startup.append(start)  # before the Batch API's hooks: its batches resume on a started engine
-    setup_batch_api(app, client_named=registry.by_name.get, resolve_model=functools.partial(_batch_model, ctx))
+    setup_batch_api(
+        app,
+        client_named=registry.by_name.get,
+        resolve_model=functools.partial(_batch_model, ctx),
+        validate_json=settings.validate_json,
+    )
     app.on_cleanup.append(close)  # after them: batches stop feeding and record what is in flight first
     if redis_url is not None:
         replicas = Replicas(redis_url, state_dir, advertise_url)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from ..batch._inputs import InputOptions
 from ._batch_db import BatchDB
 from ._keys import CLIENT, ClientLike
 
@@ -61,9 +62,13 @@ class Caller:
 class BatchContext:
     """Made when the routes are added; opened at startup, once ``app[STATE_DIR]`` is known."""
 
-    def __init__(self, limits: Limits, resolve_model: ModelCheck | None = None) -> None:
+    def __init__(
+        self, limits: Limits, resolve_model: ModelCheck | None = None, inputs: InputOptions | None = None
+    ) -> None:
         self.limits = limits
         self.resolve_model = resolve_model
+        #: How a batch's lines become requests.
+        self.inputs = inputs or InputOptions(line_schemas=False)
         self._db: BatchDB | None = None
         self._state_dir: Path | None = None
         #: The clients seen by the handlers, by name.

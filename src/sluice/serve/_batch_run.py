@@ -41,7 +41,7 @@ from .._errors import CancelledError, CapacityError, InvalidInputError, SluiceEr
 from .._limits import Grant, LocalLimiter
 from .._models import Priority, Request, Result, Usage
 from ..batch._embed_job import EmbedLine
-from ..batch._inputs import InputItem, InputOptions, read_inputs
+from ..batch._inputs import InputItem, read_inputs
 from ..store import SqliteStore
 from ._batch_check import check_batch_lines
 from ._batch_ctx import BatchContext, derived_id
@@ -59,7 +59,6 @@ _log = logging.getLogger("sluice.serve")
 CHAT = "/v1/chat/completions"
 EMBEDDINGS = "/v1/embeddings"
 #: Batch lines name their own model, as OpenAI's do.
-_OPTIONS = InputOptions()
 _SAVE_EVERY = 1.0  # seconds between saves of the live counts
 
 
@@ -270,7 +269,7 @@ class BatchRun:
         ``window``, a line is handed on only when it has room."""
         seen: set[str] = set()
         path = self.ctx.file_path(self.batch["input_file_id"])
-        for item in read_inputs(path, _OPTIONS):
+        for item in read_inputs(path, self.ctx.inputs):
             if self._halted():
                 return
             stored = store.get(_key(item.line))
@@ -434,7 +433,7 @@ class BatchRun:
         usage = Usage()
         try:
             with paths["output"].open("wb") as out, paths["errors"].open("wb") as err:
-                for item in read_inputs(self.ctx.file_path(self.batch["input_file_id"]), _OPTIONS):
+                for item in read_inputs(self.ctx.file_path(self.batch["input_file_id"]), self.ctx.inputs):
                     stored = store.get(_key(item.line))
                     if stored is None:
                         line = not_run_line(self.id, item.line, item.custom_id, final)

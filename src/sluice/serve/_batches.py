@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ..batch._inputs import InputOptions
 from ._batch_ctx import BATCH_CTX, BatchContext, Caller, Limits, ModelCheck, caller, new_id, query_int
 from ._batch_run import CHAT, EMBEDDINGS, BatchRun, public
 from ._body import BodyTimeout, read_json, timed_out
@@ -62,6 +63,7 @@ def setup_batch_api(
     resolve_model: ModelCheck | None = None,
     limits: Limits | None = None,
     grace: float = 20.0,
+    validate_json: bool = False,
 ) -> None:
     """Serve ``/v1/files`` and ``/v1/batches`` from ``app[ENGINE]``, keeping state in
     ``app[STATE_DIR]``.
@@ -74,8 +76,10 @@ def setup_batch_api(
     it, lines go to the engine with the model they name.
     ``limits``: upload limits (200 MB, 50,000 requests per batch file by default).
     ``grace``: seconds in-flight lines get to finish when the server stops.
+    ``validate_json``: a line's ``response_format`` with a schema is validated and re-asked
+    (``[serve] validate_json``); else it goes upstream untouched.
     """
-    app[BATCH_CTX] = BatchContext(limits or Limits(), resolve_model)
+    app[BATCH_CTX] = BatchContext(limits or Limits(), resolve_model, InputOptions(line_schemas=validate_json))
     app[_RUNS] = _Runs(client_named, grace)
     add_file_routes(app)
     app.router.add_post("/v1/batches", create_batch)

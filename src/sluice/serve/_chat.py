@@ -76,7 +76,9 @@ def parse_chat(body: Any, model: str, *, unique: bool, validate: bool = False) -
         raise BadBody(f"temperature must be a number, got {_kind(temperature)}", "temperature")
     params = {k: v for k, v in body.items() if k not in _OWN}
     schema = None
-    if validate and not stream and "response_format" in params:
+    # checked: one answer (n > 1 would be several), that cannot be a tool call
+    checkable = not stream and n in (None, 1) and "tools" not in params and "functions" not in params
+    if validate and checkable and "response_format" in params:
         try:
             schema = schema_from_response_format(params["response_format"])
         except InvalidRequestError as exc:

@@ -20,6 +20,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._errors import InvalidRequestError
+
 if TYPE_CHECKING:
     from .._models import Deployment, Request
     from ._schema import Schema
@@ -40,6 +42,11 @@ def shaped(request: Request, deployment: Deployment) -> Request:
     if schema is None:
         return request
     mode = ask_mode(deployment)
+    if mode == "json_schema" and deployment.provider_name == "anthropic" and not schema.object_rooted:
+        raise InvalidRequestError(
+            "schema: Anthropic answers JSON as a tool's input, which is an object; give a schema whose "
+            'top level is {"type": "object", ...} (wrap a list or a value in one)'
+        )
     params = dict(request.params)
     messages: Sequence[Mapping[str, Any]] = request.messages
     if mode == "json_schema" or (mode == "json_object" and schema.json_object):

@@ -32,6 +32,9 @@ class Verdict(NamedTuple):
     errors: tuple[str, ...]
     truncated: bool = False
     fenced: bool = False
+    #: The schema, not the answer, could not be checked (a model's validator raised): asking
+    #: again cannot help.
+    broken: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -47,16 +50,39 @@ def check(schema: Schema, text: str | None, finish_reason: str | None) -> Verdic
     if fence is not None:
         body = fence.group("body").strip()
     try:
-        value = json.loads(body)
+        value = json.loads(body, parse_constant=_no_constant, object_pairs_hook=_no_twice)
+    except RecursionError:
+        return Verdict(None, ("the answer is JSON nested too deep to read",))
     except ValueError as exc:
         if finish_reason == "length":
             why = "the answer was cut off at max_tokens (finish_reason 'length') before its JSON ended"
             return Verdict(None, (why,), truncated=True)
         where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
         return Verdict(None, (f"the answer is not valid JSON{where}: {_reason(exc)}",))
-    parsed, errors = _model_check(schema, value) if schema.model is not None else _schema_check(schema, value)
+    try:
+        parsed, errors = _model_check(schema, value) if schema.model is not None else _schema_check(schema, value)
+    except RecursionError:
+        return Verdict(None, ("the answer is nested too deep to validate",))
+    except Exception as exc:  # the schema's own code (a model's validator) failed on it
+        why = f"validating the answer raised {type(exc).__name__}: {exc}"
+        return Verdict(None, (why,), broken=why)
     # cut at max_tokens and invalid (a tool input cut short is still an object): more room, not a correction
     return Verdict(parsed, errors, truncated=bool(errors) and finish_reason == "length", fenced=fence is not None)
+
+
+def _no_constant(name: str) -> Any:
+    """NaN and Infinity are not JSON (Python's parser takes them; a record could not hold them)."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _no_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object that names a key twice: which value was meant cannot be known."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise ValueError(f"the key {twice!r} appears twice in one object")
+    return value
 
 
 def _reason(exc: ValueError) -> str:

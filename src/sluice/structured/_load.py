@@ -38,7 +38,7 @@ def _from_file(path: Path) -> Schema:
         raise ConfigError(f"--schema {path}: a JSON Schema is an object, got {type(value).__name__}")
     try:
         if value.get("type") in ("json_schema", "json_object") and ("json_schema" in value or len(value) == 1):
-            schema = schema_from_response_format(value, f"--schema {path}")  # OpenAI's response_format
+            schema = schema_from_response_format(value)  # OpenAI's response_format, as a line gives it
             assert schema is not None
             return schema
         return Schema(value, name=path.stem)
