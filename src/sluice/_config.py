@@ -21,6 +21,7 @@ from .tiers import BatchSettings, tier_deployments
 
 if TYPE_CHECKING:
     from ._engine import Engine
+    from ._tracing import Tracing
 
 __all__ = ["JobConfig", "TrustState", "engine_from"]
 
@@ -50,6 +51,8 @@ class JobConfig:
     tier: str = "sync"
     #: How the batch tier submits and polls (``--poll-every``, ``--batch-size``).
     batch: BatchSettings = field(default_factory=BatchSettings)
+    #: OpenTelemetry spans (``--otel``; :mod:`sluice.otel`); None: none.
+    tracing: Tracing | None = None
 
 
 def engine_from(config: JobConfig, **overrides: Any) -> Engine:
@@ -66,6 +69,7 @@ def engine_from(config: JobConfig, **overrides: Any) -> Engine:
         "defaults": config.defaults,
         "fallbacks": config.fallbacks,
         "cooldown": config.cooldown,
+        "tracing": config.tracing,
         **overrides,
     }
     deployments = arguments.pop("deployments", config.deployments)

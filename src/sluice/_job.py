@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ._budget import Budget
     from ._models import Request, Result
     from ._router import Group, Route
+    from ._tracing import RequestTrace
 
 __all__ = ["Job", "idempotency_key_of"]
 
@@ -51,6 +52,8 @@ class Job:
     #: The health epoch of the deployment when its latest attempt was placed: a failure
     #: of an attempt placed before a cooldown began does not lengthen that cooldown.
     placed_at: int | None = None
+    #: Its span, with ``Engine(tracing=...)`` (see ``_tracing``); None otherwise.
+    trace: RequestTrace | None = None
 
     @property
     def batch(self) -> bool:

@@ -24,6 +24,7 @@ from .._errors import SluiceError
 from .._models import Price
 from ..batch._inputs import InputOptions, Template
 from ._config import JobConfig, describe, describe_defaults, load_config, with_overrides
+from ._otel import otel_option, with_otel
 from ._worker import checked_redis_url
 
 __all__ = ["main"]
@@ -344,6 +345,7 @@ def main() -> None:
 )
 @click.option("--claim-after", type=click.FloatRange(min=0.5), default=12.0, hidden=True)
 @click.option("--max-deliveries", type=click.IntRange(min=1), default=5, hidden=True)
+@otel_option
 @_friendly
 def run(input_path: Path, output: Path, **flags: Any) -> None:
     """Stream INPUT (JSONL chat bodies, OpenAI Batch API lines, or CSV/JSONL rows with
@@ -364,7 +366,7 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
     from ._run import run_job_command
 
     _say_library_warnings()
-    config = _with_tier(_job_config(flags), flags)
+    config = with_otel(_with_tier(_job_config(flags), flags), flags.pop("otel"))
     spec = JobSpec(
         input=input_path,
         output=output,
@@ -490,6 +492,7 @@ def _distributed(flags: dict[str, Any]) -> Any:
 )
 @click.option("--redis-fail-open", is_flag=True, help="When Redis is away, keep admitting under local limits.")
 @click.option("--name", help="The worker's name in summaries (default: HOST:PID).")
+@otel_option
 @_friendly
 def worker(redis_url: str, **flags: Any) -> None:
     """Answer the requests of every job `sluice run --redis` has in Redis (and of new ones),
@@ -505,6 +508,7 @@ def worker(redis_url: str, **flags: Any) -> None:
             grace=flags["grace"],
             fail_open=flags["redis_fail_open"],
             name=flags["name"],
+            otel=flags["otel"],
         )
     )
 

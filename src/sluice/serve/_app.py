@@ -107,6 +107,10 @@ def build_app(
             )
     state_dir.mkdir(parents=True, exist_ok=True)
     middlewares: list[Middleware] = [_errors, _plain_body, _auth]
+    if config.tracing is not None:  # --otel: a SERVER span per API request (opentelemetry only then)
+        from ._tracing import server_spans
+
+        middlewares.insert(0, server_spans(config.tracing))
     if redis_url is not None:
         middlewares.append(forward_middleware)  # after auth: it needs the client's name
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
