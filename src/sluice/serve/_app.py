@@ -42,21 +42,23 @@ from .._limits import Limiter
 from .._models import Deployment
 from ..store import SqliteStore
 from ..tiers import BatchSettings, close_tiers
-from ._batches import setup_batch_api
+from ._batches import recent_batches, setup_batch_api
 from ._body import BODY_TIMEOUT, BodyTimeout, read_body, read_json, timed_out
 from ._chat import chat_completions
 from ._clients import Client, Clients, SpendStore
 from ._context import CONTEXT, JSON_BODY, BadBody, Refused, ServeContext, client_of, model_names, upstream_secrets
+from ._dashboard import DashboardAuth, is_dashboard, setup_dashboard
 from ._embeddings import embeddings
 from ._errors import openai_error
 from ._keys import BATCH_ENGINE, CLIENT, ENGINE, STATE_DIR, ClientLike
+from ._live import RECENT, Live, Recent
 from ._metrics import CONTENT_TYPE, Metrics
 from ._queue import Admission, serve_limiter
 from ._replicas import REPLICAS, Replicas, forward_middleware
 from ._settings import ClientSpec, ServeSettings
 
 if TYPE_CHECKING:
-    from .._engine import Engine
+    from .._engine import Engine, RetryEvent
     from ._redis import ServeRedis
 
 __all__ = ["BODY_TIMEOUT", "build_app", "make_runner", "read_body", "serve"]
@@ -116,6 +118,7 @@ def build_app(
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     store = SqliteStore(state_dir / "engine.db")
     metrics_box: list[Metrics] = []
+    recent = Recent()  # the dashboard's last errors
     spend_box: list[Clients] = []  # set once the clients are known, if any of them has a budget
 
     def save_spend() -> None:
@@ -142,7 +145,7 @@ def build_app(
         store=store,
         limiter_factory=limiter_factory,
         shared_budget=redis.engine_budget(config.budget_usd) if redis is not None else None,
-        on_retry=lambda event: metrics_box[0].retry(event) if metrics_box else None,
+        on_retry=lambda event: _retried(event, metrics_box, recent),
     )
     batch_engine = None
     if settings.batch_tier == "batch":  # chat batches through the provider's Batch API
@@ -195,7 +198,28 @@ def build_app(
     app.router.add_get("/v1/models/{model:.+}", retrieve_model)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics_handler)
+    engines = [engine] if batch_engine is None else [engine, batch_engine]
+    replicas_of = app.get(REPLICAS)
+    live = Live(
+        ctx,
+        recent,
+        engines=lambda: engines,
+        client_spend=redis.client_spend if redis is not None else registry.client_spend,
+        batches=functools.partial(recent_batches, app),
+        replica=lambda: replicas_of.address if replicas_of is not None else None,
+    )
+    auth = DashboardAuth.from_settings(settings, registry, environ)
+    setup_dashboard(app, auth, live)
+    if auth.on:
+        app[RECENT] = recent
     return app
+
+
+def _retried(event: RetryEvent, metrics: list[Metrics], recent: Recent) -> None:
+    """``Engine(on_retry=...)``: the retry counted for /metrics and noted for the dashboard."""
+    if metrics:
+        metrics[0].retry(event)
+    recent.retried(event)
 
 
 def _lifetime(
@@ -323,6 +347,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         response = openai_error(500, "The server had an error while processing your request.", type="server_error")
     client = request.get(CLIENT)
     name = client.name if client is not None else name
+    recent = request.app.get(RECENT)
+    if recent is not None and response.status >= 400 and request.path.startswith("/v1/"):
+        recent.answered(name if client is not None else None, response)
     ctx.metrics.requests.labels(endpoint, name, str(response.status)).inc()
     ctx.metrics.duration.labels(endpoint, name).observe(loop.time() - began)
     return response
@@ -365,7 +392,7 @@ async def _plain_body(request: web.Request, handler: Handler) -> web.StreamRespo
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     clients = request.app[CONTEXT].clients
-    if request.path in _OPEN_PATHS:
+    if request.path in _OPEN_PATHS or is_dashboard(request.path):  # the dashboard asks for its own key
         return await handler(request)
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")

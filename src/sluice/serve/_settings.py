@@ -11,6 +11,7 @@
     cache = false            # false: every request goes upstream; "deterministic": identical
                              # requests at temperature 0 are answered from the state; true: all
     batch_tier = "sync"      # "batch": clients' chat batches through the upstream's Batch API
+    admin_key_env = "SLUICE_ADMIN_KEY"  # the variable holding the key of /dashboard (see _dashboard)
 
     [[client]]
     name = "notebook"
@@ -55,11 +56,16 @@ class ServeSettings:
     batch_tier: str = "sync"
     #: Seconds between two looks at a provider batch (``batch_tier = "batch"``).
     batch_poll_every: float = 30.0
+    #: The environment variable holding the admin key of ``/dashboard`` (None: no admin key;
+    #: the dashboard then answers only on loopback, and only to a server without client keys).
+    admin_key_env: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache", _cache_setting(self.cache, "ServeSettings"))
         if self.batch_tier not in ("sync", "batch"):
             raise ConfigError(f"[serve] batch_tier must be 'sync' or 'batch', got {self.batch_tier!r}")
+        if self.admin_key_env is not None:
+            _variable_name(self.admin_key_env, "[serve] admin_key_env")
 
     @property
     def max_body_bytes(self) -> int:
@@ -96,7 +102,7 @@ def serve_tables(data: Mapping[str, Any], where: str) -> tuple[ServeSettings, tu
 def _settings(table: Any, where: str) -> ServeSettings:
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: [serve] must be a table")
-    known = {*_SERVE_NUMBERS, "cache", "batch_tier"}
+    known = {*_SERVE_NUMBERS, "cache", "batch_tier", "admin_key_env"}
     extra = sorted(set(table) - known)
     if extra:
         raise ConfigError(f"{where}: [serve]: unknown key(s) {extra}; known: {sorted(known)}")
@@ -112,7 +118,18 @@ def _settings(table: Any, where: str) -> ServeSettings:
         _cache_setting(table["cache"], where)  # a bad one named with its file
     if table.get("batch_tier", "sync") not in ("sync", "batch"):
         raise ConfigError(f"{where}: [serve] batch_tier must be 'sync' or 'batch', got {table['batch_tier']!r}")
+    if "admin_key_env" in table:
+        _variable_name(table["admin_key_env"], f"{where}: [serve] admin_key_env")
     return ServeSettings(**table)
+
+
+def _variable_name(value: Any, where: str) -> None:
+    """An environment variable's NAME (keys stay out of files: never echo what may be one)."""
+    if not isinstance(value, str) or not value or not value.replace("_", "").isalnum() or value[0].isdigit():
+        raise ConfigError(
+            f"{where} must name the environment variable that holds the admin key (such as "
+            "'SLUICE_ADMIN_KEY'), not the key itself"
+        )
 
 
 #: ``[serve] cache`` as written -> as kept.
