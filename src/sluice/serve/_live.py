@@ -234,7 +234,9 @@ class Live:
             "configured": configured,
             "effective": effective,
             "learnt": learnt,
-            "adaptive": route.adaptive is not None and deployment.max_in_flight is None,
+            "adaptive": route.adaptive is not None
+            and deployment.max_in_flight is None
+            and effective["max_in_flight"] is not None,
             "in_flight": _in_flight(route),
             "waiting": int(getattr(limiter, "waiting", 0)),
             "answered": route.answered,
