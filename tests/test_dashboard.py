@@ -9,6 +9,7 @@ import html
 import io
 import json
 import os
+import sys
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -320,3 +321,46 @@ async def _check_page(visit: Any) -> None:
     assert await visit.page.evaluate("window.__pwned") is None
     assert await visit.count("img") == 0  # the hostile markup stayed text
     assert (await visit.texts("#status"))[0].startswith("ok")
+
+
+async def test_sluice_serve_names_its_dashboard_and_never_logs_the_admin_key(tmp_path: Path) -> None:
+    async with fake() as upstream:
+        config = tmp_path / "sluice.toml"
+        config.write_text(
+            '[serve]\nadmin_key_env = "SLUICE_ADMIN_KEY"\n'
+            f'[[deployment]]\nmodel = "openai/gpt-test"\nbase_url = "{upstream.url}"\napi_key_env = "UPSTREAM_KEY"\n'
+            '[[client]]\nname = "alice"\nkey_env = "ALICE_KEY"\n'
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "SLUICE_ADMIN"))}
+        env.update(UPSTREAM_KEY=UPSTREAM_KEY, ALICE_KEY=ALICE_KEY)
+        args = ["-m", "sluice", "serve", "--config", str(config), "--port", "0", "--state", str(tmp_path / "s")]
+        missing = await asyncio.create_subprocess_exec(
+            sys.executable, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        async with asyncio.timeout(30):
+            _, stderr = await missing.communicate()
+        assert missing.returncode == 2
+        assert "the admin key variable $SLUICE_ADMIN_KEY is not set" in stderr.decode()
+        env["SLUICE_ADMIN_KEY"] = ADMIN_KEY
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            assert process.stdout is not None
+            async with asyncio.timeout(30):
+                line = (await process.stdout.readline()).decode()
+            url = line.split("listening on ")[1].split()[0]
+            assert f"dashboard {url}/dashboard" in line
+            status, _, _ = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
+            assert status == 200
+            login = {"data": {"key": ADMIN_KEY}, "allow_redirects": False}
+            async with aiohttp.ClientSession() as http, http.post(url + "/dashboard/login", **login) as r:
+                assert r.status == 303
+        finally:
+            process.terminate()
+            async with asyncio.timeout(30):
+                out, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+        logs = line + out.decode() + err.decode()
+        assert "/dashboard/data" in logs  # the access log is on
+        assert ADMIN_KEY not in logs

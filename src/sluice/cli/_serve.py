@@ -164,7 +164,10 @@ def serve_command(
             app,
             host,
             port,
-            ready=lambda url: click.echo(f"sluice serve: listening on {url} (base_url {url}/v1); clients: {who}"),
+            ready=lambda url: click.echo(
+                f"sluice serve: listening on {url} (base_url {url}/v1); clients: {who}"
+                + (f"; dashboard {url}/dashboard" if settings.admin_key_env or not clients else "")
+            ),
         )
 
     run_on_loop(main())
