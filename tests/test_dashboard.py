@@ -10,6 +10,7 @@ import io
 import json
 import os
 import sys
+import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,13 @@ from servetools import ALICE_KEY, BOB_KEY, ENV, UPSTREAM_KEY, ask, deployment, f
 from sluice import CallableProvider, ConfigError, Deployment, Request, RetryPolicy, ServerError
 from sluice.cli._config import JobConfig
 from sluice.serve._app import build_app
+from sluice.serve._dashboard import SESSION_S, DashboardAuth
 from sluice.serve._settings import ClientSpec, ServeSettings, serve_tables
 from sluice.testing import FakeServer
 
 ADMIN_KEY = "sk-admin-0123456789abcdef"
+#: Making a session needs only the key (the clients are asked only when checking one).
+CLIENTS_NONE: Any = None
 HOSTILE = '<img src=x onerror="window.__pwned=1">'
 CLIENTS = (
     ClientSpec("alice", "ALICE_KEY", budget_usd=1.0, rpm=600),
@@ -124,7 +128,8 @@ async def test_a_browser_logs_in_with_a_form_and_gets_a_session_cookie(tmp_path:
                 assert "deployments" in await r.json()
             (morsel,) = [m for m in jar if m.key == "sluice_dashboard"]
             value = morsel.value
-        for forged in (value[:-2] + "xx", value.replace(value.split(".")[0], "9999999999", 1), "1.2.3"):
+        expired = DashboardAuth(ADMIN_KEY, CLIENTS_NONE).session(now=time.time() - SESSION_S - 1)  # signed, too old
+        for forged in (value[:-2] + "xx", value.replace(value.split(".")[0], "9999999999", 1), "1.2.3", expired):
             status, _, _ = await _get(url + "/dashboard/data", {"cookie": f"sluice_dashboard={forged}"})
             assert status == 401
         async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:

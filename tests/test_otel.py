@@ -368,3 +368,36 @@ def test_otel_settings_that_cannot_work_are_refused(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert "OTEL_EXPORTER_OTLP_PROTOCOL must be http/protobuf or grpc, got 'thrift'" in out.stderr
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_messages_are_described_in_the_conventions_schema_whatever_they_hold() -> None:
+    from sluice.otel._spans import input_messages
+
+    messages: list[Any] = [
+        {"role": "system", "content": "be brief"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "look", "arguments": '{"at": 1}'}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "a sluice gate"},
+        {"role": "assistant", "content": "odd", "tool_calls": "not a list"},
+        "not a message",
+    ]
+    assert input_messages(messages) == [
+        {"role": "system", "parts": [{"type": "text", "content": "be brief"}]},
+        {
+            "role": "user",
+            "parts": [{"type": "text", "content": "what is this?"}, {"type": "image_url"}],
+        },  # never the bytes
+        {"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "look", "arguments": '{"at": 1}'}]},
+        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1", "response": "a sluice gate"}]},
+        {"role": "assistant", "parts": [{"type": "text", "content": "odd"}]},
+    ]

@@ -18,8 +18,9 @@ the conventions' message schemas (Python's span attributes take no structured va
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -52,6 +53,9 @@ _PARAMS = {
 }
 #: The longest error message kept as a span's status description.
 _MESSAGE = 500
+_log = logging.getLogger("sluice")
+#: Whether a failure to describe a request was logged already (once per process).
+_complained = False
 
 
 class GenAITracer:
@@ -69,9 +73,10 @@ class GenAITracer:
         model = deployment.model_name
         span = self.tracer.start_span(f"{operation} {model}", kind=SpanKind.CLIENT, start_time=_epoch_ns(job.submitted))
         if span.is_recording():
-            span.set_attributes(_request_attributes(job.request, deployment, operation, model))
+            request = job.request
+            _set(span, lambda: _request_attributes(request, deployment, operation, model))
             if self.capture_content and operation == "chat":
-                span.set_attribute("gen_ai.input.messages", _dumps(input_messages(job.request.messages)))
+                _set(span, lambda: {"gen_ai.input.messages": _dumps(input_messages(request.messages))})
         return _RequestSpan(self, span, operation)
 
     def finished(self, job: Job, result: Result) -> None:
@@ -113,8 +118,7 @@ class _RequestSpan:
                 "sluice.deployment": route.label,
                 "sluice.tier": deployment.tier,
             }
-            _add_server(attributes, self._owner.server(deployment))
-            span.set_attributes(attributes)
+            span.set_attributes(_add_server(attributes, self._owner.server(deployment)))
         self._attempt = span
 
     def enter(self) -> object:
@@ -159,13 +163,11 @@ class _RequestSpan:
             error = result.error
             self.attempt_done(error if error is not None else result)
         if span.is_recording():
-            attributes = _result_attributes(result)
-            _add_server(attributes, server)
-            span.set_attributes(attributes)
+            _set(span, lambda: _add_server(_result_attributes(result), server))
             if result.error is not None:
                 _failed(span, result.error)
             elif self._owner.capture_content:
-                span.set_attribute("gen_ai.output.messages", _dumps(output_messages(result)))
+                _set(span, lambda: {"gen_ai.output.messages": _dumps(output_messages(result))})
         span.end()
 
 
@@ -278,11 +280,24 @@ def _server_of(deployment: Deployment) -> tuple[str, int | None] | None:
     return (parts.hostname, port) if parts.hostname else None  # never the URL: it may hold credentials
 
 
-def _add_server(attributes: dict[str, Any], server: tuple[str, int | None] | None) -> None:
+def _add_server(attributes: dict[str, Any], server: tuple[str, int | None] | None) -> dict[str, Any]:
     if server is not None:
         attributes["server.address"] = server[0]
         if server[1] is not None:
             attributes["server.port"] = server[1]
+    return attributes
+
+
+def _set(span: Span, make: Callable[[], Mapping[str, Any]]) -> None:
+    """Set the attributes ``make`` gives. They are made from what the caller sent (messages,
+    parameters), so a bug on odd input costs those attributes, never the request itself."""
+    global _complained
+    try:
+        span.set_attributes(make())
+    except Exception:
+        if not _complained:
+            _complained = True
+            _log.exception("sluice: could not describe a request on its span (further such errors are not logged)")
 
 
 def _number(value: object) -> bool:
@@ -301,10 +316,16 @@ def input_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
     """Chat messages in the conventions' input-messages schema (role, parts)."""
     out: list[dict[str, Any]] = []
     for message in messages:
+        if not isinstance(message, Mapping):
+            continue
         role = str(message.get("role", "user"))
         parts = list(_parts(message.get("content")))
-        for call in message.get("tool_calls") or ():
-            function = call.get("function", {}) if isinstance(call, Mapping) else {}
+        calls = message.get("tool_calls")
+        for call in calls if isinstance(calls, list) else ():
+            if not isinstance(call, Mapping):
+                continue
+            function = call.get("function")
+            function = function if isinstance(function, Mapping) else {}
             parts.append(
                 {
                     "type": "tool_call",

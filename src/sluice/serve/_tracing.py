@@ -3,8 +3,9 @@
 The span continues the caller's trace when the request carries W3C ``traceparent`` (the
 propagators of ``OTEL_PROPAGATORS``, tracecontext and baggage by default), and is current
 while the handler runs: the engine's request and attempt spans (:mod:`sluice.otel`) become
-its children, since the engine's task copies the handler's context. Only ``/v1/...`` is
-traced: a load balancer's ``/health`` and the dashboard's polls would drown the rest.
+its children, since the engine's task copies the handler's context (for chat and
+embeddings; a batch's lines are traces of their own). Only ``/v1/...`` is traced: a load
+balancer's ``/health`` and the dashboard's polls would drown the rest.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from ._keys import CLIENT
 __all__ = ["server_spans"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: The routes whose engine work is done inside the request (its spans are the request's children).
+_ANSWERED_HERE = frozenset({"/v1/chat/completions", "/v1/embeddings"})
 
 
 def server_spans(tracing: Tracing) -> Middleware:
@@ -48,7 +52,9 @@ def server_spans(tracing: Tracing) -> Middleware:
         span = tracer.start_span(
             f"{request.method} {route}", context=parent, kind=SpanKind.SERVER, attributes=attributes
         )
-        token = context.attach(trace.set_span_in_context(span, parent))
+        # current only where the engine answers within the request: a batch's lines (which
+        # run on for hours in a task the create handler starts) are traces of their own
+        token = context.attach(trace.set_span_in_context(span, parent)) if route in _ANSWERED_HERE else None
         try:
             response = await handler(request)
             span.set_attribute("http.response.status_code", response.status)
@@ -64,7 +70,8 @@ def server_spans(tracing: Tracing) -> Middleware:
             client = request.get(CLIENT)
             if client is not None:
                 span.set_attribute("sluice.client", client.name)
-            context.detach(token)
+            if token is not None:
+                context.detach(token)
             span.end()
 
     return middleware
