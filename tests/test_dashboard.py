@@ -18,7 +18,9 @@ from typing import Any
 import aiohttp
 import pytest
 from browser_dash import browse
-from servetools import ALICE_KEY, BOB_KEY, ENV, UPSTREAM_KEY, ask, deployment, fake, listening, sdk
+from fake_provider import deployment_at
+from polling import until
+from servetools import ALICE_KEY, BOB_KEY, ENV, PRICE, UPSTREAM_KEY, ask, deployment, fake, listening, sdk
 
 from sluice import CallableProvider, ConfigError, Deployment, Request, RetryPolicy, ServerError
 from sluice.cli._config import JobConfig
@@ -369,3 +371,47 @@ async def test_sluice_serve_names_its_dashboard_and_never_logs_the_admin_key(tmp
         logs = line + out.decode() + err.decode()
         assert "/dashboard/data" in logs  # the access log is on
         assert ADMIN_KEY not in logs
+
+
+async def test_a_cooling_deployment_says_why_and_a_paused_one_for_how_long(tmp_path: Path) -> None:
+    async with fake() as east, fake() as west, fake() as solo:
+        deployments = [
+            deployment(east, name="east"),
+            deployment(west, name="west"),
+            deployment_at(solo, "openai/gpt-solo", name="solo", price=PRICE),
+        ]
+        async with dashboard_server(deployments, tmp_path / "state") as url:
+            alice = sdk(url, key=ALICE_KEY)
+            west.inject("503", times=20)
+            east.latency = west.latency = 0.2  # at once: both deployments get some (placement by headroom)
+            questions = [
+                alice.chat.completions.create(model="gpt-test", messages=ask(i), max_tokens=8) for i in range(12)
+            ]
+            await asyncio.gather(*questions)  # west's fail and go to east, until west cools down
+            solo.inject("429", retry_after=3)
+            solo_call = asyncio.create_task(alice.chat.completions.create(model="gpt-solo", messages=ask(99)))
+            await solo.until(lambda: solo.stats.rate_limited == 1, timeout=10)
+            try:
+
+                async def paused() -> bool:
+                    _, _, text = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
+                    return {d["name"]: d for d in json.loads(text)["deployments"]}["solo"]["paused_s"] > 0
+
+                await until(paused)
+                status, _, text = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
+            finally:
+                solo_call.cancel()
+                with contextlib.suppress(BaseException):
+                    await solo_call
+                await alice.close()
+    assert status == 200
+    found = {d["name"]: d for d in json.loads(text)["deployments"]}
+    assert found["west"]["state"] == "cooling down"
+    assert found["west"]["cooling_s"] > 0
+    assert found["west"]["why"].startswith("server_error: ")
+    assert found["west"]["failed"] >= 3
+    assert found["east"]["state"] == "ok"
+    assert found["east"]["why"] is None
+    assert found["solo"]["state"] == "paused (429)"
+    assert 0 < found["solo"]["paused_s"] <= 3
+    assert found["solo"]["rate_limited"] == 1
