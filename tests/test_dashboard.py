@@ -415,3 +415,36 @@ async def test_a_cooling_deployment_says_why_and_a_paused_one_for_how_long(tmp_p
     assert found["solo"]["state"] == "paused (429)"
     assert 0 < found["solo"]["paused_s"] <= 3
     assert found["solo"]["rate_limited"] == 1
+
+
+def _own_address() -> str | None:
+    """One of this machine's non-loopback IPv4 addresses (a UDP socket sends nothing to connect)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+            address = str(probe.getsockname()[0])
+        except OSError:
+            return None
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+async def test_without_keys_a_request_from_another_address_is_refused(tmp_path: Path) -> None:
+    address = _own_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback address to ask from")
+    async with fake() as upstream:
+        config = JobConfig((deployment(upstream),))
+        app = build_app(config, ServeSettings(), (), tmp_path / "state", environ=ENV)
+        runner = aiohttp.web.AppRunner(app)
+        await runner.setup()
+        try:
+            site = aiohttp.web.TCPSite(runner, address, 0)
+            await site.start()
+            port = runner.addresses[0][1]
+            status, _, body = await _get(f"http://{address}:{port}/dashboard/data")
+        finally:
+            await runner.cleanup()
+    assert status == 403
+    assert "loopback" in body

@@ -368,6 +368,15 @@ def test_otel_settings_that_cannot_work_are_refused(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert "OTEL_EXPORTER_OTLP_PROTOCOL must be http/protobuf or grpc, got 'thrift'" in out.stderr
     assert not (tmp_path / "o.jsonl").exists()
+    config = tmp_path / "sluice.toml"
+    config.write_text('[[deployment]]\nmodel = "simulate/demo"\n')
+    for command in (["serve", "--config", str(config), "--port", "0"], ["worker", "--redis", "redis://127.0.0.1:9/0"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "sluice", *command, "--otel"],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 2, out.stderr
+        assert "got 'thrift'" in out.stderr
 
 
 def test_messages_are_described_in_the_conventions_schema_whatever_they_hold() -> None:
