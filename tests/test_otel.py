@@ -370,7 +370,10 @@ def test_otel_settings_that_cannot_work_are_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "o.jsonl").exists()
     config = tmp_path / "sluice.toml"
     config.write_text('[[deployment]]\nmodel = "simulate/demo"\n')
-    for command in (["serve", "--config", str(config), "--port", "0"], ["worker", "--redis", "redis://127.0.0.1:9/0"]):
+    for command in (
+        ["serve", "--config", str(config), "--port", "0"],
+        ["worker", "--redis", "redis://127.0.0.1:9/0", "--config", str(config)],
+    ):
         out = subprocess.run(
             [sys.executable, "-m", "sluice", *command, "--otel"],
             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
