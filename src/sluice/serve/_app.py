@@ -2,7 +2,7 @@
 
 :func:`build_app` makes the aiohttp application from a parsed config; :func:`make_runner`
 runs it with the server-level guards (the header timeout); :func:`serve` is what the CLI
-runs. The middlewares, outermost first:
+runs. The middlewares, outermost first (with ``--otel``, a SERVER span's before them all):
 
 * **errors**: whatever goes wrong becomes OpenAI's error JSON (aiohttp's own 404/405/413
   included); an unexpected exception is logged and answered 500 with nothing of its text;
@@ -10,7 +10,8 @@ runs. The middlewares, outermost first:
 * **auth**: ``Authorization: Bearer <key>`` names the client (``request[CLIENT]``); a
   wrong or missing key is a 401 ``invalid_api_key``. Without ``[[client]]`` everyone is
   ``default`` (the server then listens on loopback only). ``/health`` and ``/metrics``
-  need no key: they hold no secrets;
+  need no key: they hold no secrets; ``/dashboard`` asks for the admin key itself
+  (see ``_dashboard``);
 * **forward** (with ``--redis`` only): a file or batch held by another replica is answered
   by that replica (see ``_replicas``).
 
@@ -154,6 +155,7 @@ def build_app(
     spend = SpendStore(state_dir / "clients.db")
     try:
         registry = Clients.from_specs(clients, engine, spend, environ, redis)
+        auth = DashboardAuth.from_settings(settings, registry, environ)  # its key: unset, short or a client's
     except BaseException:
         spend.close()
         store.close()
@@ -208,7 +210,6 @@ def build_app(
         batches=functools.partial(recent_batches, app),
         replica=lambda: replicas_of.address if replicas_of is not None else None,
     )
-    auth = DashboardAuth.from_settings(settings, registry, environ)
     setup_dashboard(app, auth, live)
     if auth.on:
         app[RECENT] = recent
