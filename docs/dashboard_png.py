@@ -24,17 +24,21 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from browser_dash import browse  # noqa: E402
-from servetools import listening  # noqa: E402
+from browser_dash import browse
+from servetools import listening
 
-from sluice import Deployment, Price, RetryPolicy  # noqa: E402
-from sluice.cli._config import JobConfig  # noqa: E402
-from sluice.serve._app import build_app  # noqa: E402
-from sluice.serve._settings import ClientSpec, ServeSettings  # noqa: E402
-from sluice.testing import FakeServer  # noqa: E402
+from sluice import Deployment, Price, RetryPolicy
+from sluice.cli._config import JobConfig
+from sluice.serve._app import build_app
+from sluice.serve._settings import ClientSpec, ServeSettings
+from sluice.testing import FakeServer
 
 ADMIN = "sk-admin-demo-0123456789"
-KEYS = {"NOTEBOOK_KEY": "sk-notebook-0123456789ab", "AGENT_KEY": "sk-agent-0123456789abcd", "EVAL_KEY": "sk-eval-0123456789abcde"}
+KEYS = {
+    "NOTEBOOK_KEY": "sk-notebook-0123456789ab",
+    "AGENT_KEY": "sk-agent-0123456789abcd",
+    "EVAL_KEY": "sk-eval-0123456789abcde",
+}
 MODEL = "openai/gpt-4o-mini"
 
 
@@ -71,7 +75,9 @@ async def main(out: Path) -> None:
         state = Path(tempfile.mkdtemp(prefix="sluice-dashboard-"))
         app = build_app(config, ServeSettings(admin_key_env="ADMIN_KEY"), clients, state, environ=env)
         async with listening(app) as url:
-            sdk = {name: openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0) for name, key in KEYS.items()}
+            sdk = {
+                name: openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0) for name, key in KEYS.items()
+            }
             lines = "".join(
                 json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
                             "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"grade {i}"}],
@@ -80,14 +86,18 @@ async def main(out: Path) -> None:
             )  # fmt: skip
             evals = sdk["EVAL_KEY"]
             uploaded = await evals.files.create(file=("grades.jsonl", io.BytesIO(lines.encode())), purpose="batch")
-            await evals.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+            await evals.batches.create(
+                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
             stop = asyncio.Event()
             workers = [
                 asyncio.create_task(chat(sdk["NOTEBOOK_KEY"], "explain", stop, 0.3)),
                 asyncio.create_task(chat(sdk["NOTEBOOK_KEY"], "summarise", stop, 0.4)),
                 asyncio.create_task(chat(sdk["AGENT_KEY"], "plan step", stop, 0.2)),
             ]
-            visit = await browser.visit(url + "/dashboard", headers={"authorization": f"Bearer {ADMIN}"}, viewport=(1200, 900))
+            visit = await browser.visit(
+                url + "/dashboard", headers={"authorization": f"Bearer {ADMIN}"}, viewport=(1200, 900)
+            )
             for second in range(36):
                 if second in (8, 9, 24, 25, 26, 27):
                     west.inject("503", times=3)
@@ -102,7 +112,8 @@ async def main(out: Path) -> None:
             for client in sdk.values():
                 await client.close()
         shutil.rmtree(state, ignore_errors=True)
-        print(f"wrote {out} ({out.stat().st_size // 1024} KB); console errors: {visit.console_errors or 'none'}")
+        size = await asyncio.to_thread(lambda: out.stat().st_size)
+        print(f"wrote {out} ({size // 1024} KB); console errors: {visit.console_errors or 'none'}")
 
 
 if __name__ == "__main__":
