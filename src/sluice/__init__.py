@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from ._stats import Stats
     from ._streaming import Stream
     from ._sync import complete, run, run_sync
+    from ._tracing import Tracing
     from .providers import CallableProvider, Provider, Reply, SimulatedProvider
 
 # What needs asyncio (~60 ms to import) loads on first use, so ``import sluice`` stays fast.
@@ -86,6 +87,7 @@ _LAZY = {
     "Reservation": "._limits",
     "Stats": "._stats",
     "Stream": "._streaming",
+    "Tracing": "._tracing",
     "Cooldown": "._router",
     "RouteStatus": "._router",
     "complete": "._sync",
@@ -166,6 +168,7 @@ __all__ = [
     "StoreError",
     "Stream",
     "Timings",
+    "Tracing",
     "UnknownPriceError",
     "Usage",
     "__version__",

@@ -56,6 +56,7 @@ from .structured import MAX_REASKS
 from .structured._loop import generation_after, reask_cost, until_valid
 
 if TYPE_CHECKING:
+    from ._tracing import Tracer
     from .store import SettlingStore, Store
 
 __all__ = ["Attempts", "Opening", "RetryEvent"]
@@ -125,6 +126,8 @@ class Attempts:
         self.on_retry = on_retry
         #: Re-asks of an answer that does not match its request's schema (see ``structured``).
         self.max_reasks = max_reasks
+        #: ``Engine(tracing=...)``'s spans (None: off; each seam below is one test of it).
+        self.tracer: Tracer | None = None
         self.timer = AttemptTimer()
         #: The store writes a result and settles its last attempt's intent in one op.
         self.settling = callable(getattr(store, "put_settled", None))  # not isinstance: no sqlite3 import here
@@ -245,7 +248,7 @@ class Attempts:
         schema = job.request.schema
         if result.ok and schema is not None and schema.model is not None and result.parsed is None:
             return None  # the model's code changed and the stored answer no longer passes it: ask again
-        self.runtime.emit(result)
+        self.emit(job, result)
         return result
 
     async def execute(self, job: Job) -> Result:
@@ -260,7 +263,7 @@ class Attempts:
                     result = dataclasses.replace(
                         shared, request=job.request, index=job.index, cached=True, cost_usd=free, reask_cost_usd=free
                     )
-                    self.runtime.emit(result)
+                    self.emit(job, result)
                     return result
         except asyncio.CancelledError:
             job.cancelled = self.finish(
@@ -337,11 +340,15 @@ class Attempts:
         stream's opening); by default the job's chat request. A stop (batch work only)
         ends it with a ``CancelledError`` outcome, never a cancelled task; any other
         cancellation propagates, with what the attempt held settled."""
+        if self.tracer is not None and job.trace is None:
+            job.trace = self.tracer.request(job)
         try:
             while True:
                 if self.runtime.stopping and job.batch:  # not sent (again): the rerun does it
                     return CancelledError(stopped_note(tally))
                 outcome = await self.attempt(job, tally, deadline, send, hand_over=hand_over, streamed=streamed)
+                if job.trace is not None and not isinstance(outcome, Opening):  # a stream's ends with it
+                    job.trace.attempt_done(outcome)
                 if not isinstance(outcome, SluiceError):
                     return outcome
                 if not tally.sent_this_time:  # budget, capacity, deadline, store or stop: final
@@ -353,8 +360,10 @@ class Attempts:
                 if delay > 0 and not isinstance(outcome, RateLimitError):  # a 429's pause is the limiter's
                     with self.runtime.waiting_while(job.batch):
                         await asyncio.sleep(delay)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             settle_unsettled(tally, self.store, self.runtime.store_failed)
+            if job.trace is not None:
+                job.trace.attempt_done(exc)
             if not self.runtime.absorb_stop():
                 raise
             return CancelledError(stopped_note(tally))  # stop() wants a result, not a cancelled task
@@ -385,6 +394,9 @@ class Attempts:
         retry = self.retry
         loop = asyncio.get_running_loop()
         slot.sending(slot.ready_at)
+        trace = job.trace
+        if trace is not None:
+            trace.attempt(route, tally.attempts)
         sent_at = slot.sent_at
         untimed = route.deployment.tier == "batch"  # a batch line waits for its batch (its own window)
         timeout = None if untimed else retry.attempt_timeout
@@ -405,6 +417,7 @@ class Attempts:
         elif hard is not None:
             watch = self.timer.arm(loop, hard)
         listened = listening.set(watch) if idle is not None else None
+        entered = trace.enter() if trace is not None else None
         try:
             try:
                 if send is None:
@@ -417,6 +430,8 @@ class Attempts:
                 timed_out = self.timer.disarm(watch)
                 if listened is not None:
                     listening.reset(listened)
+                if trace is not None:
+                    trace.leave(entered)
         except asyncio.CancelledError:
             if timed_out:  # the timer's own cancellation: a timeout
                 assert watch is not None
@@ -628,9 +643,17 @@ class Attempts:
             tier=job.route.deployment.tier if tally.attempts else None,
             batch_id=reply.batch_id if reply is not None else None,
         )
+        if self.tracer is not None:
+            self.tracer.finished(job, result)
         if emit:
             self.runtime.emit(result)
         return result
+
+    def emit(self, job: Job, result: Result) -> None:
+        """Report a Result not made by :meth:`finish` (a stored answer, a twin's)."""
+        if self.tracer is not None:
+            self.tracer.finished(job, result)
+        self.runtime.emit(result)
 
     async def record(self, job: Job, tally: Tally, result: Result) -> None:
         """Make the Result durable before anyone is told (with the last attempt's intent

@@ -22,6 +22,7 @@ from .tiers import BatchSettings, tier_deployments
 
 if TYPE_CHECKING:
     from ._engine import Engine
+    from ._tracing import Tracing
 
 __all__ = ["JobConfig", "TrustState", "engine_from"]
 
@@ -53,6 +54,8 @@ class JobConfig:
     batch: BatchSettings = field(default_factory=BatchSettings)
     #: Re-asks of an answer that does not match its line's schema (``--max-reasks``).
     max_reasks: int = MAX_REASKS
+    #: OpenTelemetry spans (``--otel``; :mod:`sluice.otel`); None: none.
+    tracing: Tracing | None = None
 
 
 def engine_from(config: JobConfig, **overrides: Any) -> Engine:
@@ -70,6 +73,7 @@ def engine_from(config: JobConfig, **overrides: Any) -> Engine:
         "fallbacks": config.fallbacks,
         "cooldown": config.cooldown,
         "max_reasks": config.max_reasks,
+        "tracing": config.tracing,
         **overrides,
     }
     deployments = arguments.pop("deployments", config.deployments)

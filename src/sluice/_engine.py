@@ -35,6 +35,7 @@ from ._session import Session
 from ._spending import CheaperModel, Spending
 from ._stats import Stats
 from ._streaming import Stream
+from ._tracing import Tracing, make_tracer
 from .providers import HttpProvider, ProviderSet
 from .structured import MAX_REASKS
 
@@ -68,6 +69,8 @@ class Engine:
     :mod:`sluice.tiers`). ``spending`` shares another engine's money (its budget,
     reservations and waiters) instead of the budget arguments: ``sluice serve`` runs
     batch-tier lines on an engine of their own that spends the clients' budgets.
+    ``tracing=True`` (or a :class:`~sluice.Tracing`) makes an OpenTelemetry span per
+    request and per attempt, in the GenAI semantic conventions (the ``otel`` extra).
 
     With a ``store``, every attempt is recorded (durably) before it is sent and settled
     with what it cost, every finished result is written as it lands, and a request whose
@@ -112,6 +115,7 @@ class Engine:
         adapt_deployment: Callable[[Deployment], Deployment] | None = None,
         spending: Spending | None = None,
         max_reasks: int = MAX_REASKS,
+        tracing: bool | Tracing | None = None,
     ) -> None:
         if isinstance(deployments, Deployment):
             deployments = [deployments]
@@ -155,6 +159,7 @@ class Engine:
             on_retry=on_retry,
             max_reasks=max_reasks,
         )
+        self.attempts.tracer = make_tracer(tracing)
 
     # -- configuration -------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ._budget import Budget
     from ._models import Request, Result
     from ._router import Group, Route
+    from ._tracing import RequestTrace
 
 __all__ = ["Job", "idempotency_key_of"]
 
@@ -57,6 +58,8 @@ class Job:
     attempts_before: int = 0
     #: Earlier runs that got no valid answer for it (see ``InvalidOutputError.generation``).
     generation: int = 0
+    #: Its span, with ``Engine(tracing=...)`` (see ``_tracing``); None otherwise.
+    trace: RequestTrace | None = None
 
     @property
     def batch(self) -> bool:

@@ -454,8 +454,12 @@ class EmbedPipeline:
                 )
             return reply
 
+        if attempts.tracer is not None:
+            job.trace = attempts.tracer.request(job, "embeddings")
         outcome = await attempts.until_outcome(job, tally, attempts.deadline(tally), send)
         assert isinstance(outcome, (EmbedReply, SluiceError))  # made by the pack's own send
+        if job.trace is not None:
+            job.trace.ended(outcome, tally)
         return outcome, tally, job
 
     def _job(self, group: SpecGroup, pack: Pack, tally: Tally) -> Job:

@@ -25,6 +25,7 @@ from ..batch._inputs import InputOptions, Template
 from ..structured import MAX_REASKS
 from ._config import JobConfig, describe, describe_defaults, load_config, with_overrides
 from ._flags import duration, fail, schema_flag, with_tier
+from ._otel import otel_option, with_otel
 from ._worker import checked_redis_url
 
 __all__ = ["main"]
@@ -354,6 +355,7 @@ def main() -> None:
 )
 @click.option("--claim-after", type=click.FloatRange(min=0.5), default=12.0, hidden=True)
 @click.option("--max-deliveries", type=click.IntRange(min=1), default=5, hidden=True)
+@otel_option
 @_friendly
 def run(input_path: Path, output: Path, **flags: Any) -> None:
     """Stream INPUT (JSONL chat bodies, OpenAI Batch API lines, or CSV/JSONL rows with
@@ -374,7 +376,8 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
     from ._run import run_job_command
 
     _say_library_warnings()
-    config = dataclasses.replace(with_tier(_job_config(flags), flags), max_reasks=flags.pop("max_reasks"))
+    config = with_otel(with_tier(_job_config(flags), flags), flags.pop("otel"))
+    config = dataclasses.replace(config, max_reasks=flags.pop("max_reasks"))
     inputs = _input_opts(config, flags.pop("model"), **{k: flags[k] for k in _INPUT_FLAGS if k in flags})
     schema = schema_flag(flags.pop("schema_spec"), inputs, config)
     spec = JobSpec(
@@ -440,6 +443,7 @@ def _distributed(flags: dict[str, Any]) -> Any:
 )
 @click.option("--redis-fail-open", is_flag=True, help="When Redis is away, keep admitting under local limits.")
 @click.option("--name", help="The worker's name in summaries (default: HOST:PID).")
+@otel_option
 @_friendly
 def worker(redis_url: str, **flags: Any) -> None:
     """Answer the requests of every job `sluice run --redis` has in Redis (and of new ones),
@@ -455,6 +459,7 @@ def worker(redis_url: str, **flags: Any) -> None:
             grace=flags["grace"],
             fail_open=flags["redis_fail_open"],
             name=flags["name"],
+            otel=flags["otel"],
         )
     )
 

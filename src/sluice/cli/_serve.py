@@ -16,6 +16,7 @@ import click
 
 from .._errors import ConfigError
 from ._loop import run_on_loop
+from ._otel import otel_option, with_otel
 from ._worker import checked_redis_url
 
 __all__ = ["serve_command"]
@@ -104,6 +105,7 @@ def _read(path: Path | None) -> tuple[bytes, Path]:
     help="While Redis is down, let each replica's own limiters grant (limits become per replica). "
     "Default: refuse with 503 until Redis is back.",
 )
+@otel_option
 def serve_command(
     config_path: Path | None,
     host: str,
@@ -112,6 +114,7 @@ def serve_command(
     redis_url: str | None,
     advertise_url: str | None,
     redis_fail_open: bool,
+    otel: bool,
 ) -> None:
     """Serve the OpenAI API (chat, embeddings, models, files, batches) through sluice's engine.
 
@@ -121,7 +124,7 @@ def serve_command(
     from ._config import config_from_bytes, missing_keys
 
     raw, path = _read(config_path)
-    config = config_from_bytes(raw, path)
+    config = with_otel(config_from_bytes(raw, path), otel)
     if not config.deployments:
         raise ConfigError(f"{path} has no [[deployment]]: sluice serve would have no model to answer with")
     from ..serve._settings import serve_tables
@@ -161,7 +164,10 @@ def serve_command(
             app,
             host,
             port,
-            ready=lambda url: click.echo(f"sluice serve: listening on {url} (base_url {url}/v1); clients: {who}"),
+            ready=lambda url: click.echo(
+                f"sluice serve: listening on {url} (base_url {url}/v1); clients: {who}"
+                + (f"; dashboard {url}/dashboard" if settings.admin_key_env or not clients else "")
+            ),
         )
 
     run_on_loop(main())

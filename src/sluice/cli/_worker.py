@@ -9,6 +9,7 @@ import click
 
 from .._errors import ConfigError
 from ._config import load_config
+from ._otel import with_otel
 from ._signals import run_until_stopped
 
 __all__ = ["checked_redis_url", "run_worker"]
@@ -58,6 +59,7 @@ def run_worker(
     grace: float,
     fail_open: bool,
     name: str | None,
+    otel: bool = False,
 ) -> int:
     """Work until SIGTERM or Ctrl-C (twice: at once); the exit status.
 
@@ -69,7 +71,7 @@ def run_worker(
     from ..redis._connection import redis_target
     from ..redis._job_worker import Worker
 
-    config = load_config(config_path)
+    config = with_otel(load_config(config_path), otel)
     worker = Worker(url, config, concurrency=concurrency, name=name, fail_open=fail_open, grace=grace, say=_say)
 
     def stopping() -> None:

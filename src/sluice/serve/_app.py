@@ -2,7 +2,7 @@
 
 :func:`build_app` makes the aiohttp application from a parsed config; :func:`make_runner`
 runs it with the server-level guards (the header timeout); :func:`serve` is what the CLI
-runs. The middlewares, outermost first:
+runs. The middlewares, outermost first (with ``--otel``, a SERVER span's before them all):
 
 * **errors**: whatever goes wrong becomes OpenAI's error JSON (aiohttp's own 404/405/413
   included); an unexpected exception is logged and answered 500 with nothing of its text;
@@ -10,7 +10,8 @@ runs. The middlewares, outermost first:
 * **auth**: ``Authorization: Bearer <key>`` names the client (``request[CLIENT]``); a
   wrong or missing key is a 401 ``invalid_api_key``. Without ``[[client]]`` everyone is
   ``default`` (the server then listens on loopback only). ``/health`` and ``/metrics``
-  need no key: they hold no secrets;
+  need no key: they hold no secrets; ``/dashboard`` asks for the admin key itself
+  (see ``_dashboard``);
 * **forward** (with ``--redis`` only): a file or batch held by another replica is answered
   by that replica (see ``_replicas``).
 
@@ -42,21 +43,23 @@ from .._limits import Limiter
 from .._models import Deployment
 from ..store import SqliteStore
 from ..tiers import BatchSettings, close_tiers
-from ._batches import setup_batch_api
+from ._batches import recent_batches, setup_batch_api
 from ._body import BODY_TIMEOUT, BodyTimeout, read_body, read_json, timed_out
 from ._chat import chat_completions
 from ._clients import Client, Clients, SpendStore
 from ._context import CONTEXT, JSON_BODY, BadBody, Refused, ServeContext, client_of, model_names, upstream_secrets
+from ._dashboard import DashboardAuth, is_dashboard, setup_dashboard
 from ._embeddings import embeddings
 from ._errors import openai_error
 from ._keys import BATCH_ENGINE, CLIENT, ENGINE, STATE_DIR, ClientLike
+from ._live import RECENT, Live, Recent
 from ._metrics import CONTENT_TYPE, Metrics
 from ._queue import Admission, serve_limiter
 from ._replicas import REPLICAS, Replicas, forward_middleware
 from ._settings import ClientSpec, ServeSettings
 
 if TYPE_CHECKING:
-    from .._engine import Engine
+    from .._engine import Engine, RetryEvent
     from ._redis import ServeRedis
 
 __all__ = ["BODY_TIMEOUT", "build_app", "make_runner", "read_body", "serve"]
@@ -107,11 +110,16 @@ def build_app(
             )
     state_dir.mkdir(parents=True, exist_ok=True)
     middlewares: list[Middleware] = [_errors, _plain_body, _auth]
+    if config.tracing is not None:  # --otel: a SERVER span per API request (opentelemetry only then)
+        from ._tracing import server_spans
+
+        middlewares.insert(0, server_spans(config.tracing))
     if redis_url is not None:
         middlewares.append(forward_middleware)  # after auth: it needs the client's name
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     store = SqliteStore(state_dir / "engine.db")
     metrics_box: list[Metrics] = []
+    recent = Recent()  # the dashboard's last errors
     spend_box: list[Clients] = []  # set once the clients are known, if any of them has a budget
 
     def save_spend() -> None:
@@ -138,7 +146,7 @@ def build_app(
         store=store,
         limiter_factory=limiter_factory,
         shared_budget=redis.engine_budget(config.budget_usd) if redis is not None else None,
-        on_retry=lambda event: metrics_box[0].retry(event) if metrics_box else None,
+        on_retry=lambda event: _retried(event, metrics_box, recent),
     )
     batch_engine = None
     if settings.batch_tier == "batch":  # chat batches through the provider's Batch API
@@ -147,6 +155,7 @@ def build_app(
     spend = SpendStore(state_dir / "clients.db")
     try:
         registry = Clients.from_specs(clients, engine, spend, environ, redis)
+        auth = DashboardAuth.from_settings(settings, registry, environ)  # its key: unset, short or a client's
     except BaseException:
         spend.close()
         store.close()
@@ -196,7 +205,27 @@ def build_app(
     app.router.add_get("/v1/models/{model:.+}", retrieve_model)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics_handler)
+    engines = [engine] if batch_engine is None else [engine, batch_engine]
+    replicas_of = app.get(REPLICAS)
+    live = Live(
+        ctx,
+        recent,
+        engines=lambda: engines,
+        client_spend=redis.client_spend if redis is not None else registry.client_spend,
+        batches=functools.partial(recent_batches, app),
+        replica=lambda: replicas_of.address if replicas_of is not None else None,
+    )
+    setup_dashboard(app, auth, live)
+    if auth.on:
+        app[RECENT] = recent
     return app
+
+
+def _retried(event: RetryEvent, metrics: list[Metrics], recent: Recent) -> None:
+    """``Engine(on_retry=...)``: the retry counted for /metrics and noted for the dashboard."""
+    if metrics:
+        metrics[0].retry(event)
+    recent.retried(event)
 
 
 def _lifetime(
@@ -324,6 +353,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         response = openai_error(500, "The server had an error while processing your request.", type="server_error")
     client = request.get(CLIENT)
     name = client.name if client is not None else name
+    recent = request.app.get(RECENT)
+    if recent is not None and response.status >= 400 and request.path.startswith("/v1/"):
+        recent.answered(name if client is not None else None, response)
     ctx.metrics.requests.labels(endpoint, name, str(response.status)).inc()
     ctx.metrics.duration.labels(endpoint, name).observe(loop.time() - began)
     return response
@@ -366,7 +398,7 @@ async def _plain_body(request: web.Request, handler: Handler) -> web.StreamRespo
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     clients = request.app[CONTEXT].clients
-    if request.path in _OPEN_PATHS:
+    if request.path in _OPEN_PATHS or is_dashboard(request.path):  # the dashboard asks for its own key
         return await handler(request)
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")

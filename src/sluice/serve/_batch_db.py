@@ -155,6 +155,11 @@ class BatchDB:
         query = f"SELECT body FROM batches {where} ORDER BY seq DESC LIMIT ?"
         return [json.loads(row[0]) for row in self._db.execute(query, (*args, limit))]
 
+    def recent(self, limit: int) -> list[tuple[str, dict[str, Any]]]:
+        """(client, batch) of the newest batches of every client (for the dashboard)."""
+        query = "SELECT client, body FROM batches ORDER BY seq DESC LIMIT ?"
+        return [(row[0], json.loads(row[1])) for row in self._db.execute(query, (limit,))]
+
     def active(self) -> list[tuple[str, dict[str, Any]]]:
         """(client, batch) of every batch with work left, oldest first."""
         marks = ",".join("?" * len(ACTIVE))

@@ -36,7 +36,7 @@ from ._replicas import LIST_CAP, REPLICAS, is_forwarded, merged_page
 if TYPE_CHECKING:
     from .._engine import Engine
 
-__all__ = ["Limits", "setup_batch_api"]
+__all__ = ["Limits", "recent_batches", "setup_batch_api"]
 
 _WINDOW = 24 * 3600
 #: The anonymous client's name (no ``[[client]]`` entries, or a bare app in tests).
@@ -88,6 +88,18 @@ def setup_batch_api(
     app.router.add_post("/v1/batches/{batch_id}/cancel", cancel_batch)
     app.on_startup.append(_resume)
     app.on_cleanup.append(_stop)
+
+
+def recent_batches(app: web.Application, limit: int) -> list[tuple[str, dict[str, Any]]]:
+    """(client, batch) of the newest batches of every client, with the live counts of those
+    at work here (the dashboard's; empty before the app started)."""
+    ctx = app.get(BATCH_CTX)
+    runs = app[_RUNS].by_id if _RUNS in app else {}
+    try:
+        rows = ctx.db.recent(limit) if ctx is not None else []
+    except RuntimeError:  # not started yet
+        return []
+    return [(client, public(runs[b["id"]].batch if b["id"] in runs else b)) for client, b in rows]
 
 
 # -- lifecycle ---------------------------------------------------------------------------------

@@ -95,6 +95,10 @@ class ServeLimiter(LocalLimiter):
         self.penalties += 1
         super().penalize(seconds)
 
+    def paused_for(self) -> float:
+        """Seconds left of the pause a provider's 429 ordered (0: none)."""
+        return max(0.0, self._paused_until - asyncio.get_running_loop().time())
+
     def eta(self, tokens: int, ahead: float, latency: float | None) -> float:
         """Seconds until a request of ``tokens`` behind ``ahead`` others could go (an estimate
         from the schedule: the head's ready time, then one pacing interval per request)."""

@@ -13,6 +13,7 @@
     batch_tier = "sync"      # "batch": clients' chat batches through the upstream's Batch API
     validate_json = false    # true: answers to a json_schema response_format are validated and
                              # re-asked (up to 5 times); still invalid: a 502 invalid_output
+    admin_key_env = "SLUICE_ADMIN_KEY"  # the variable holding the key of /dashboard (see _dashboard)
 
     [[client]]
     name = "notebook"
@@ -61,11 +62,16 @@ class ServeSettings:
     #: deployments that cannot guarantee it (see :mod:`sluice.structured`): a client gets JSON
     #: that matches its schema, or a 502 ``invalid_output`` saying what was wrong.
     validate_json: bool = False
+    #: The environment variable holding the admin key of ``/dashboard`` (None: no admin key;
+    #: the dashboard then answers only on loopback, and only to a server without client keys).
+    admin_key_env: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache", _cache_setting(self.cache, "ServeSettings"))
         if self.batch_tier not in ("sync", "batch"):
             raise ConfigError(f"[serve] batch_tier must be 'sync' or 'batch', got {self.batch_tier!r}")
+        if self.admin_key_env is not None:
+            _variable_name(self.admin_key_env, "[serve] admin_key_env")
 
     @property
     def max_body_bytes(self) -> int:
@@ -102,7 +108,7 @@ def serve_tables(data: Mapping[str, Any], where: str) -> tuple[ServeSettings, tu
 def _settings(table: Any, where: str) -> ServeSettings:
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: [serve] must be a table")
-    known = {*_SERVE_NUMBERS, "cache", "batch_tier", "validate_json"}
+    known = {*_SERVE_NUMBERS, "cache", "batch_tier", "validate_json", "admin_key_env"}
     extra = sorted(set(table) - known)
     if extra:
         raise ConfigError(f"{where}: [serve]: unknown key(s) {extra}; known: {sorted(known)}")
@@ -120,7 +126,18 @@ def _settings(table: Any, where: str) -> ServeSettings:
         raise ConfigError(f"{where}: [serve] validate_json must be true or false, got {table['validate_json']!r}")
     if table.get("batch_tier", "sync") not in ("sync", "batch"):
         raise ConfigError(f"{where}: [serve] batch_tier must be 'sync' or 'batch', got {table['batch_tier']!r}")
+    if "admin_key_env" in table:
+        _variable_name(table["admin_key_env"], f"{where}: [serve] admin_key_env")
     return ServeSettings(**table)
+
+
+def _variable_name(value: Any, where: str) -> None:
+    """An environment variable's NAME (keys stay out of files: never echo what may be one)."""
+    if not isinstance(value, str) or not value or not value.replace("_", "").isalnum() or value[0].isdigit():
+        raise ConfigError(
+            f"{where} must name the environment variable that holds the admin key (such as "
+            "'SLUICE_ADMIN_KEY'), not the key itself"
+        )
 
 
 #: ``[serve] cache`` as written -> as kept.

@@ -1,0 +1,450 @@
+"""``/dashboard`` on ``sluice serve``: who may look, what the JSON says, and the page in a
+real browser (headless Chromium) in front of the fake provider."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import io
+import json
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from browser_dash import browse
+from fake_provider import deployment_at
+from polling import until
+from servetools import ALICE_KEY, BOB_KEY, ENV, PRICE, UPSTREAM_KEY, ask, deployment, fake, listening, sdk
+
+from sluice import CallableProvider, ConfigError, Deployment, Request, RetryPolicy, ServerError
+from sluice.cli._config import JobConfig
+from sluice.serve._app import build_app
+from sluice.serve._dashboard import SESSION_S, DashboardAuth
+from sluice.serve._settings import ClientSpec, ServeSettings, serve_tables
+from sluice.testing import FakeServer
+
+ADMIN_KEY = "sk-admin-0123456789abcdef"
+#: Making a session needs only the key (the clients are asked only when checking one).
+CLIENTS_NONE: Any = None
+HOSTILE = '<img src=x onerror="window.__pwned=1">'
+CLIENTS = (
+    ClientSpec("alice", "ALICE_KEY", budget_usd=1.0, rpm=600),
+    ClientSpec("bob", "BOB_KEY", models=("openai/gpt-test",)),
+)
+
+
+@contextlib.asynccontextmanager
+async def dashboard_server(
+    deployments: list[Deployment],
+    state: Path,
+    *,
+    clients: tuple[ClientSpec, ...] = CLIENTS,
+    admin: bool = True,
+    env: dict[str, str] | None = None,
+    **settings: Any,
+) -> AsyncIterator[str]:
+    """``sluice serve`` in-process on a loopback port, with an admin key (``$ADMIN_KEY``)."""
+    if admin:
+        settings.setdefault("admin_key_env", "ADMIN_KEY")
+    config = JobConfig(tuple(deployments), retry=RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.02))
+    env = {**ENV, "ADMIN_KEY": ADMIN_KEY, **(env or {})}
+    async with listening(build_app(config, ServeSettings(**settings), clients, state, environ=env)) as url:
+        yield url
+
+
+async def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, Mapping[str, str], str]:
+    """Status, headers (any case) and body of a GET."""
+    async with aiohttp.ClientSession() as http, http.get(url, headers=headers or {}, allow_redirects=False) as r:
+        return r.status, r.headers.copy(), await r.text()
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+# -- who may look ----------------------------------------------------------------------------------
+
+
+async def test_the_dashboard_answers_401_without_the_admin_key_and_403_to_a_client(tmp_path: Path) -> None:
+    async with fake() as upstream, dashboard_server([deployment(upstream)], tmp_path / "state") as url:
+        for path in ("/dashboard", "/dashboard/data"):
+            status, headers, body = await _get(url + path)
+            assert status == 401, body
+            assert headers["cache-control"] == "no-store"
+            assert ADMIN_KEY not in body
+            status, _, body = await _get(url + path, _bearer("sk-not-the-admin-key-at-all"))
+            assert status == 401, body
+            for client_key in (ALICE_KEY, BOB_KEY):
+                status, _, body = await _get(url + path, _bearer(client_key))
+                assert status == 403, body
+                assert "client's key" in html.unescape(body)
+        status, headers, body = await _get(url + "/dashboard")
+        assert 'name="key"' in body  # a browser gets the login form
+        assert headers["www-authenticate"] == 'Bearer realm="sluice dashboard"'
+        status, headers, page = await _get(url + "/dashboard", _bearer(ADMIN_KEY))
+        assert status == 200
+        assert headers["content-type"].startswith("text/html")
+        policy = headers["content-security-policy"]
+        assert "default-src 'none'" in policy
+        assert "connect-src 'self'" in policy
+        assert "unsafe-inline" not in policy
+        assert "frame-ancestors 'none'" in policy
+        assert ADMIN_KEY not in page
+        assert "http://" not in page.replace("http://www.w3.org/2000/svg", "")  # nothing loaded from anywhere
+        assert "<script src" not in page
+        assert "<link" not in page
+        status, _, data = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
+        assert status == 200
+        assert ADMIN_KEY not in data
+        # a client's key still works where it belongs, and the admin key is not a client's
+        status, _, _ = await _get(url + "/v1/models", _bearer(ALICE_KEY))
+        assert status == 200
+        status, _, _ = await _get(url + "/v1/models", _bearer(ADMIN_KEY))
+        assert status == 401
+
+
+async def test_a_browser_logs_in_with_a_form_and_gets_a_session_cookie(tmp_path: Path) -> None:
+    async with fake() as upstream, dashboard_server([deployment(upstream)], tmp_path / "state") as url:
+        jar = aiohttp.CookieJar(unsafe=True)  # cookies for 127.0.0.1
+        async with aiohttp.ClientSession(cookie_jar=jar) as http:
+            for key, status in ((ALICE_KEY, 403), ("wrong-key-0123456789", 401), ("", 401)):
+                async with http.post(url + "/dashboard/login", data={"key": key}, allow_redirects=False) as r:
+                    assert r.status == status
+                    assert "set-cookie" not in r.headers
+            async with http.post(url + "/dashboard/login", data={"key": ADMIN_KEY}, allow_redirects=False) as r:
+                assert r.status == 303
+                assert r.headers["location"] == "/dashboard"
+                cookie = r.headers["set-cookie"]
+            assert "HttpOnly" in cookie
+            assert "SameSite=Strict" in cookie
+            assert "Path=/dashboard" in cookie
+            assert ADMIN_KEY not in cookie
+            async with http.get(url + "/dashboard/data") as r:
+                assert r.status == 200
+                assert "deployments" in await r.json()
+            (morsel,) = [m for m in jar if m.key == "sluice_dashboard"]
+            value = morsel.value
+        expired = DashboardAuth(ADMIN_KEY, CLIENTS_NONE).session(now=time.time() - SESSION_S - 1)  # signed, too old
+        for forged in (value[:-2] + "xx", value.replace(value.split(".")[0], "9999999999", 1), "1.2.3", expired):
+            status, _, _ = await _get(url + "/dashboard/data", {"cookie": f"sluice_dashboard={forged}"})
+            assert status == 401
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+            http.cookie_jar.update_cookies({"sluice_dashboard": value})
+            async with http.post(url + "/dashboard/logout", allow_redirects=False) as r:
+                assert r.status == 303
+                assert "Max-Age=0" in r.headers["set-cookie"]
+
+
+async def test_without_an_admin_key_the_dashboard_is_off_with_clients_and_loopback_only_without(
+    tmp_path: Path,
+) -> None:
+    async with fake() as upstream:
+        async with dashboard_server([deployment(upstream)], tmp_path / "a", admin=False) as url:
+            for path in ("/dashboard", "/dashboard/data"):
+                status, _, body = await _get(url + path, _bearer(ALICE_KEY))
+                assert status == 404
+                assert "admin_key_env" in body
+        async with dashboard_server([deployment(upstream)], tmp_path / "b", clients=(), admin=False) as url:
+            status, _, body = await _get(url + "/dashboard/data")  # from 127.0.0.1: this machine
+            assert status == 200, body
+
+
+def test_the_admin_key_setting_is_checked(tmp_path: Path) -> None:
+    upstream_deployment = Deployment("openai/gpt-test", base_url="http://127.0.0.1:9/v1", api_key="sk-x")
+    config = JobConfig((upstream_deployment,))
+
+    def build(env: dict[str, str], clients: tuple[ClientSpec, ...] = CLIENTS) -> None:
+        build_app(config, ServeSettings(admin_key_env="ADMIN_KEY"), clients, tmp_path / "s", environ=env)
+
+    with pytest.raises(ConfigError, match=r"admin key variable \$ADMIN_KEY is not set"):
+        build(dict(ENV))
+    with pytest.raises(ConfigError, match="shorter than 16"):
+        build({**ENV, "ADMIN_KEY": "short"})
+    with pytest.raises(ConfigError, match="is a client's key"):
+        build({**ENV, "ADMIN_KEY": ALICE_KEY})
+    for bad in ("sk-admin-0123456789abcdef", "", 3, "$ADMIN"):
+        with pytest.raises(ConfigError, match="must name the environment variable"):
+            serve_tables({"serve": {"admin_key_env": bad}}, "sluice.toml")
+    settings, _ = serve_tables({"serve": {"admin_key_env": "SLUICE_ADMIN_KEY"}}, "sluice.toml")
+    assert settings.admin_key_env == "SLUICE_ADMIN_KEY"
+
+
+# -- what it shows ---------------------------------------------------------------------------------
+
+
+async def _hostile_upstream(request: Request) -> str:
+    raise ServerError(f"upstream says {HOSTILE}", status=503)
+
+
+async def test_the_data_says_what_the_server_is_doing(tmp_path: Path) -> None:
+    async with fake(rpm=6000) as upstream:
+        deployments = [deployment(upstream, rpm=600, tpm=100_000, max_in_flight=8)]
+        async with dashboard_server(deployments, tmp_path / "state") as url:
+            alice, bob = sdk(url, key=ALICE_KEY), sdk(url, key=BOB_KEY)
+            upstream.inject("503")
+            for i in range(3):
+                await alice.chat.completions.create(model="gpt-test", messages=ask(i), max_tokens=8)
+            await bob.chat.completions.create(model="gpt-test", messages=ask(9), max_tokens=8)
+            with contextlib.suppress(Exception):
+                await bob.chat.completions.create(model=HOSTILE, messages=ask(10))
+            await alice.close()
+            await bob.close()
+            status, _, text = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
+    assert status == 200
+    for secret in (ADMIN_KEY, ALICE_KEY, BOB_KEY, UPSTREAM_KEY, upstream.url, f"127.0.0.1:{upstream.port}"):
+        assert secret not in text
+    data = json.loads(text)
+    (d,) = data["deployments"]
+    assert d["name"] == "openai/gpt-test"
+    assert d["configured"] == {"rpm": 600.0, "tpm": 100000.0, "max_in_flight": 8}
+    assert d["answered"] == 4
+    assert d["state"] == "ok"
+    clients = {c["name"]: c for c in data["clients"]}
+    assert set(clients) == {"alice", "bob"}
+    assert clients["alice"]["budget_usd"] == 1.0
+    assert 0 < clients["alice"]["spent_usd"] < 1.0
+    assert clients["alice"]["requests"] == 3
+    assert clients["alice"]["rpm"] == 600
+    assert clients["bob"]["requests"] == 1
+    assert clients["bob"]["budget_usd"] is None
+    assert clients["bob"]["models"] == ["openai/gpt-test"]
+    assert data["totals"]["succeeded"] == 4
+    assert data["totals"]["retries"] == 1
+    kinds = {(e["source"], e["kind"]) for e in data["errors"]}
+    assert ("upstream", "server_error") in kinds
+    assert ("client", "model_not_found") in kinds
+    (refusal,) = [e for e in data["errors"] if e["kind"] == "model_not_found"]
+    assert refusal["client"] == "bob"
+    assert refusal["status"] == 404
+    assert HOSTILE in refusal["message"]  # kept as it came: the page shows it as text
+    assert data["queue"]["max_queue"] == 256
+    assert data["server"]["status"] == "ok"
+    assert data["series"]["t"]  # sampled at start and when asked
+    assert len(data["series"]["t"]) == len(data["series"]["answered_per_s"])
+
+
+# -- in a real browser -----------------------------------------------------------------------------
+
+
+async def _traffic(url: str, upstream: FakeServer, stop: asyncio.Event) -> None:
+    """Clients at work until ``stop``: alice and bob chatting, some 503s and 429s, a batch."""
+    alice, bob = sdk(url, key=ALICE_KEY), sdk(url, key=BOB_KEY)
+    try:
+        lines = "".join(
+            json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                        "body": {"model": "gpt-test", "messages": ask(100 + i), "max_tokens": 8}}) + "\n"
+            for i in range(20)
+        )  # fmt: skip
+        uploaded = await alice.files.create(file=("b.jsonl", io.BytesIO(lines.encode())), purpose="batch")
+        await alice.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+        i = 0
+        while not stop.is_set():
+            if i % 7 == 3:
+                upstream.inject("503")
+            if i % 11 == 5:
+                upstream.inject("429", retry_after=0.05)
+            client = alice if i % 2 else bob
+            with contextlib.suppress(Exception):
+                await client.chat.completions.create(model="gpt-test", messages=ask(1000 + i), max_tokens=8)
+            i += 1
+            await asyncio.sleep(0.05)
+    finally:
+        await alice.close()
+        await bob.close()
+
+
+async def test_the_dashboard_renders_live_data_in_headless_chromium(tmp_path: Path) -> None:
+    hostile_key = "sk-hostile-0123456789abcdef"
+    hostile = Deployment("openai/hostile", name="hostile", provider=CallableProvider(_hostile_upstream))
+    clients = (*CLIENTS, ClientSpec(HOSTILE, "HOSTILE_KEY"))
+    async with browse() as browser, fake(latency=0.05) as upstream:
+        deployments = [deployment(upstream, rpm=1200, name="east"), hostile]
+        async with dashboard_server(
+            deployments, tmp_path / "s", clients=clients, env={"HOSTILE_KEY": hostile_key}
+        ) as url:
+            # the hostile provider's error (retried, then failed) goes into the recent errors
+            async with aiohttp.ClientSession(headers=_bearer(hostile_key)) as http:
+                body = {"model": "hostile", "messages": ask(1), "max_tokens": 8}
+                async with http.post(url + "/v1/chat/completions", json=body) as r:
+                    assert r.status == 503
+            stop = asyncio.Event()
+            traffic = asyncio.create_task(_traffic(url, upstream, stop))
+            try:
+                await upstream.until(lambda: upstream.stats.received >= 10, timeout=30)
+                visit = await browser.visit(url + "/dashboard")
+                assert await visit.count("input[name=key]") == 1  # the login form (a 401)
+                assert visit.console_errors == [
+                    "Failed to load resource: the server responded with a status of 401 (Unauthorized)"
+                ]
+                visit.console_errors.clear()  # the browser's word on the 401 itself: not a script error
+                await visit.page.fill("input[name=key]", ADMIN_KEY)
+                await visit.page.click("button[type=submit]")
+                await visit.wait_for("Number(document.getElementById('updated').dataset.polls) >= 1")
+                first = await visit.texts("#answered")
+                await visit.wait_for("Number(document.getElementById('updated').dataset.polls) >= 3")
+                await visit.wait_for("document.querySelectorAll('#chart-requests polyline').length > 0")
+                later = await visit.texts("#answered")
+                await _check_page(visit)
+                png = os.environ.get("SLUICE_DASHBOARD_PNG")
+                if png:  # the README's screenshot: SLUICE_DASHBOARD_PNG=docs/dashboard.png pytest -k chromium
+                    await visit.screenshot(Path(png), full_page=True)
+            finally:
+                stop.set()
+                await traffic
+    assert int(later[0].replace(",", "")) > int(first[0].replace(",", "")), (first, later)  # live: it moved
+    assert visit.console_errors == []
+    assert visit.page_errors == []
+    own = {url + p for p in ("/dashboard", "/dashboard/login", "/dashboard/data")}
+    assert set(visit.requested) <= own, set(visit.requested) - own  # nothing from anywhere else
+
+
+async def _check_page(visit: Any) -> None:
+    """Every table and chart holds the server's data; nothing hostile became markup."""
+    deployments = await visit.texts("#deployments tbody tr")
+    assert len(deployments) == 2
+    assert any("east" in row for row in deployments)
+    assert any("hostile" in row for row in deployments)
+    clients = await visit.texts("#clients tbody tr td:first-child")
+    assert sorted(clients) == sorted(["alice", "bob", HOSTILE])  # the name, as text
+    assert await visit.count("#clients .bar") >= 1  # alice's budget
+    batches = await visit.texts("#batches tbody tr")
+    assert len(batches) == 1
+    assert "alice" in batches[0]
+    errors = await visit.texts("#errors tbody tr")
+    assert any("upstream says " + HOSTILE in row for row in errors)
+    assert any("server_error" in row for row in errors)
+    for chart in ("requests", "tokens", "load", "spend"):
+        points = await visit.attribute(f"#chart-{chart} polyline", "points")
+        assert points is not None, chart
+        assert points.count(",") >= 2, (chart, points)
+    queue = await visit.texts("#queue dd")
+    assert len(queue) == 3
+    assert await visit.page.evaluate("window.__pwned") is None
+    assert await visit.count("img") == 0  # the hostile markup stayed text
+    assert (await visit.texts("#status"))[0].startswith("ok")
+
+
+async def test_sluice_serve_names_its_dashboard_and_never_logs_the_admin_key(tmp_path: Path) -> None:
+    async with fake() as upstream:
+        config = tmp_path / "sluice.toml"
+        config.write_text(
+            '[serve]\nadmin_key_env = "SLUICE_ADMIN_KEY"\n'
+            f'[[deployment]]\nmodel = "openai/gpt-test"\nbase_url = "{upstream.url}"\napi_key_env = "UPSTREAM_KEY"\n'
+            '[[client]]\nname = "alice"\nkey_env = "ALICE_KEY"\n'
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "SLUICE_ADMIN"))}
+        env.update(UPSTREAM_KEY=UPSTREAM_KEY, ALICE_KEY=ALICE_KEY)
+        args = ["-m", "sluice", "serve", "--config", str(config), "--port", "0", "--state", str(tmp_path / "s")]
+        missing = await asyncio.create_subprocess_exec(
+            sys.executable, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        async with asyncio.timeout(30):
+            _, stderr = await missing.communicate()
+        assert missing.returncode == 2
+        assert "the admin key variable $SLUICE_ADMIN_KEY is not set" in stderr.decode()
+        env["SLUICE_ADMIN_KEY"] = ADMIN_KEY
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            assert process.stdout is not None
+            async with asyncio.timeout(30):
+                line = (await process.stdout.readline()).decode()
+            url = line.split("listening on ")[1].split()[0]
+            assert f"dashboard {url}/dashboard" in line
+            status, _, _ = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
+            assert status == 200
+            login = {"data": {"key": ADMIN_KEY}, "allow_redirects": False}
+            async with aiohttp.ClientSession() as http, http.post(url + "/dashboard/login", **login) as r:
+                assert r.status == 303
+        finally:
+            process.terminate()
+            async with asyncio.timeout(30):
+                out, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+        logs = line + out.decode() + err.decode()
+        assert "/dashboard/data" in logs  # the access log is on
+        assert ADMIN_KEY not in logs
+
+
+async def test_a_cooling_deployment_says_why_and_a_paused_one_for_how_long(tmp_path: Path) -> None:
+    async with fake() as east, fake() as west, fake() as solo:
+        deployments = [
+            deployment(east, name="east"),
+            deployment(west, name="west"),
+            deployment_at(solo, "openai/gpt-solo", name="solo", price=PRICE),
+        ]
+        async with dashboard_server(deployments, tmp_path / "state") as url:
+            alice = sdk(url, key=ALICE_KEY)
+            west.inject("503", times=20)
+            east.latency = west.latency = 0.2  # at once: both deployments get some (placement by headroom)
+            questions = [
+                alice.chat.completions.create(model="gpt-test", messages=ask(i), max_tokens=8) for i in range(12)
+            ]
+            await asyncio.gather(*questions)  # west's fail and go to east, until west cools down
+            solo.inject("429", retry_after=3)
+            solo_call = asyncio.create_task(alice.chat.completions.create(model="gpt-solo", messages=ask(99)))
+            await solo.until(lambda: solo.stats.rate_limited == 1, timeout=10)
+            try:
+
+                async def paused() -> bool:
+                    _, _, text = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
+                    return {d["name"]: d for d in json.loads(text)["deployments"]}["solo"]["paused_s"] > 0
+
+                await until(paused)
+                status, _, text = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
+            finally:
+                solo_call.cancel()
+                with contextlib.suppress(BaseException):
+                    await solo_call
+                await alice.close()
+    assert status == 200
+    found = {d["name"]: d for d in json.loads(text)["deployments"]}
+    assert found["west"]["state"] == "cooling down"
+    assert found["west"]["cooling_s"] > 0
+    assert found["west"]["why"].startswith("server_error: ")
+    assert found["west"]["failed"] >= 3
+    assert found["east"]["state"] == "ok"
+    assert found["east"]["why"] is None
+    assert found["solo"]["state"] == "paused (429)"
+    assert 0 < found["solo"]["paused_s"] <= 3
+    assert found["solo"]["rate_limited"] == 1
+
+
+def _own_address() -> str | None:
+    """One of this machine's non-loopback IPv4 addresses (a UDP socket sends nothing to connect)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+            address = str(probe.getsockname()[0])
+        except OSError:
+            return None
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+async def test_without_keys_a_request_from_another_address_is_refused(tmp_path: Path) -> None:
+    address = _own_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback address to ask from")
+    async with fake() as upstream:
+        config = JobConfig((deployment(upstream),))
+        app = build_app(config, ServeSettings(), (), tmp_path / "state", environ=ENV)
+        runner = aiohttp.web.AppRunner(app)
+        await runner.setup()
+        try:
+            site = aiohttp.web.TCPSite(runner, address, 0)
+            await site.start()
+            port = runner.addresses[0][1]
+            status, _, body = await _get(f"http://{address}:{port}/dashboard/data")
+        finally:
+            await runner.cleanup()
+    assert status == 403
+    assert "loopback" in body
