@@ -54,7 +54,7 @@ from ._stats import Stats
 from .providers import Reply
 
 if TYPE_CHECKING:
-    from .store import SettlingStore, Store
+    from .store import AttemptLog, SettlingStore, Store
 
 __all__ = ["Attempts", "Opening", "RetryEvent"]
 
@@ -123,6 +123,8 @@ class Attempts:
         self.timer = AttemptTimer()
         #: The store writes a result and settles its last attempt's intent in one op.
         self.settling = callable(getattr(store, "put_settled", None))  # not isinstance: no sqlite3 import here
+        #: Told of every attempt and cooldown, when the store keeps a timeline (``sluice report``).
+        self.timeline: AttemptLog | None = getattr(store, "timeline", None)
         self._inflight: dict[str, asyncio.Future[Result]] = {}
         self._worst_of = self.worst  # bound once: every Slot calls it with its job
 
@@ -358,6 +360,8 @@ class Attempts:
             idle = None  # the attempt timeout comes first
         charge: float | None = None  # None: it may have been billed, at its worst case
         answered = cut_off = timed_out = kept = False
+        failure: SluiceError | None = None  # why it failed, and what it answered: for the timeline
+        usage: Usage | None = None
         ended: float | None = None  # when the answer came (None: ask the loop when it settles)
         # one shared timer for every attempt's timeouts, not an asyncio.timeout() each; the
         # provider moves the idle one on while a slow body keeps arriving (``_arrival``)
@@ -382,20 +386,25 @@ class Attempts:
         except asyncio.CancelledError:
             if timed_out:  # the timer's own cancellation: a timeout
                 assert watch is not None
-                return _timed_out(route, timeout, idle if watch.idle_ran_out else None)
+                failure = _timed_out(route, timeout, idle if watch.idle_ran_out else None)
+                return failure
             cut_off = True
             raise
         except TimeoutError:
-            return _timed_out(route, timeout, None)
+            failure = _timed_out(route, timeout, None)
+            return failure
         except ProviderError as exc:
             if not exc.maybe_billed:
                 charge = 0.0
+            failure = exc
             return exc
         except SluiceError as exc:  # raised before anything went out (a missing key, say)
             charge = 0.0
+            failure = exc
             return exc
         except Exception as exc:  # a provider's own bug must not take the whole job down
-            return FatalProviderError(f"{type(exc).__name__} in provider {route.provider.name!r}: {exc}")
+            failure = FatalProviderError(f"{type(exc).__name__} in provider {route.provider.name!r}: {exc}")
+            return failure
         else:
             if isinstance(reply, Opening):  # the answer goes on: its caller settles
                 reply.slot = slot
@@ -403,15 +412,24 @@ class Attempts:
                 return reply
             if reply.ratelimit is not None:  # learn before the slot frees and wakes the next
                 route.limiter.observe(reply.ratelimit)
-            slot.reservation.reconcile(reply.usage.total_tokens or job.tokens)
-            charge = self.spending.cost(route.deployment, reply.usage) or 0.0
+            usage = reply.usage
+            slot.reservation.reconcile(usage.total_tokens or job.tokens)
+            charge = self.spending.cost(route.deployment, usage) or 0.0
             answered = True
             ended = loop.time()
             self.router.succeeded(route, ended - slot.sent_at, reply.usage.output_tokens, slot.placed_at)
             return reply
         finally:
             if not kept:
-                slot.settle(charge, answered=answered, cut_off=cut_off, hand_over=hand_over, now=ended)
+                slot.settle(
+                    charge,
+                    answered=answered,
+                    cut_off=cut_off,
+                    hand_over=hand_over,
+                    now=ended,
+                    error=failure,
+                    usage=usage,
+                )
                 if cut_off:  # cancelled at the provider: no verdict on the deployment (a probe is freed)
                     self.router.released(route)
 
@@ -441,7 +459,17 @@ class Attempts:
         job.placed_at = route.health.epoch
         store = self.store if job.key is not None else None
         slot = Slot(
-            route, reservation, hold, tally, self.stats, self._worst_of, job, store, runtime.store_failed, job.placed_at
+            route,
+            reservation,
+            hold,
+            tally,
+            self.stats,
+            self._worst_of,
+            job,
+            store,
+            runtime.store_failed,
+            job.placed_at,
+            self.timeline,
         )
         if store is not None:
             assert job.key is not None
@@ -520,13 +548,20 @@ class Attempts:
         route = job.route
         if isinstance(error, ProviderError) and error.ratelimit is not None:
             route.limiter.observe(error.ratelimit)
+        timeline = self.timeline
         if isinstance(error, RateLimitError):
             self.stats.rate_limited += 1
             # the server's hint within RetryPolicy.max_retry_after, else the un-jittered backoff:
             # one 429 saying "retry-after: 86400" must not pause a deployment for a day
-            route.limiter.penalize(self.retry.pause(error, attempt))
+            pause = self.retry.pause(error, attempt)
+            route.limiter.penalize(pause)
+            if timeline is not None and pause > 0:
+                timeline.cooldown(route.deployment, pause, f"429: paused {pause:g} s")
         if not isinstance(error, MovedToSyncError):  # a plan's move, not the deployment failing
-            self.router.failed(route, error, guarded=job.guarded, placed_at=job.placed_at)
+            cooling = self.router.failed(route, error, guarded=job.guarded, placed_at=job.placed_at)
+            if cooling and timeline is not None:
+                left = route.health.cooling(asyncio.get_running_loop().time())
+                timeline.cooldown(route.deployment, left, f"{route.health.failures} failures in a row ({error.kind})")
         if job.guarded:
             job.tried = {*job.tried, route}
         if attempt >= self.retry.max_attempts:
