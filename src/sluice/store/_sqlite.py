@@ -43,7 +43,7 @@ from .._errors import ConfigError, StoreError
 from .._models import Result
 from .._records import result_record
 from . import _batches
-from ._timeline import SqliteTimeline
+from ._timeline import SqliteTimeline, has_timeline, report_rows
 from ._vectors import StoredVector, get_vectors, put_vectors_op
 from ._writer import Writer, describe_sqlite_error
 
@@ -404,6 +404,14 @@ class SqliteStore:
     def _has_table(self, name: str) -> bool:
         found = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
         return found.fetchone() is not None
+
+    def has_timeline(self) -> bool:
+        """Whether the file keeps a timeline (one from before it does not)."""
+        return has_timeline(self._db)
+
+    def report_rows(self, name: str, limit: int = -1) -> Iterator[tuple[Any, ...]]:
+        """Rows for ``sluice report``: a timeline table, or the results (see ``._timeline``)."""
+        return report_rows(self._db, name, limit)
 
     def latencies(self) -> Iterator[float]:
         for (latency,) in self._db.execute("SELECT latency_s FROM results WHERE ok = 1"):

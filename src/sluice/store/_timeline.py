@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .._models import Deployment, Usage
     from ._writer import Writer
 
-__all__ = ["TIMELINE_SCHEMA", "Limits", "SqliteTimeline", "has_timeline", "timeline_rows"]
+__all__ = ["TIMELINE_SCHEMA", "Limits", "SqliteTimeline", "has_timeline", "report_rows"]
 
 TIMELINE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS timeline_deployments (
@@ -249,14 +249,30 @@ def has_timeline(db: sqlite3.Connection) -> bool:
     return found.fetchone() is not None
 
 
-def timeline_rows(db: sqlite3.Connection, table: str) -> Iterator[tuple[Any, ...]]:
-    """Every row of one ``timeline_*`` table (all but ``attempts`` in time order)."""
-    queries = {
-        "deployments": "SELECT id, label, model, tier, provider FROM timeline_deployments ORDER BY id",
-        "attempts": "SELECT started, seconds, deployment, attempt, outcome, status, input_tokens, output_tokens,"
-        " cost_usd, ttft FROM timeline_attempts",  # unordered: a report's buckets need no order
-        "cooldowns": "SELECT deployment, started, ended, why FROM timeline_cooldowns ORDER BY started",
-        "limits": "SELECT at, deployment, rpm, tpm, max_in_flight, learnt FROM timeline_limits ORDER BY at",
-        "runs": "SELECT started, pid, concurrency, budget_usd FROM timeline_runs ORDER BY started",
-    }
-    yield from db.execute(queries[table])
+_FROM_RECORD = (
+    "json_extract(record, '$.deployment'), json_extract(record, '$.model'), json_extract(record, '$.tier')"
+)
+
+#: What ``sluice report`` reads: the timeline's tables (all but ``attempts`` in time order),
+#: and the results as one attempt each (a state file from before the timeline), its
+#: slowest and its failures.
+_QUERIES = {
+    "deployments": "SELECT id, label, model, tier, provider FROM timeline_deployments ORDER BY id",
+    "attempts": "SELECT started, seconds, deployment, attempt, outcome, status, input_tokens, output_tokens,"
+    " cost_usd, ttft FROM timeline_attempts",  # unordered: a report's buckets need no order
+    "cooldowns": "SELECT deployment, started, ended, why FROM timeline_cooldowns ORDER BY started",
+    "limits": "SELECT at, deployment, rpm, tpm, max_in_flight, learnt FROM timeline_limits ORDER BY at",
+    "runs": "SELECT started, pid, concurrency, budget_usd FROM timeline_runs ORDER BY started",
+    "results": f"SELECT finished_at - latency_s, latency_s, {_FROM_RECORD}, attempts, ok, error_type,"
+    " json_extract(record, '$.error.status'), input_tokens, output_tokens, coalesce(cost_usd, 0) FROM results",
+    "slowest": f"SELECT key, latency_s, attempts, {_FROM_RECORD}, ok, error_type, json_extract(record,"
+    " '$.error.message') FROM results ORDER BY latency_s DESC LIMIT ?",
+    "failed": f"SELECT key, latency_s, attempts, {_FROM_RECORD}, ok, error_type, json_extract(record,"
+    " '$.error.message') FROM results WHERE ok = 0 ORDER BY finished_at LIMIT ?",
+}
+
+
+def report_rows(db: sqlite3.Connection, name: str, limit: int = -1) -> Iterator[tuple[Any, ...]]:
+    """The rows of one of :data:`_QUERIES` (``limit``: for ``slowest`` and ``failed``)."""
+    query = _QUERIES[name]
+    yield from db.execute(query, (limit,)) if "?" in query else db.execute(query)
