@@ -105,7 +105,7 @@ async def open_page(
     ``wait_for``, a selector, present when given)."""
     from playwright.async_api import async_playwright
 
-    url = target.resolve().as_uri() if isinstance(target, Path) else str(target)
+    url = _url_of(target)
     async with async_playwright() as driver:
         browser = await driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=timeout_s * 1000)
         try:
@@ -135,6 +135,10 @@ async def open_page(
             yield seen
         finally:
             await browser.close()
+
+
+def _url_of(target: str | Path) -> str:
+    return target.absolute().as_uri() if isinstance(target, Path) else str(target)
 
 
 def _console(seen: Seen, message: Any) -> None:

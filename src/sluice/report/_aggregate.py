@@ -370,13 +370,18 @@ def _limits_now(last: tuple[Any, ...] | None, first: tuple[Any, ...] | None) -> 
 
 def _cost_by(timeline: _Timeline, attempts: Sequence[_Attempt]) -> dict[str, dict[str, float]]:
     """Dollars by model, deployment and tier (every attempt's charge, failures included)."""
-    out: dict[str, Counter[str]] = {"model": Counter(), "deployment": Counter(), "tier": Counter()}
+    out: dict[str, dict[str, float]] = {"model": {}, "deployment": {}, "tier": {}}
     for a in attempts:
         info = timeline.deployments.get(a.deployment, {})
-        out["deployment"][a.deployment] += a.cost
-        out["model"][str(info.get("model") or a.deployment)] += a.cost
-        out["tier"][str(info.get("tier") or "sync")] += a.cost
-    return {name: {k: rounded(v, 6) for k, v in counts.most_common()} for name, counts in out.items()}
+        for name, key in (
+            ("deployment", a.deployment),
+            ("model", str(info.get("model") or a.deployment)),
+            ("tier", str(info.get("tier") or "sync")),
+        ):
+            out[name][key] = out[name].get(key, 0.0) + a.cost
+    return {
+        name: {k: rounded(v, 6) for k, v in sorted(sums.items(), key=lambda kv: -kv[1])} for name, sums in out.items()
+    }
 
 
 def _bands(cooldowns: list[tuple[str, float, float, str]], width: float) -> list[dict[str, Any]]:

@@ -249,9 +249,7 @@ def has_timeline(db: sqlite3.Connection) -> bool:
     return found.fetchone() is not None
 
 
-_FROM_RECORD = (
-    "json_extract(record, '$.deployment'), json_extract(record, '$.model'), json_extract(record, '$.tier')"
-)
+_FROM_RECORD = "json_extract(record, '$.deployment'), json_extract(record, '$.model'), json_extract(record, '$.tier')"
 
 #: What ``sluice report`` reads: the timeline's tables (all but ``attempts`` in time order),
 #: and the results as one attempt each (a state file from before the timeline), its
