@@ -14,6 +14,7 @@ the reason, only where Chromium or Playwright is missing; CI installs both (``.c
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -67,6 +68,8 @@ class Seen:
     requests: list[str] = field(default_factory=list)
     #: Of those, the ones refused for being elsewhere (the network, another origin).
     refused: list[str] = field(default_factory=list)
+    #: Messages of alert/confirm/prompt dialogs the page opened (dismissed at once).
+    dialogs: list[str] = field(default_factory=list)
 
     @property
     def foreign_requests(self) -> list[str]:
@@ -76,6 +79,17 @@ class Seen:
     async def text(self, selector: str) -> str:
         """The rendered text of the first element matching ``selector``."""
         return str(await self.page.locator(selector).first.inner_text())
+
+    async def painted_canvases(self, selector: str = "canvas") -> int:
+        """How many of the canvases matching ``selector`` have something drawn on them."""
+        script = """(selector) => Array.from(document.querySelectorAll(selector)).filter((canvas) => {
+            const ctx = canvas.getContext("2d");
+            if (!ctx || !canvas.width || !canvas.height) return false;
+            const pixels = ctx.getImageData(0, 0, canvas.width, canvas.height).data;
+            for (let i = 3; i < pixels.length; i += 4) if (pixels[i] !== 0) return true;
+            return false;
+        }).length"""
+        return int(await self.page.evaluate(script, selector))
 
     async def screenshot(self, path: Path, *, full_page: bool = True) -> Path:
         await self.page.screenshot(path=str(path), full_page=full_page)
@@ -117,6 +131,7 @@ async def open_page(
             page.on("console", lambda message: _console(seen, message))
             page.on("pageerror", lambda error: seen.page_errors.append(str(error)))
             page.on("request", lambda request: seen.requests.append(request.url))
+            page.on("dialog", lambda dialog: _dismiss(seen, dialog))
 
             async def guard(route: Any) -> None:
                 if _same_place(route.request.url, url):
@@ -139,6 +154,11 @@ async def open_page(
 
 def _url_of(target: str | Path) -> str:
     return target.absolute().as_uri() if isinstance(target, Path) else str(target)
+
+
+def _dismiss(seen: Seen, dialog: Any) -> None:
+    seen.dialogs.append(dialog.message)
+    asyncio.get_running_loop().create_task(dialog.dismiss())
 
 
 def _console(seen: Seen, message: Any) -> None:
