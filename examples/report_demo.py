@@ -29,13 +29,13 @@ name = "east"
 base_url = "{east}"
 api_key_env = "DEMO_KEY"
 rpm = 3000
-price = { input_per_mtok = 2.0, output_per_mtok = 8.0 }
+price = {{ input_per_mtok = 2.0, output_per_mtok = 8.0 }}
 [[deployment]]
 model = "openai/gpt-demo"
 name = "west"
 base_url = "{west}"
 api_key_env = "DEMO_KEY"
-price = { input_per_mtok = 2.0, output_per_mtok = 8.0 }
+price = {{ input_per_mtok = 2.0, output_per_mtok = 8.0 }}
 
 [cooldown]
 after_failures = 3
@@ -47,12 +47,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", nargs="?", type=Path, help="where the job's files go (default: a temporary folder)")
     parser.add_argument("--lines", type=int, default=1500)
-    parser.add_argument("--budget", type=float, default=0.2)
+    parser.add_argument("--budget", type=float, default=0.4)
     parser.add_argument("--screenshot", type=Path, help="also take a PNG of the report's top (needs chromium)")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="sluice-report-demo-"))
     out.mkdir(parents=True, exist_ok=True)
     east = FakeServer(api_key="sk-demo", rpm=1200, window=60, latency=0.05, latency_jitter=0.15, seed=1)
+    east.fault_rates = {"429": 0.006}  # now and then a 429 with Retry-After: 1 (a pause)
     west = FakeServer(api_key="sk-demo", latency=0.2, latency_jitter=0.4, seed=2, fault_rates={"500": 0.01})
     for fake in (east, west):
         fake.prices = {"gpt-demo": (2.0, 8.0)}

@@ -9,6 +9,8 @@ last attempt's latency only; ``source`` says which). Everything over time is in
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -208,7 +210,7 @@ def _over_time(timeline: _Timeline, summary: dict[str, Any]) -> dict[str, Any]:
         "runs": timeline.runs,
         "deployments": _deployments(timeline, labels, attempts),
         "cost_by": _cost_by(timeline, attempts),
-        "cooldowns": _bands(timeline.cooldowns, buckets.width),
+        "cooldowns": _bands(_as_they_ended(timeline.cooldowns, attempts, end), buckets.width),
     }
 
 
@@ -382,6 +384,27 @@ def _cost_by(timeline: _Timeline, attempts: Sequence[_Attempt]) -> dict[str, dic
     return {
         name: {k: rounded(v, 6) for k, v in sorted(sums.items(), key=lambda kv: -kv[1])} for name, sums in out.items()
     }
+
+
+def _as_they_ended(
+    cooldowns: list[tuple[str, float, float, str]], attempts: Sequence[_Attempt], end: float
+) -> list[tuple[str, float, float, str]]:
+    """Cooldowns as they were, not as they were planned: one ends early when the
+    deployment took an attempt again (its probe answered, a learnt pause was shorter),
+    and none outlasts the job."""
+    starts: dict[str, list[float]] = defaultdict(list)
+    for a in attempts:
+        starts[a.deployment].append(a.started)
+    for values in starts.values():
+        values.sort()
+    out = []
+    for label, start, planned, why in cooldowns:
+        mine = starts.get(label, [])
+        i = bisect.bisect_right(mine, start + 1e-6)
+        ended = min(planned, end, mine[i] if i < len(mine) else math.inf)
+        if ended > start:
+            out.append((label, start, ended, why))
+    return out
 
 
 def _bands(cooldowns: list[tuple[str, float, float, str]], width: float) -> list[dict[str, Any]]:

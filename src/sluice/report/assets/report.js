@@ -26,7 +26,10 @@
 
   function fmt(v, digits) {
     if (v == null) return "-";
-    if (Math.abs(v) >= 1000) return Math.round(v).toLocaleString();
+    var a = Math.abs(v);
+    if (a >= 1e6) return Number((v / 1e6).toPrecision(3)) + "M";
+    if (a >= 1e4) return Number((v / 1e3).toPrecision(3)) + "k";
+    if (a >= 1000) return Math.round(v).toLocaleString();
     return Number(v.toPrecision(digits || 3)).toString();
   }
 
