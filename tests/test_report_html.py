@@ -5,18 +5,20 @@ records; older state files, running and interrupted jobs, and hostile text."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
 import sqlite3
 import subprocess
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import needs_chromium, open_page
+from browser import Seen, needs_chromium, open_page
 from clitools import MODEL, env_for, questions, read_output, run_cli, start_cli, wait_until, write_jsonl
 
 from sluice.testing import FakeServer
@@ -60,13 +62,21 @@ def faulty_job(tmp_path_factory: pytest.TempPathFactory) -> Job:
     return Job(folder, output, folder / "out.sluice.db", read_output(output), received, limited)
 
 
-def _report_json(job: Job, *extra: str | Path) -> dict[str, Any]:
-    done = subprocess.run(
-        [*_sluice(), "report", job.output, "--json", *map(str, extra)], capture_output=True, text=True, timeout=60
-    )
+def _report_json(job: Job) -> dict[str, Any]:
+    return _json_of(job.output)
+
+
+@contextlib.asynccontextmanager
+async def _rendered(report_of: Path, target: Path) -> AsyncIterator[Seen]:
+    """``sluice report REPORT_OF --html TARGET``, loaded in Chromium: drawn, with no error."""
+    done = _write_html(target, report_of)
     assert done.returncode == 0, done.stderr
-    report: dict[str, Any] = json.loads(done.stdout)
-    return report
+    async with open_page(target, wait_for="body[data-charts]") as seen:
+        assert seen.console_errors == []
+        assert seen.page_errors == []
+        assert seen.foreign_requests == []
+        assert int(await seen.page.evaluate("document.body.dataset.charts")) >= 4
+        yield seen
 
 
 def _names(folder: Path) -> list[str]:
@@ -268,12 +278,7 @@ async def test_a_state_file_from_before_the_timeline_still_reports(faulty_job: J
     assert report["attempts"]["total"] == stored  # one per stored result
     assert report["attempts"]["answered"] == sum(1 for r in faulty_job.records if r["ok"])
     assert report["cooldowns"] == []
-    target = tmp_path / "old.html"
-    assert _write_html(target, old).returncode == 0
-    async with open_page(target, wait_for="body[data-charts]") as seen:
-        assert seen.console_errors == []
-        assert seen.page_errors == []
-        assert int(await seen.page.evaluate("document.body.dataset.charts")) >= 4
+    async with _rendered(old, tmp_path / "old.html") as seen:
         assert "no timeline" in await seen.text("p.note")
 
 
@@ -309,12 +314,7 @@ async def test_a_running_then_interrupted_job_reports_what_it_has(tmp_path: Path
     after = _json_of(output)
     assert after["job"]["status"].startswith("interrupted")
     assert after["attempts"]["total"] >= 12
-    target = tmp_path / "r.html"
-    assert _write_html(target, output).returncode == 0
-    async with open_page(target, wait_for="body[data-charts]") as seen:
-        assert seen.console_errors == []
-        assert seen.page_errors == []
-        assert int(await seen.page.evaluate("document.body.dataset.charts")) >= 4
+    async with _rendered(output, tmp_path / "r.html") as seen:
         assert "interrupted" in await seen.text(".status")
 
 
