@@ -371,3 +371,32 @@ async def test_hostile_ids_and_errors_are_shown_as_text_and_never_run(tmp_path: 
         shown = await seen.text("#failed") + await seen.text("#slowest")
         assert '"><img src=x onerror="window.pwned = 3">' in shown  # as text, visible
         assert "method must be POST" in shown
+
+
+def _invalid_job(folder: Path) -> Path:
+    source = folder / "in.jsonl"
+    source.write_text('{"messages": "not a list"}\nnot json\n')
+    fake = FakeServer(api_key="sk-test")
+    with fake.running_in_thread():
+        output = folder / "out.jsonl"
+        done = run_cli(fake, "run", source, "-o", output, "--model", MODEL)
+        assert fake.stats.received == 0
+    assert done.returncode == 1, done.stderr
+    return output
+
+
+@needs_chromium
+async def test_a_job_that_sent_nothing_reports_its_lines_and_no_charts(tmp_path: Path) -> None:
+    output = _invalid_job(tmp_path)
+    report = _json_of(output)
+    assert report["attempts"]["total"] == 0
+    assert report["time"] is None
+    assert report["records"]["errors"] == {"invalid_input": 2}
+    target = tmp_path / "r.html"
+    assert _write_html(target, output).returncode == 0
+    async with open_page(target, wait_for="body[data-charts]") as seen:
+        assert seen.console_errors == []
+        assert seen.page_errors == []
+        assert await seen.page.evaluate("document.body.dataset.charts") == "0"
+        assert "No attempt is recorded yet" in await seen.text("p.note")
+        assert "not valid JSON" in await seen.text("#failed")

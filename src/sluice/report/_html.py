@@ -54,13 +54,14 @@ def render_html(report: dict[str, Any]) -> str:
     for name, text in scripts.items():  # inlined as they are: they must not end their element
         if "</script" in text.lower():
             raise RuntimeError(f"the report's asset {name} holds '</script': it cannot be inlined")
+    failures = _failure_rows(report)
     page = template.render(
         version=_version(),
         made_at=_when(dt.datetime.now(dt.UTC).timestamp()),
         status_class=str(report["job"]["status"]).split(" ")[0],
         bucket=_duration(report["time"]["bucket_seconds"]) if report.get("time") else "",
-        failure_rows=_failure_rows(report),
-        failure_max=max([max(r[1] or 0, r[2] or 0) for r in _failure_rows(report)] or [1]),
+        failure_rows=failures,
+        failure_max=max([max(r[1] or 0, r[2] or 0) for r in failures] or [1]),
         cost_rows=_cost_rows(report),
         uplot_version=UPLOT_VERSION,
         uplot_css=Markup(_asset("uPlot.min.css")),
