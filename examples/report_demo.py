@@ -84,7 +84,7 @@ async def _screenshot(page_path: Path, png: Path) -> None:
     sys.path.insert(0, str(TESTS))
     from browser import open_page  # the tests' helper: the same flags, nothing fetched
 
-    async with open_page(page_path, width=1280, height=1540, wait_for="body[data-charts]") as seen:
+    async with open_page(page_path, width=1280, height=1350, wait_for="body[data-charts]") as seen:
         if seen.console_errors or seen.page_errors or seen.foreign_requests:
             raise SystemExit(f"the page misbehaved: {seen.console_errors} {seen.page_errors} {seen.foreign_requests}")
         await seen.screenshot(png, full_page=False)

@@ -558,26 +558,23 @@ def cancel(output: Path, **flags: Any) -> None:
 
 @main.command()
 @click.argument("state", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--html", "html", type=click.Path(path_type=Path), help="Write the plotted report to this file (- for stdout)."
-)
+@click.option("--html", type=click.Path(path_type=Path), help="Write the plotted report to this file (-: stdout).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report's figures as JSON instead of the table.")
 @_friendly
 def report(state: Path, html: Path | None, as_json: bool) -> None:
-    """Summarise the job whose state file is STATE (finished, interrupted or running);
-    the job's output file names it too (its state is found next to it). --html writes
-    one self-contained page of charts (nothing is fetched), --json the same figures."""
+    """Summarise a job, finished or running, from its STATE file or output (--html: plotted; --json)."""
     from ..batch._output import looks_like_output
     from ..batch._report import report_rows
     from ..batch._runner import default_state_path
+    from ._report import check_html_target, plotted_report
 
-    given = state
-    if html is not None and (problem := _report_target(html, as_json)) is not None:
+    if html is not None and (problem := check_html_target(html, as_json)) is not None:
         _fail(problem)
+    output = None
     if not _is_sqlite(state):
         beside = default_state_path(state)
         if beside.is_file():
-            state = beside  # given the output: its state sits next to it
+            output, state = state, beside  # given the output: its state sits next to it
         elif looks_like_output(state):
             _fail(
                 f"{state} holds sluice records, but its state file {beside} is not there; "
@@ -590,45 +587,8 @@ def report(state: Path, html: Path | None, as_json: bool) -> None:
             )
     if html is None and not as_json:
         _print_table(f"sluice report {state}", report_rows(state))
-        return
-    _plotted_report(state, given, html, as_json)
-
-
-def _report_target(html: Path, as_json: bool) -> str | None:
-    from ._report import check_html_target
-
-    if as_json and str(html) == "-":
-        return "--html - and --json both write to standard output; give --html a file"
-    return check_html_target(html)
-
-
-def _plotted_report(state: Path, given: Path, html: Path | None, as_json: bool) -> None:
-    from ..report import build_report
-    from ._report import write_html, write_json
-
-    output = given if given != state else None
-    report = build_report(state, output or _output_of(state))
-    if html is not None:
-        try:
-            size = write_html(report, html)
-        except OSError as exc:
-            _fail(f"cannot write the report to {html}: {exc.strerror or exc}")
-        if str(html) != "-":
-            click.echo(f"sluice: wrote {html} ({size / 1024:,.0f} KB; self-contained, open it in a browser)", err=True)
-    if as_json:
-        write_json(report)
-
-
-def _output_of(state: Path) -> Path | None:
-    """The output file the state's notes name (for the lines the report names)."""
-    from ..store import SqliteStore
-
-    store = SqliteStore(state, readonly=True)
-    try:
-        output = store.meta().get("output")
-    finally:
-        store.close()
-    return Path(output) if isinstance(output, str) else None
+    elif (problem := plotted_report(state, output, html, as_json)) is not None:
+        _fail(problem)
 
 
 def _is_sqlite(path: Path) -> bool:

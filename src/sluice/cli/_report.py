@@ -17,13 +17,13 @@ from typing import Any
 
 import click
 
-__all__ = ["check_html_target", "write_html", "write_json"]
+__all__ = ["check_html_target", "plotted_report"]
 
 
-def check_html_target(target: Path) -> str | None:
+def check_html_target(target: Path, as_json: bool) -> str | None:
     """Why ``target`` cannot take the report (None: it can; ``-`` is standard output)."""
     if str(target) == "-":
-        return None
+        return "--html - and --json both write to standard output; give --html a file" if as_json else None
     if target.is_dir():
         return f"--html {target} is a directory; give the file to write, e.g. {target / 'report.html'}"
     parent = target.parent if str(target.parent) else Path(".")
@@ -34,6 +34,37 @@ def check_html_target(target: Path) -> str | None:
     if target.exists() and not os.access(target, os.W_OK):
         return f"--html {target}: the file exists and cannot be written (permission denied)"
     return None
+
+
+def plotted_report(state: Path, output: Path | None, html: Path | None, as_json: bool) -> str | None:
+    """Write the report of the job whose state is ``state`` (``output``: its output, when
+    given; else the one its state names) to ``html`` and/or print it as JSON; why it could
+    not be written, if it could not."""
+    from ..report import build_report
+
+    report = build_report(state, output or _output_of(state))
+    if html is not None:
+        try:
+            size = write_html(report, html)
+        except OSError as exc:
+            return f"cannot write the report to {html}: {exc.strerror or exc}"
+        if str(html) != "-":
+            click.echo(f"sluice: wrote {html} ({size / 1024:,.0f} KB; self-contained, open it in a browser)", err=True)
+    if as_json:
+        click.echo(json.dumps(report, indent=1, allow_nan=False))
+    return None
+
+
+def _output_of(state: Path) -> Path | None:
+    """The output file the state's notes name (for the lines the report names)."""
+    from ..store import SqliteStore
+
+    store = SqliteStore(state, readonly=True)
+    try:
+        output = store.meta().get("output")
+    finally:
+        store.close()
+    return Path(output) if isinstance(output, str) else None
 
 
 def write_html(report: dict[str, Any], target: Path) -> int:
@@ -56,7 +87,3 @@ def write_html(report: dict[str, Any], target: Path) -> int:
             os.unlink(temporary)
         raise
     return len(page)
-
-
-def write_json(report: dict[str, Any]) -> None:
-    click.echo(json.dumps(report, indent=1, allow_nan=False))

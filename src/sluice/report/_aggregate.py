@@ -108,6 +108,8 @@ def _read_timeline(store: SqliteStore) -> _Timeline:
             timeline.runs.append({"start": started, "pid": pid, "concurrency": concurrency, "budget_usd": budget})
         if timeline.attempts:
             return timeline
+        from_results = _from_results(store)  # a job whose workers kept none (--redis)
+        return from_results if from_results.attempts else timeline
     return _from_results(store)
 
 
