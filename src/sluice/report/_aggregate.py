@@ -187,6 +187,7 @@ def _over_time(timeline: _Timeline, summary: dict[str, Any]) -> dict[str, Any]:
     start = min(a.started for a in attempts)
     end = max(a.ended for a in attempts)
     buckets = Buckets(start, end)
+    timeline.cooldowns = _as_they_ended(timeline.cooldowns, attempts, end)
     labels = list(dict.fromkeys([*timeline.deployments, *(a.deployment for a in attempts)]))
     series = _rates(buckets, attempts, labels)
     series.update(_limit_series(buckets, timeline.limits, labels))
@@ -212,7 +213,7 @@ def _over_time(timeline: _Timeline, summary: dict[str, Any]) -> dict[str, Any]:
         "runs": timeline.runs,
         "deployments": _deployments(timeline, labels, attempts),
         "cost_by": _cost_by(timeline, attempts),
-        "cooldowns": _bands(_as_they_ended(timeline.cooldowns, attempts, end), buckets.width),
+        "cooldowns": _bands(timeline.cooldowns, buckets.width),
     }
 
 
@@ -354,15 +355,17 @@ def _deployments(timeline: _Timeline, labels: list[str], attempts: Sequence[_Att
                 "latency_p99": latency["p99"],
                 "cooldowns": count,
                 "cooled_seconds": rounded(seconds, 3),
-                "limits": _limits_now(last, noted[0] if noted else None),
+                "limits": _limits_now(last, next((row for row in noted if not row[4]), None)),
             }
         )
     return rows
 
 
-def _limits_now(last: tuple[Any, ...] | None, first: tuple[Any, ...] | None) -> dict[str, Any] | None:
-    if last is None or first is None:
+def _limits_now(last: tuple[Any, ...] | None, configured: tuple[Any, ...] | None) -> dict[str, Any] | None:
+    """The limits last noted, and those configured (none: the deployment had none of its own)."""
+    if last is None:
         return None
+    first = configured or (None, None, None, None, False)
     return {
         "rpm": last[1],
         "tpm": last[2],

@@ -191,5 +191,6 @@ def _limits(limits: dict[str, Any] | None) -> str:
                 text += " (learnt" + (f"; {configured:,.0f} configured)" if configured is not None else ")")
             parts.append(text)
     if limits.get("max_in_flight") is not None:
-        parts.append(f"{limits['max_in_flight']} in flight")
+        learnt = limits["max_in_flight"] != limits["configured"].get("max_in_flight")
+        parts.append(f"{limits['max_in_flight']} in flight" + (" (learnt)" if learnt else ""))
     return ", ".join(parts) or "none known"
