@@ -21,20 +21,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
 
 from ._arrival import listening
-from ._budget import Budget, BudgetHold
-from ._coerce import coerce
+from ._budget import BudgetHold
 from ._errors import (
     AttemptTimeoutError,
     CancelledError,
     DeadlineExceededError,
     FatalProviderError,
     GroupExhausted,
-    InvalidRequestError,
     MovedToSyncError,
     ProviderError,
     RateLimitError,
@@ -43,7 +41,8 @@ from ._errors import (
 )
 from ._job import Job
 from ._limits import RateLimitSnapshot, Reservation
-from ._models import Request, Result, Timings, Usage, store_key
+from ._models import Request, Result, Timings, Usage
+from ._planning import JobPlanning
 from ._records import result_from_record
 from ._retry import RetryPolicy
 from ._router import Route, Router, deployment_fault, model_cannot_take
@@ -57,7 +56,7 @@ from .structured._loop import generation_after, reask_cost, until_valid
 
 if TYPE_CHECKING:
     from ._tracing import Tracer
-    from .store import SettlingStore, Store
+    from .store import AttemptLog, SettlingStore, Store
 
 __all__ = ["Attempts", "Opening", "RetryEvent"]
 
@@ -100,7 +99,7 @@ class RetryEvent:
     deployment: str
 
 
-class Attempts:
+class Attempts(JobPlanning):
     """One engine's attempt core (see the module docstring)."""
 
     def __init__(
@@ -131,105 +130,16 @@ class Attempts:
         self.timer = AttemptTimer()
         #: The store writes a result and settles its last attempt's intent in one op.
         self.settling = callable(getattr(store, "put_settled", None))  # not isinstance: no sqlite3 import here
+        #: Told of every attempt and cooldown, when the store keeps a timeline (``sluice report``).
+        self.timeline: AttemptLog | None = getattr(store, "timeline", None)
         self._inflight: dict[str, asyncio.Future[Result]] = {}
         self._worst_of = self.worst  # bound once: every Slot calls it with its job
 
     # -- jobs ------------------------------------------------------------------------------
 
-    def job(self, request: Request, priority: int, index: int | None = None, budget: Budget | None = None) -> Job:
-        """The Job of ``request``; raises (before anything is sent) when it cannot be one."""
-        budget = budget or self.spending.budget
-        try:
-            key = store_key(request) if self.store is not None else None  # as asked: before a switch or a cap
-        except (TypeError, ValueError) as exc:  # text that is not valid Unicode, or not JSON at all
-            raise InvalidRequestError(f"the request cannot be stored: {exc}") from None
-        request = self.spending.choose_model(request, budget)
-        groups = self.router.chain(request.model)
-        route = groups[0].routes[0]
-        request, worst = self.spending.prepare(request, route.deployment, budget)
-        tokens = route.provider.estimate_tokens(request, route.deployment)
-        fits = route.fits(tokens) or any(r.fits(tokens) for group in groups for r in group.routes)
-        if not fits:
-            route.limiter.check(tokens)  # no deployment it may use can ever take it: its CapacityError
-        self.stats.submitted += 1
-        loop = asyncio.get_running_loop()
-        job = Job(request, route, tokens, priority, self.runtime.next_seq(), loop.time(), index, key, budget, worst)
-        job.groups = groups
-        job.guarded = self.router.has_alternative(groups)
-        if budget is not None and job.guarded:
-            job.worst_cost = self._worst_of_candidates(job)
-        return job
-
-    def prepare_item(
-        self, item: object, index: int, model: str | None, priority: int, budget: Budget | None
-    ) -> Job | Result:
-        """A job for an input item of ``map()``, or a failed Result saying why it cannot be one."""
-        try:
-            request = coerce(item, model)
-            return self.job(request, priority if request.priority is None else request.priority, index, budget)
-        except Exception as exc:  # one odd item must never stop the rest
-            error = exc if isinstance(exc, SluiceError) else InvalidRequestError(f"{type(exc).__name__}: {exc}")
-            self.stats.submitted += 1
-            key = item.get("id") if isinstance(item, Mapping) else None
-            result = Result(
-                request=item if isinstance(item, Request) else None,
-                error=error,
-                index=index,
-                key=key if isinstance(key, str) else None,
-            )
-            self.runtime.emit(result)
-            return result
-
-    def not_started(self, job: Job) -> Result:
-        result = Result(job.request, error=CancelledError("not started: the engine was stopping"), index=job.index)
-        self.runtime.emit(result)
-        return result
-
-    def _worst_of_candidates(self, job: Job) -> float:
-        """Under a budget: the worst case of the dearest deployment that may still run it."""
-        worst = 0.0
-        for group in job.groups[job.step :]:
-            for route in group.routes:
-                worst = max(worst, self.spending.prepare(job.request, route.deployment, job.budget)[1])
-        return worst
-
-    def _fall_back(self, job: Job) -> bool:
-        """Move the job to the next model of its fallback list; False when there is none."""
-        if job.step + 1 >= len(job.groups):
-            return False
-        job.step += 1
-        job.tried = frozenset()
-        route = job.groups[job.step].routes[0]
-        job.tokens = route.provider.estimate_tokens(job.request, route.deployment)
-        if job.budget is not None:
-            job.worst_cost = self._worst_of_candidates(job)
-        self.stats.fallbacks += 1
-        return True
-
-    def replan(self, job: Job, request: Request) -> None:
-        """Ask ``request`` next for ``job`` (a re-ask): its cap, token estimate and worst
-        case worked out again, as for a new job. Raises CapacityError when it can never fit."""
-        route = job.route
-        request, worst = self.spending.prepare(request, route.deployment, job.budget)
-        tokens = route.provider.estimate_tokens(request, route.deployment)
-        if not route.fits(tokens):
-            route.limiter.check(tokens)
-        job.request, job.tokens, job.tried = request, tokens, frozenset()
-        if job.budget is not None:
-            job.worst_cost = self._worst_of_candidates(job) if job.guarded else worst
-
     def settle_handed_over(self, tally: Tally) -> None:
         """Settle the intent an answer handed over (``hand_over``): another attempt follows."""
         settle_unsettled(tally, self.store, self.runtime.store_failed)
-
-    def worst(self, job: Job) -> float:
-        """What an attempt counts for when it may have been billed unseen: its worst case."""
-        if job.budget is not None or job.own_worst:
-            return job.worst_cost
-        deployment = job.route.deployment
-        if not self.spending.pricing.has_price(deployment):
-            return 0.0  # what worst_cost says for an unknown price, without counting the prompt's bytes
-        return self.spending.worst_cost(job.request, deployment)
 
     # -- a chat request to its Result ---------------------------------------------------------
 
@@ -408,6 +318,8 @@ class Attempts:
             idle = None  # the attempt timeout comes first
         charge: float | None = None  # None: it may have been billed, at its worst case
         answered = cut_off = timed_out = kept = False
+        failure: SluiceError | None = None  # why it failed, and what it answered: for the timeline
+        usage: Usage | None = None
         ended: float | None = None  # when the answer came (None: ask the loop when it settles)
         # one shared timer for every attempt's timeouts, not an asyncio.timeout() each; the
         # provider moves the idle one on while a slow body keeps arriving (``_arrival``)
@@ -435,20 +347,25 @@ class Attempts:
         except asyncio.CancelledError:
             if timed_out:  # the timer's own cancellation: a timeout
                 assert watch is not None
-                return _timed_out(route, timeout, idle if watch.idle_ran_out else None)
+                failure = _timed_out(route, timeout, idle if watch.idle_ran_out else None)
+                return failure
             cut_off = True
             raise
         except TimeoutError:
-            return _timed_out(route, timeout, None)
+            failure = _timed_out(route, timeout, None)
+            return failure
         except ProviderError as exc:
             if not exc.maybe_billed:
                 charge = 0.0
+            failure = exc
             return exc
         except SluiceError as exc:  # raised before anything went out (a missing key, say)
             charge = 0.0
+            failure = exc
             return exc
         except Exception as exc:  # a provider's own bug must not take the whole job down
-            return FatalProviderError(f"{type(exc).__name__} in provider {route.provider.name!r}: {exc}")
+            failure = FatalProviderError(f"{type(exc).__name__} in provider {route.provider.name!r}: {exc}")
+            return failure
         else:
             if isinstance(reply, Opening):  # the answer goes on: its caller settles
                 reply.slot = slot
@@ -456,15 +373,24 @@ class Attempts:
                 return reply
             if reply.ratelimit is not None:  # learn before the slot frees and wakes the next
                 route.limiter.observe(reply.ratelimit)
-            slot.reservation.reconcile(reply.usage.total_tokens or job.tokens)
-            charge = self.spending.cost(route.deployment, reply.usage) or 0.0
+            usage = reply.usage
+            slot.reservation.reconcile(usage.total_tokens or job.tokens)
+            charge = self.spending.cost(route.deployment, usage) or 0.0
             answered = True
             ended = loop.time()
             self.router.succeeded(route, ended - slot.sent_at, reply.usage.output_tokens, slot.placed_at)
             return reply
         finally:
             if not kept:
-                slot.settle(charge, answered=answered, cut_off=cut_off, hand_over=hand_over, now=ended)
+                slot.settle(
+                    charge,
+                    answered=answered,
+                    cut_off=cut_off,
+                    hand_over=hand_over,
+                    now=ended,
+                    error=failure,
+                    usage=usage,
+                )
                 if cut_off:  # cancelled at the provider: no verdict on the deployment (a probe is freed)
                     self.router.released(route)
 
@@ -494,7 +420,17 @@ class Attempts:
         job.placed_at = route.health.epoch
         store = self.store if job.key is not None else None
         slot = Slot(
-            route, reservation, hold, tally, self.stats, self._worst_of, job, store, runtime.store_failed, job.placed_at
+            route,
+            reservation,
+            hold,
+            tally,
+            self.stats,
+            self._worst_of,
+            job,
+            store,
+            runtime.store_failed,
+            job.placed_at,
+            self.timeline,
         )
         if store is not None:
             assert job.key is not None
@@ -554,7 +490,7 @@ class Attempts:
                         except GroupExhausted:
                             _commit(hold, 0.0)
                             hold = None
-                            self._fall_back(job)
+                            self.fall_back(job)
             return granted, hold
         except BaseException:
             _commit(hold, 0.0)
@@ -573,13 +509,20 @@ class Attempts:
         route = job.route
         if isinstance(error, ProviderError) and error.ratelimit is not None:
             route.limiter.observe(error.ratelimit)
+        timeline = self.timeline
         if isinstance(error, RateLimitError):
             self.stats.rate_limited += 1
             # the server's hint within RetryPolicy.max_retry_after, else the un-jittered backoff:
             # one 429 saying "retry-after: 86400" must not pause a deployment for a day
-            route.limiter.penalize(self.retry.pause(error, attempt))
+            pause = self.retry.pause(error, attempt)
+            route.limiter.penalize(pause)
+            if timeline is not None and pause > 0:
+                timeline.cooldown(route.deployment, pause, f"429: paused {pause:g} s")
         if not isinstance(error, MovedToSyncError):  # a plan's move, not the deployment failing
-            self.router.failed(route, error, guarded=job.guarded, placed_at=job.placed_at)
+            cooling = self.router.failed(route, error, guarded=job.guarded, placed_at=job.placed_at)
+            if cooling and timeline is not None:
+                left = route.health.cooling(asyncio.get_running_loop().time())
+                timeline.cooldown(route.deployment, left, f"{route.health.failures} failures in a row ({error.kind})")
         if job.guarded:
             job.tried = {*job.tried, route}
         if attempt >= self.retry.max_attempts:
@@ -587,7 +530,7 @@ class Attempts:
         elsewhere = job.guarded and any(r not in job.tried for r in job.groups[job.step].routes)
         can_fall_back = job.step + 1 < len(job.groups)
         if can_fall_back and (model_cannot_take(error) or (deployment_fault(error) and not elsewhere)):
-            self._fall_back(job)  # this model cannot take it, or none of its deployments can be used
+            self.fall_back(job)  # this model cannot take it, or none of its deployments can be used
             delay = 0.0
         elif elsewhere and deployment_fault(error):  # this deployment's key, model or setup
             delay = 0.0

@@ -19,12 +19,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._budget import BudgetHold
-from ._errors import StoreError
+from ._errors import CancelledError, StoreError
 from ._limits import Reservation
 from ._stats import Stats
 
 if TYPE_CHECKING:
-    from .store import Store
+    from ._errors import SluiceError
+    from ._models import Usage
+    from .store import AttemptLog, Store
+
+#: What the timeline is told of an attempt that ended with neither an answer nor an error
+#: (cut off at the provider, or a stream its reader left).
+_UNANSWERED = CancelledError("cut off before it was answered")
 
 __all__ = ["AttemptTimer", "Slot", "Tally", "TimerWatch", "WaitingScope", "settle_unsettled", "stopped_note"]
 
@@ -64,7 +70,9 @@ class Slot:
         "_stats",
         "_store",
         "_subject",
+        "_timeline",
         "_worst",
+        "first_at",
         "placed_at",
         "ready_at",
         "reservation",
@@ -84,6 +92,7 @@ class Slot:
         store: Store | None = None,
         on_store_error: Callable[[StoreError], None] | None = None,
         placed_at: int | None = None,
+        timeline: AttemptLog | None = None,
     ) -> None:
         #: Where this attempt goes (the engine's route: deployment, limiter, provider).
         self.route = route
@@ -103,6 +112,10 @@ class Slot:
         self._sent_at = 0.0
         #: When admission finished (the loop's time): the moment it is sent, unless it waits.
         self.ready_at: float | None = None
+        #: Told of the attempt when it settles (the store's timeline, for ``sluice report``).
+        self._timeline = timeline
+        #: When a stream's first delta came (the loop's time), set by the stream.
+        self.first_at: float | None = None
 
     async def note(self, key: str) -> StoreError | None:
         """Durably record the attempt before it is sent; the error if that cannot be done
@@ -150,22 +163,38 @@ class Slot:
         return self._sent_at
 
     def settle(
-        self, charge: float | None, *, answered: bool, cut_off: bool, hand_over: bool = False, now: float | None = None
+        self,
+        charge: float | None,
+        *,
+        answered: bool,
+        cut_off: bool,
+        hand_over: bool = False,
+        now: float | None = None,
+        error: SluiceError | None = None,
+        usage: Usage | None = None,
     ) -> None:
         """The attempt is over. ``charge`` is what it cost (None: it may have been billed
         unseen, so its worst case); ``cut_off``: cancelled while still at the provider, so
         its intent stays open for the rerun to count. ``hand_over``: leave the intent's
         settlement in ``tally.unsettled`` for the caller to write with the result (or
-        with :func:`settle_unsettled`)."""
+        with :func:`settle_unsettled`). ``error`` (why it failed) and ``usage`` (what it
+        answered with) are for the timeline."""
         tally = self.tally
         tally.at_provider = cut_off
-        tally.latency = (asyncio.get_running_loop().time() if now is None else now) - self._sent_at
+        ended = asyncio.get_running_loop().time() if now is None else now
+        tally.latency = ended - self._sent_at
         self.reservation.done()
         charge = self._worst(self._subject) if charge is None else max(0.0, charge)  # a cost is never a refund
         if self._hold is not None:
             self._hold.commit(charge)
         tally.charged += charge
         self._stats.charge(charge, answered=answered)
+        if self._timeline is not None:
+            if error is None and not answered:
+                error = _UNANSWERED
+            self._timeline.attempt(
+                self.route.deployment, self._sent_at, ended, tally.attempts, error, usage, charge, self.first_at
+            )
         if self._intent is not None and not cut_off:
             if hand_over:
                 tally.unsettled = (self._intent, charge, answered)

@@ -254,7 +254,7 @@ class Stream:
         assert slot is not None
         self._slot, self._events = slot, outcome.events
         self._pending = [*outcome.seen, None] if outcome.ended else list(outcome.seen)
-        self._first = outcome.first
+        self._first = slot.first_at = outcome.first
         timeout = attempts.retry.attempt_timeout
         if self._deadline is not None:
             timeout = min(timeout or self._deadline - slot.sent_at, self._deadline - slot.sent_at)
@@ -352,7 +352,7 @@ class Stream:
         try:
             await self._close_events()
         finally:  # settled even if cancelled while closing
-            slot.settle(None, answered=False, cut_off=False)
+            slot.settle(None, answered=False, cut_off=False, error=error)
         self._attempts.router.failed(slot.route, error, guarded=self._job.guarded, placed_at=slot.placed_at)
         await self._end(error=error)
 
@@ -371,7 +371,7 @@ class Stream:
         latency = self._waited  # time waiting on the provider, not the consumer's own time
         output = usage.output_tokens if usage is not None else 0
         attempts.router.succeeded(route, latency, output, slot.placed_at)
-        slot.settle(charge, answered=True, cut_off=False)
+        slot.settle(charge, answered=True, cut_off=False, usage=usage)
         text = "".join(self._text) if self._text or not self._calls else None
         raw = self._raw(text, usage or Usage(), route.deployment.model_name)
         await self._end(

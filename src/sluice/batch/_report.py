@@ -11,7 +11,7 @@ from .._format import usd
 from .._stats import LatencyHistogram
 from ..store import SqliteStore
 
-__all__ = ["report_rows", "structured_line"]
+__all__ = ["job_status", "report_rows", "structured_line"]
 
 
 def _when(timestamp: object) -> str:
@@ -30,6 +30,16 @@ def _alive(pid: object) -> bool:
     return True
 
 
+def job_status(meta: dict[str, object]) -> str:
+    """finished, interrupted, or running (a job whose process is gone was interrupted)."""
+    status = str(meta.get("status", "unknown"))
+    if status == "running" and not _alive(meta.get("pid")):
+        return "interrupted (its process is gone; rerun the command to resume)"
+    if status == "running":
+        return f"running (pid {meta.get('pid')})"
+    return status
+
+
 def report_rows(path: Path) -> list[tuple[str, str]]:
     store = SqliteStore(path, readonly=True)
     try:
@@ -42,11 +52,7 @@ def report_rows(path: Path) -> list[tuple[str, str]]:
         chunks = store.chunk_counts()
     finally:
         store.close()
-    status = str(meta.get("status", "unknown"))
-    if status == "running" and not _alive(meta.get("pid")):
-        status = "interrupted (its process is gone; rerun the command to resume)"
-    elif status == "running":
-        status = f"running (pid {meta.get('pid')})"
+    status = job_status(meta)
     rows = [
         ("status", status),
         ("input", str(meta.get("input", "-"))),

@@ -30,6 +30,7 @@ from ._job import JobProgress, JobSpec
 from ._output import JobOutput, OutputFile, looks_like_output, prepare_output, request_hash
 from ._preflight import checked_spec
 from ._running import fold_deployments
+from ._timeline import note_run
 
 __all__ = ["JobProgress", "JobSpec", "default_state_path", "run_job"]
 
@@ -139,7 +140,7 @@ def _claim_output(store: SqliteStore, spec: JobSpec, progress: JobProgress, outp
 async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], None]) -> None:
     total = count_records(spec.input, spec.inputs)
     # exclusive() holds the state's lock; the record count sizes its first run's key filter
-    store = SqliteStore(spec.state, exclusive=True, expected_keys=total)
+    store = SqliteStore(spec.state, exclusive=True, expected_keys=total, timeline=True)
     output: OutputFile | None = None
     try:
         _claim_state(store, spec)
@@ -170,6 +171,7 @@ async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[]
             deployments_earlier=fold_deployments(meta.get("deployments_earlier"), meta.get("deployments")),
             deployments=[],
         )
+        note_run(store, spec.config)
         store.set_meta(
             input=str(spec.input),
             output=str(spec.output),

@@ -19,6 +19,7 @@ from ..store import SqliteStore
 from ..tiers import batch_report, close_tiers
 from ._job import FailFast, JobProgress, JobSpec
 from ._output import JobOutput
+from ._timeline import note_limits
 
 __all__ = ["engine_for", "fold_deployments", "note_deployments", "running"]
 
@@ -56,12 +57,14 @@ async def running(
 
     def note() -> None:
         note_deployments(store, engine, progress.done)
+        note_limits(store, engine)
         progress.batches, progress.answered_twice = batch_report(engine.deployments)  # for the live line
 
     ticker = asyncio.get_running_loop().create_task(_tick(output, on_tick, note))
     try:
         try:
             async with engine:
+                note_limits(store, engine)  # as configured, before anything is learnt
                 yield watch
         finally:
             progress.batches, progress.answered_twice = batch_report(engine.deployments)
@@ -76,6 +79,7 @@ async def running(
             progress.store_error = engine.store_error.message
         else:
             note_deployments(store, engine, progress.done)
+            note_limits(store, engine)
         on_tick()
 
 

@@ -513,18 +513,23 @@ def cancel(output: Path, **flags: Any) -> None:
 
 @main.command()
 @click.argument("state", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--html", type=click.Path(path_type=Path), help="Write the plotted report to this file (-: stdout).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report's figures as JSON instead of the table.")
 @_friendly
-def report(state: Path) -> None:
-    """Summarise the job whose state file is STATE (finished, interrupted or running);
-    the job's output file names it too (its state is found next to it)."""
+def report(state: Path, html: Path | None, as_json: bool) -> None:
+    """Summarise a job, finished or running, from its STATE file or output (--html: plotted; --json)."""
     from ..batch._output import looks_like_output
     from ..batch._report import report_rows
     from ..batch._runner import default_state_path
+    from ._report import check_html_target, plotted_report
 
+    if html is not None and (problem := check_html_target(html, as_json)) is not None:
+        fail(problem)
+    output = None
     if not _is_sqlite(state):
         beside = default_state_path(state)
         if beside.is_file():
-            state = beside  # given the output: its state sits next to it
+            output, state = state, beside  # given the output: its state sits next to it
         elif looks_like_output(state):
             fail(
                 f"{state} holds sluice records, but its state file {beside} is not there; "
@@ -535,7 +540,10 @@ def report(state: Path) -> None:
                 f"{state} is not a sluice output or state file; give a job's output (its -o file) "
                 "or its state file (OUTPUT.sluice.db)"
             )
-    _print_table(f"sluice report {state}", report_rows(state))
+    if html is None and not as_json:
+        _print_table(f"sluice report {state}", report_rows(state))
+    elif (problem := plotted_report(state, output, html, as_json)) is not None:
+        fail(problem)
 
 
 def _is_sqlite(path: Path) -> bool:

@@ -5,22 +5,27 @@ result. The engine consults it before sending, records an *intent* (durably) bef
 attempt goes out and settles it with what the attempt cost, and writes every finished
 result as it lands, before anyone is told of it. So a request with a stored answer is
 never sent again, and the requests in flight when a process died are known by the rerun.
+A store may also keep the job's timeline (an :class:`AttemptLog` as its ``timeline``):
+every attempt and cooldown, for the plots of ``sluice report --html``.
 """
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from .._errors import StoreError
-from .._models import Result
+from .._errors import SluiceError, StoreError
+from .._models import Deployment, Result, Usage
 from ._sqlite import Recovered, Spend, SqliteStore, StoredResult
+from ._timeline import SqliteTimeline
 from ._vectors import StoredVector, VectorStore
 
 __all__ = [
+    "AttemptLog",
     "Recovered",
     "SettlingStore",
     "Spend",
     "SqliteStore",
+    "SqliteTimeline",
     "Store",
     "StoreError",
     "StoredResult",
@@ -64,4 +69,30 @@ class SettlingStore(Store, Protocol):
 
     async def put_settled(self, key: str, result: Result, intent: int, charged_usd: float, *, answered: bool) -> None:
         """:meth:`Store.put` and :meth:`Store.settle` together; durable before returning."""
+        ...
+
+
+class AttemptLog(Protocol):
+    """What an engine tells a store's ``timeline`` (when it has one that is not None): each
+    attempt as it settles and each cooldown as it begins. Times are the event loop's
+    clock. Called on the hot path: it must only note, never wait or raise."""
+
+    def attempt(
+        self,
+        deployment: Deployment,
+        sent_at: float,
+        ended: float,
+        number: int,
+        error: SluiceError | None,
+        usage: Usage | None,
+        cost: float,
+        first_at: float | None,
+    ) -> None:
+        """An attempt that was sent is over: ``number`` is the job's attempt count (2 and up:
+        a retry), ``error`` None for an answer, ``cost`` what it was charged, ``first_at``
+        when a stream's first delta came (None: not a stream)."""
+        ...
+
+    def cooldown(self, deployment: Deployment, seconds: float, why: str) -> None:
+        """``deployment`` takes no attempts for ``seconds`` from now, because of ``why``."""
         ...

@@ -43,6 +43,7 @@ from .._errors import ConfigError, StoreError
 from .._models import Result
 from .._records import result_record
 from . import _batches
+from ._timeline import SqliteTimeline, has_timeline, report_rows
 from ._vectors import StoredVector, get_vectors, put_vectors_op
 from ._writer import Writer, describe_sqlite_error
 
@@ -131,14 +132,24 @@ class SqliteStore:
     """A :class:`~sluice.store.Store` in one SQLite file (created if missing)."""
 
     def __init__(
-        self, path: str | Path, *, readonly: bool = False, exclusive: bool = False, expected_keys: int | None = None
+        self,
+        path: str | Path,
+        *,
+        readonly: bool = False,
+        exclusive: bool = False,
+        expected_keys: int | None = None,
+        timeline: bool = False,
     ) -> None:
         """``exclusive``: this store is the only writer of the file while it is open (a batch
         job holds a lock on it), so lookups of keys it never stored can skip the query.
         ``expected_keys``: about how many results it will hold (a job's record count), to
-        size what tracks the keys of a first run; a wrong guess costs speed, not answers."""
+        size what tracks the keys of a first run; a wrong guess costs speed, not answers.
+        ``timeline``: keep every attempt, cooldown and limit for ``sluice report`` (see
+        :mod:`._timeline`); an engine on this store then tells :attr:`timeline` of them."""
         self.path = Path(path)
         self._writer: Writer | None = None
+        #: Where an engine on this store logs its attempts (None: not kept).
+        self.timeline: SqliteTimeline | None = None
         self._fresh: KeyFilter | None = None
         self._indexed = True
         self._charge = _CHARGE
@@ -166,6 +177,8 @@ class SqliteStore:
                 self._indexed = self._write().run_sync(_key_index_op(keep=self._fresh is None))
             row = self._db.execute("SELECT max(id) FROM intents").fetchone() if not readonly else None
             self._next_intent = (row[0] or 0) + 1 if row else 1
+            if timeline and not readonly:
+                self.timeline = SqliteTimeline(self._write())
         except sqlite3.DatabaseError as exc:
             self._close_quietly()
             advice = (
@@ -234,6 +247,8 @@ class SqliteStore:
         await self._write().run(op)
 
     def close(self) -> None:
+        if self.timeline is not None:
+            self.timeline.flush()  # queued before the writer's last commit
         if self._writer is not None:
             if self._writer.error is None:
                 with contextlib.suppress(StoreError):  # then the next open builds it
@@ -410,6 +425,14 @@ class SqliteStore:
     def _has_table(self, name: str) -> bool:
         found = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
         return found.fetchone() is not None
+
+    def has_timeline(self) -> bool:
+        """Whether the file keeps a timeline (one from before it does not)."""
+        return has_timeline(self._db)
+
+    def report_rows(self, name: str, limit: int = -1) -> Iterator[tuple[Any, ...]]:
+        """Rows for ``sluice report``: a timeline table, or the results (see ``._timeline``)."""
+        return report_rows(self._db, name, limit)
 
     def latencies(self) -> Iterator[float]:
         for (latency,) in self._db.execute("SELECT latency_s FROM results WHERE ok = 1"):

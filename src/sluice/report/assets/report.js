@@ -1,0 +1,171 @@
+// sluice report: draws the charts of the report's inlined data with uPlot (inlined above).
+// Text from the data only ever goes in through textContent; nothing is fetched.
+(function () {
+  "use strict";
+  var data = JSON.parse(document.getElementById("report-data").textContent);
+  var charts = [];
+  document.body.dataset.charts = "0";
+  if (!data.time) {
+    return;
+  }
+  var palette = data.palette;
+  var xs = data.time.t;
+  var series = data.series;
+  var labels = data.deployments.map(function (d) { return d.label; });
+  var HEIGHT = 230;
+
+  function colorOf(label) {
+    var i = labels.indexOf(label);
+    return i < 0 ? "#6b7280" : palette[i % palette.length];
+  }
+
+  function alpha(hex, a) {
+    var n = parseInt(hex.slice(1), 16);
+    return "rgba(" + (n >> 16) + "," + ((n >> 8) & 255) + "," + (n & 255) + "," + a + ")";
+  }
+
+  function fmt(v, digits) {
+    if (v == null) return "-";
+    var a = Math.abs(v);
+    if (a >= 1e6) return Number((v / 1e6).toPrecision(3)) + "M";
+    if (a >= 1e4) return Number((v / 1e3).toPrecision(3)) + "k";
+    if (a >= 1000) return Math.round(v).toLocaleString();
+    return Number(v.toPrecision(digits || 3)).toString();
+  }
+
+  function usd(v) { return v == null ? "-" : "$" + v.toFixed(v < 1 ? 4 : 2); }
+  function secs(v) {
+    if (v == null) return "-";
+    if (v < 0.01) return (v * 1000).toPrecision(2) + " ms";
+    return v < 1 ? (v * 1000).toFixed(0) + " ms" : v.toFixed(2) + " s";
+  }
+
+  // Cooldowns as bands behind the series, and the start of each run after the first.
+  function timeMarks() {
+    return {
+      hooks: {
+        drawClear: [function (u) {
+          var ctx = u.ctx, box = u.bbox;
+          ctx.save();
+          data.cooldowns.forEach(function (c) {
+            var x0 = u.valToPos(c.start, "x", true), x1 = u.valToPos(c.end, "x", true);
+            if (x1 < box.left || x0 > box.left + box.width) return;
+            x0 = Math.max(x0, box.left);
+            x1 = Math.min(x1, box.left + box.width);
+            ctx.fillStyle = alpha(colorOf(c.deployment), 0.13);
+            ctx.fillRect(x0, box.top, Math.max(1, x1 - x0), box.height);
+          });
+          if (data.runs.length > 1) {
+            ctx.strokeStyle = "#6b7280";
+            ctx.setLineDash([2, 3]);
+            data.runs.slice(1).forEach(function (r) {
+              var x = u.valToPos(r.start, "x", true);
+              if (x < box.left || x > box.left + box.width) return;
+              ctx.beginPath();
+              ctx.moveTo(x, box.top);
+              ctx.lineTo(x, box.top + box.height);
+              ctx.stroke();
+            });
+          }
+          ctx.restore();
+        }],
+      },
+    };
+  }
+
+  function line(label, values, color, extra) {
+    var s = { label: label, stroke: color, width: 1.5, points: { show: false }, spanGaps: false };
+    for (var k in extra || {}) s[k] = extra[k];
+    return { spec: s, values: values };
+  }
+
+  function chart(id, lines, options) {
+    var el = document.getElementById(id);
+    if (!el || !lines.length) return;
+    options = options || {};
+    var isTime = options.x === undefined;
+    var opts = {
+      width: Math.max(320, Math.floor(el.getBoundingClientRect().width) - 8),
+      height: HEIGHT,
+      scales: { x: isTime ? { time: true } : { time: false, distr: options.logX ? 3 : 1, range: options.xRange }, y: options.y || {} },
+      series: [options.xSeries || {}].concat(lines.map(function (l) { return l.spec; })),
+      axes: [options.xAxis || {}, { size: 56, values: function (u, splits) { return splits.map(options.yFormat || fmt); } }],
+      plugins: isTime ? [timeMarks()] : [],
+      cursor: { drag: { x: true, y: false } },
+      hooks: { draw: [function () { el.dataset.drawn = "1"; }] },
+    };
+    var u = new uPlot(opts, [options.x || xs].concat(lines.map(function (l) { return l.values; })), el);
+    el.dataset.series = String(lines.length);
+    charts.push({ el: el, u: u });
+  }
+
+  function constant(value) { return xs.map(function () { return value; }); }
+
+  // requests and tokens per deployment, each against its limit
+  function perDeployment(values, limits) {
+    var out = [];
+    labels.forEach(function (label) {
+      if (values[label]) out.push(line(label, values[label], colorOf(label)));
+      if (limits[label]) out.push(line(label + " limit", limits[label], colorOf(label), { dash: [6, 4], width: 1 }));
+    });
+    return out;
+  }
+  chart("chart-requests", perDeployment(series.requests_per_s, series.limit_requests_per_s));
+  chart("chart-tokens", perDeployment(series.tokens_per_min, series.limit_tokens_per_min));
+
+  var inflight = [
+    line("average", series.in_flight_avg, "#2563eb", { fill: alpha("#2563eb", 0.15) }),
+    line("peak", series.in_flight_peak, "#1e3a8a", { width: 1 }),
+  ];
+  if (data.concurrency) inflight.push(line("concurrency", constant(data.concurrency), "#dc2626", { dash: [6, 4], width: 1 }));
+  chart("chart-inflight", inflight);
+
+  var latency = [
+    line("p50", series.latency_p50, "#16a34a", { value: function (u, v) { return secs(v); } }),
+    line("p90", series.latency_p90, "#ca8a04", { value: function (u, v) { return secs(v); } }),
+    line("p99", series.latency_p99, "#dc2626", { value: function (u, v) { return secs(v); } }),
+  ];
+  if (series.ttft_p50) {
+    latency.push(line("first token p50", series.ttft_p50, "#9333ea", { dash: [4, 3] }));
+    latency.push(line("first token p90", series.ttft_p90, "#db2777", { dash: [4, 3] }));
+  }
+  chart("chart-latency", latency);
+
+  var stepped = uPlot.paths.stepped({ align: 1 });
+  var outcomes = [
+    line("429s", series.rate_limited, "#ea580c", { paths: stepped }),
+    line("retries", series.retries, "#2563eb", { paths: stepped }),
+  ];
+  var kinds = Object.keys(series.failed);
+  var failColors = ["#dc2626", "#9333ea", "#0891b2", "#ca8a04", "#db2777", "#4b5563"];
+  kinds.forEach(function (kind, i) {
+    outcomes.push(line(kind, series.failed[kind], failColors[i % failColors.length], { paths: stepped }));
+  });
+  chart("chart-outcomes", outcomes);
+
+  var cost = [line("spent", series.cost_cumulative_usd, "#16a34a", { fill: alpha("#16a34a", 0.12), value: function (u, v) { return usd(v); } })];
+  var budget = data.job.budget_usd;
+  if (budget != null) cost.push(line("budget", constant(budget), "#dc2626", { dash: [6, 4], width: 1, value: function (u, v) { return usd(v); } }));
+  chart("chart-cost", cost, { yFormat: usd, y: { range: function (u, lo, hi) { return [0, Math.max(hi, budget || 0) * 1.05 || 1]; } } });
+
+  function histogram(id, hist, color) {
+    if (!hist || !hist.counts.length) return;
+    var centers = hist.counts.map(function (_, i) { return Math.sqrt(hist.edges[i] * hist.edges[i + 1]); });
+    chart(id, [line("answers", hist.counts, color, { fill: alpha(color, 0.5), paths: uPlot.paths.bars({ size: [0.92, 60] }) })], {
+      x: centers,
+      logX: true,
+      xSeries: { label: "seconds", value: function (u, v) { return secs(v); } },
+      xRange: function () { return [hist.edges[0], hist.edges[hist.edges.length - 1]]; },
+      xAxis: { values: function (u, splits) { return splits.map(function (v) { return v == null ? "" : secs(v); }); } },
+    });
+  }
+  histogram("chart-histogram", data.latency && data.latency.histogram, "#2563eb");
+  histogram("chart-ttft", data.ttft && data.ttft.histogram, "#9333ea");
+
+  document.body.dataset.charts = String(charts.length);
+  window.addEventListener("resize", function () {
+    charts.forEach(function (c) {
+      c.u.setSize({ width: Math.max(320, Math.floor(c.el.getBoundingClientRect().width) - 8), height: HEIGHT });
+    });
+  });
+})();
