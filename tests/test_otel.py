@@ -169,17 +169,19 @@ async def test_map_streams_embeddings_and_stored_answers_each_get_their_span(
 
     provider, exporter = spans
     embedder = deployment_at(server, "openai/text-embedding-3-small", price=Price(0.02, 0.0))
+    store = SqliteStore(tmp_path / "state.db")
     engine = sluice.Engine(
-        [deployment_at(server, price=Price(2.0, 8.0)), embedder],
-        store=SqliteStore(tmp_path / "state.db"),
-        tracing=sluice.Tracing(provider),
+        [deployment_at(server, price=Price(2.0, 8.0)), embedder], store=store, tracing=sluice.Tracing(provider)
     )
-    async with engine:
-        results = [r async for r in engine.map([f"question {i}" for i in range(3)], model="openai/gpt-test")]
-        again = await engine.complete("openai/gpt-test", "question 0")  # answered from the state
-        async with engine.stream("openai/gpt-test", "tell me a story", max_tokens=8) as stream:
-            text = "".join([delta async for delta in stream])
-        vectors = await engine.embed(["a", "b"], model="openai/text-embedding-3-small")
+    try:
+        async with engine:
+            results = [r async for r in engine.map([f"question {i}" for i in range(3)], model="openai/gpt-test")]
+            again = await engine.complete("openai/gpt-test", "question 0")  # answered from the state
+            async with engine.stream("openai/gpt-test", "tell me a story", max_tokens=8) as stream:
+                text = "".join([delta async for delta in stream])
+            vectors = await engine.embed(["a", "b"], model="openai/text-embedding-3-small")
+    finally:
+        store.close()  # the engine does not close a store it was given
     assert all(r.ok for r in results)
     assert again.cached
     assert text

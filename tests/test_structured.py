@@ -8,7 +8,9 @@ round-trips through a forced tool, and a schema is part of the store key."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,18 @@ def _engine(server: FakeServer, provider: str = "openai", **engine: Any) -> Engi
     deployment = Deployment(f"{provider}/m", base_url=url, api_key="sk-test", price=PRICE, options=options)
     engine.setdefault("retry", RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.02))
     return Engine([deployment], **engine)
+
+
+@contextlib.asynccontextmanager
+async def _stored(server: FakeServer, state: Path, **engine: Any) -> AsyncIterator[Engine]:
+    """An engine on a state file of its own, which is closed after it (an engine does not
+    close a store it was given)."""
+    store = SqliteStore(state)
+    try:
+        async with _engine(server, store=store, **engine) as running:
+            yield running
+    finally:
+        store.close()
 
 
 @pytest.fixture
@@ -250,9 +264,9 @@ def test_the_schema_is_part_of_the_request_key() -> None:
 
 async def test_a_stored_answer_comes_back_parsed_as_the_model(server: FakeServer, tmp_path: Path) -> None:
     state = tmp_path / "state.db"
-    async with _engine(server, store=SqliteStore(state)) as engine:
+    async with _stored(server, state) as engine:
         first = await engine.complete("openai/m", "who?", schema=Person)
-    async with _engine(server, store=SqliteStore(state)) as engine:
+    async with _stored(server, state) as engine:
         again = await engine.complete("openai/m", "who?", schema=Person)
         other = await engine.complete("openai/m", "who?", schema=PERSON)  # another schema: sent
     assert again.cached
@@ -265,10 +279,10 @@ async def test_a_stored_answer_comes_back_parsed_as_the_model(server: FakeServer
 async def test_a_stored_invalid_output_is_asked_again_by_a_rerun(server: FakeServer, tmp_path: Path) -> None:
     state = tmp_path / "state.db"
     server.structured.configure(rate=1.0, kinds=["prose"])
-    async with _engine(server, store=SqliteStore(state), max_reasks=1) as engine:
+    async with _stored(server, state, max_reasks=1) as engine:
         failed = await engine.complete("openai/m", "who?", schema=PERSON)
     server.structured.configure()
-    async with _engine(server, store=SqliteStore(state)) as engine:
+    async with _stored(server, state) as engine:
         mended = await engine.complete("openai/m", "who?", schema=PERSON)
     assert failed.error is not None
     assert failed.error.kind == "invalid_output"
@@ -378,7 +392,7 @@ async def test_a_rerun_of_an_invalid_line_asks_with_new_idempotency_keys(server:
     state = tmp_path / "state.db"
     server.structured.configure(rate=1.0, kinds=["prose"])
     for _ in range(2):
-        async with _engine(server, store=SqliteStore(state), max_reasks=1) as engine:
+        async with _stored(server, state, max_reasks=1) as engine:
             result = await engine.complete("openai/m", "who?", schema=PERSON)
         assert result.error is not None
         assert result.error.kind == "invalid_output"
@@ -405,9 +419,9 @@ async def test_a_stored_answer_the_models_code_now_refuses_is_asked_again(server
 
     Picky.__name__ = "Loose"
     state = tmp_path / "state.db"
-    async with _engine(server, store=SqliteStore(state), max_reasks=0) as engine:
+    async with _stored(server, state, max_reasks=0) as engine:
         first = await engine.complete("openai/m", "who?", schema=Loose)
-    async with _engine(server, store=SqliteStore(state), max_reasks=0) as engine:
+    async with _stored(server, state, max_reasks=0) as engine:
         again = await engine.complete("openai/m", "who?", schema=Picky)
     assert first.ok
     assert not again.cached  # not served as ok with parsed None
@@ -420,7 +434,7 @@ async def test_an_identical_request_in_flight_shares_the_answer_not_its_cost(
 ) -> None:
     server.structured.configure(first=1, kinds=["missing"])
     server.latency = 0.05
-    async with _engine(server, store=SqliteStore(tmp_path / "state.db")) as engine:  # a store keys requests
+    async with _stored(server, tmp_path / "state.db") as engine:  # a store keys requests
         twins = [Request.from_prompt("openai/m", "same", schema=PERSON) for _ in range(2)]
         results = [r async for r in engine.map(twins)]
     leader, follower = sorted(results, key=lambda r: r.cached)
