@@ -316,6 +316,21 @@ async def test_a_running_then_interrupted_job_reports_what_it_has(tmp_path: Path
     assert after["attempts"]["total"] >= 12
     async with _rendered(output, tmp_path / "r.html") as seen:
         assert "interrupted" in await seen.text(".status")
+    _resume(source, output)
+    resumed = _json_of(output)
+    assert resumed["job"]["status"] == "finished"
+    assert resumed["records"]["written"] == resumed["records"]["succeeded"] == 300
+    assert len(resumed["runs"]) == 2  # each run's start is marked on the time axis
+    assert resumed["attempts"]["answered"] >= 300 - after["records"]["written"]
+    async with _rendered(output, tmp_path / "resumed.html") as seen:
+        assert "2 runs" in await seen.text("#runs summary")
+
+
+def _resume(source: Path, output: Path) -> None:
+    fake = FakeServer(api_key="sk-test", latency=0.01)
+    with fake.running_in_thread():
+        done = run_cli(fake, "run", source, "-o", output, "--model", MODEL, "--concurrency", "16")
+    assert done.returncode == 0, done.stderr
 
 
 def _json_of(output: Path) -> dict[str, Any]:

@@ -46,7 +46,6 @@ def _asset(name: str) -> str:
 def render_html(report: dict[str, Any]) -> str:
     """The report as a complete HTML document."""
     import jinja2
-    from markupsafe import Markup
 
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     template = environment.from_string(_asset("report.html.j2"))
@@ -64,10 +63,10 @@ def render_html(report: dict[str, Any]) -> str:
         failure_max=max([max(r[1] or 0, r[2] or 0) for r in failures] or [1]),
         cost_rows=_cost_rows(report),
         uplot_version=UPLOT_VERSION,
-        uplot_css=Markup(_asset("uPlot.min.css")),
-        css=Markup(_asset("report.css")),
-        uplot_js=Markup(scripts["uPlot.iife.min.js"]),
-        js=Markup(scripts["report.js"]),
+        uplot_css=_asset("uPlot.min.css"),
+        css=_asset("report.css"),
+        uplot_js=scripts["uPlot.iife.min.js"],
+        js=scripts["report.js"],
         uplot_licence=_asset("uPlot.LICENSE"),
         data={**report, "palette": PALETTE},
         num=_num,

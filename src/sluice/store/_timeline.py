@@ -13,7 +13,7 @@ first buffered one, and when the store closes), queued behind the job's own writ
 without anyone waiting on them. There a batch becomes *one* row of columns (each a packed
 little-endian array: ``array`` from the standard library): a row per attempt cost ~5 µs
 of SQLite work each (a tenth of a batch job's CPU per request, measured), a column
-chunk ~1 µs, and ~40 bytes of file. A crash loses at most the last second of the
+chunk ~1 µs, and ~55 bytes of file. A crash loses at most the last second of the
 timeline, never an answer (the timeline is a report's, not the job's, record).
 
 Tables (``timeline_*``; a state file from before them has none and reports from its
