@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 from fake_provider import deployment_at
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -28,6 +28,7 @@ from otlp_receiver import OtlpReceiver
 
 import sluice
 from sluice import Price, RetryPolicy
+from sluice._tracing import FAILURES
 from sluice.testing import FakeServer
 
 PROMPT = "What is a sluice? (secret prompt)"
@@ -413,3 +414,119 @@ def test_messages_are_described_in_the_conventions_schema_whatever_they_hold() -
         {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1", "response": "a sluice gate"}]},
         {"role": "assistant", "parts": [{"type": "text", "content": "odd"}]},
     ]
+
+
+# -- what tracing must never do: break a request, keep a slot, leak content --------------------------
+
+
+class _Raising(SpanProcessor):
+    """A span processor with a bug: it raises when a span whose name starts with ``prefix``
+    starts (``where="start"``) or ends."""
+
+    def __init__(self, where: str, prefix: str) -> None:
+        self.where, self.prefix = where, prefix
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.where == "start" and span.name.startswith(self.prefix):
+            raise RuntimeError("a span processor's bug")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.where == "end" and span.name.startswith(self.prefix):
+            raise RuntimeError("a span processor's bug")
+
+
+@pytest.mark.parametrize("where", ["start", "end"])
+@pytest.mark.parametrize("prefix", ["chat", "attempt", "embeddings"])
+async def test_a_span_processor_that_raises_breaks_no_request_and_keeps_no_slot(
+    server: FakeServer, where: str, prefix: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(FAILURES, "count", 0)  # as in a fresh process: the first failure is logged
+    provider = TracerProvider()
+    provider.add_span_processor(_Raising(where, prefix))
+    deployments = [
+        deployment_at(server, price=Price(2.0, 8.0), max_in_flight=1),
+        deployment_at(server, "openai/text-embedding-3-small", price=Price(0.02, 0.0), max_in_flight=1),
+    ]
+    retry = RetryPolicy(max_attempts=2, base_delay=0.01, max_delay=0.02)
+    async with sluice.Engine(deployments, retry=retry, tracing=sluice.Tracing(provider)) as engine:
+        for i in range(3):  # one slot each: a slot kept by the first would wedge the second
+            result = await asyncio.wait_for(engine.complete("openai/gpt-test", f"q {i}", max_tokens=8), 10)
+            assert result.ok, result.error
+            async with asyncio.timeout(10):
+                vectors = await engine.embed([f"a {i}", f"b {i}"], model="openai/text-embedding-3-small")
+            assert len(vectors) == 2
+        assert all(route.limiter.in_flight == 0 for route in engine.router.routes)  # type: ignore[attr-defined]
+    assert server.stats.received == 6
+    assert FAILURES.count >= 3
+    logged = [r for r in caplog.records if "tracing failed" in r.getMessage()]
+    assert len(logged) == 1  # once per process, not once per span
+    assert logged[0].exc_info is not None
+    provider.shutdown()
+
+
+async def test_a_cancelled_embeddings_request_ends_its_span(
+    spans: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = spans
+    async with FakeServer(latency=5.0) as slow:
+        embedder = deployment_at(slow, "openai/text-embedding-3-small", price=Price(0.02, 0.0))
+        async with sluice.Engine([embedder], tracing=sluice.Tracing(provider)) as engine:
+            task = asyncio.create_task(engine.embed(["slow a", "slow b"], model="openai/text-embedding-3-small"))
+            await slow.until(lambda: slow.stats.received == 1, timeout=10)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    found = _by_name(exporter.get_finished_spans())
+    (request,) = found["embeddings text-embedding-3-small"]  # ended, so exported
+    (attempt,) = found["attempt openai/text-embedding-3-small"]
+    assert attempt.parent is not None
+    assert attempt.parent.span_id == request.context.span_id
+    assert (request.attributes or {})["error.type"] == "cancelled"
+    assert request.status.status_code is StatusCode.ERROR
+
+
+class _TraceThatRaises:
+    """A RequestTrace whose attempt() raises (no tracer of sluice's does: the seam must
+    still settle the attempt's slot whatever a tracer does)."""
+
+    def attempt(self, route: Any, number: int) -> None:
+        raise RuntimeError("a tracer's bug")
+
+    def enter(self) -> object:
+        return None
+
+    def leave(self, token: object) -> None:
+        pass
+
+    def attempt_done(self, outcome: object) -> None:
+        pass
+
+    def ended(self, outcome: object, tally: Any) -> None:
+        pass
+
+
+class _TracerThatRaises:
+    def request(self, job: Any, operation: str = "chat") -> _TraceThatRaises:
+        return _TraceThatRaises()
+
+    def finished(self, job: Any, result: Any) -> None:
+        pass
+
+
+async def test_a_tracer_raising_as_an_attempt_starts_still_frees_its_slot(server: FakeServer) -> None:
+    engine = sluice.Engine([deployment_at(server, max_in_flight=1)], retry=RetryPolicy(max_attempts=1))
+    engine.attempts.tracer = _TracerThatRaises()
+    async with engine:
+        for i in range(2):  # the second waits forever for the slot if the first kept it
+            result = await asyncio.wait_for(engine.complete("openai/gpt-test", f"q {i}", max_tokens=8), 10)
+            assert not result.ok
+        (route,) = engine.router.routes
+        assert route.limiter.in_flight == 0  # type: ignore[attr-defined]
+
+
+def test_tracing_takes_a_tracer_provider() -> None:
+    with pytest.raises(sluice.ConfigError, match="must be an OpenTelemetry TracerProvider"):
+        sluice.Tracing(provider="oops")
+    with pytest.raises(sluice.ConfigError, match="capture_content"):
+        sluice.Tracing(capture_content="yes")  # type: ignore[arg-type]
+    assert sluice.Tracing(TracerProvider()).capture_content is False

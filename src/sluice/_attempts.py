@@ -305,8 +305,6 @@ class Attempts(JobPlanning):
         loop = asyncio.get_running_loop()
         slot.sending(slot.ready_at)
         trace = job.trace
-        if trace is not None:
-            trace.attempt(route, tally.attempts)
         sent_at = slot.sent_at
         untimed = route.deployment.tier == "batch"  # a batch line waits for its batch (its own window)
         timeout = None if untimed else retry.attempt_timeout
@@ -329,9 +327,12 @@ class Attempts(JobPlanning):
         elif hard is not None:
             watch = self.timer.arm(loop, hard)
         listened = listening.set(watch) if idle is not None else None
-        entered = trace.enter() if trace is not None else None
+        entered = None
         try:
             try:
+                if trace is not None:  # inside: whatever it does, the slot is settled below
+                    trace.attempt(route, tally.attempts)
+                    entered = trace.enter()
                 if send is None:
                     reply: _A | Reply = await route.provider.send(
                         job.request, route.deployment, idempotency_key=job.idempotency_key

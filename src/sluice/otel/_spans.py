@@ -12,16 +12,27 @@ attempt's span carries no ``gen_ai.operation.name`` and no usage: a GenAI backen
 adds up tokens over the spans it recognises then counts each request once.
 
 Content (prompts, answers) is recorded only with ``capture_content``, as JSON strings of
-the conventions' message schemas (Python's span attributes take no structured values).
+the conventions' message schemas (Python's span attributes take no structured values);
+without it a failure's span says its ``error.type`` and a fixed text, never the error's
+message (an invalid answer's message quotes the answer, a provider's may echo the prompt).
+
+An answer from the state (or shared with an identical request in flight) is a span with
+``sluice.cached``, no cost, no attempt and its tokens as ``sluice.cached.*``: a backend adding
+up ``gen_ai.usage.*`` counts what was sent to a provider, once.
+
+Nothing here raises into the engine: every method is guarded (:func:`_guarded`), so a span
+processor or exporter that raises costs the span, never the request (see
+:func:`~sluice._tracing.tracing_failed`). Integers are put on a span only within int64 (an
+OTLP exporter cannot encode others, and logs a traceback for each).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import functools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec
 from urllib.parse import urlsplit
 
 import orjson
@@ -31,6 +42,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from .. import __version__
 from .._errors import ProviderError, SluiceError
 from .._pricing import effective_base_url
+from .._tracing import tracing_failed
 
 if TYPE_CHECKING:
     from .._job import Job
@@ -51,11 +63,25 @@ _PARAMS = {
     "presence_penalty": "gen_ai.request.presence_penalty",
     "seed": "gen_ai.request.seed",
 }
-#: The longest error message kept as a span's status description.
+#: The longest error message kept as a span's status description (with ``capture_content``).
 _MESSAGE = 500
-_log = logging.getLogger("sluice")
-#: Whether a failure to describe a request was logged already (once per process).
-_complained = False
+#: What an OTLP exporter can encode as an integer.
+_INT64 = range(-(2**63), 2**63)
+_P = ParamSpec("_P")
+
+
+def _guarded(method: Callable[_P, None]) -> Callable[_P, None]:
+    """``method``, which never raises: a span processor's or exporter's exception costs the
+    span, never the request (logged once per process)."""
+
+    @functools.wraps(method)
+    def guarded(*args: _P.args, **kwargs: _P.kwargs) -> None:
+        try:
+            method(*args, **kwargs)
+        except Exception:
+            tracing_failed(method.__name__.replace("_", " ").strip())
+
+    return guarded
 
 
 class GenAITracer:
@@ -71,7 +97,13 @@ class GenAITracer:
     def request(self, job: Job, operation: str = "chat") -> _RequestSpan:
         deployment = job.route.deployment
         model = deployment.model_name
-        span = self.tracer.start_span(f"{operation} {model}", kind=SpanKind.CLIENT, start_time=_epoch_ns(job.submitted))
+        span: Span
+        try:
+            start = _epoch_ns(job.submitted)
+            span = self.tracer.start_span(f"{operation} {model}", kind=SpanKind.CLIENT, start_time=start)
+        except Exception:
+            tracing_failed("start a request's span")
+            span = trace.INVALID_SPAN  # the request goes on, untraced
         if span.is_recording():
             request = job.request
             _set(span, lambda: _request_attributes(request, deployment, operation, model))
@@ -79,11 +111,12 @@ class GenAITracer:
                 _set(span, lambda: {"gen_ai.input.messages": _dumps(input_messages(request.messages))})
         return _RequestSpan(self, span, operation)
 
+    @_guarded
     def finished(self, job: Job, result: Result) -> None:
         trace_ = job.trace
+        job.trace = None
         if not isinstance(trace_, _RequestSpan):  # answered from the state, or never sent
             trace_ = self.request(job)
-        job.trace = None
         trace_.finish(result, self.server(job.route.deployment) if result.attempts and not result.cached else None)
 
     def server(self, deployment: Deployment) -> tuple[str, int | None] | None:
@@ -105,6 +138,7 @@ class _RequestSpan:
         self.operation = operation
         self._attempt: Span | None = None
 
+    @_guarded
     def attempt(self, route: Route, number: int) -> None:
         self.attempt_done(None)  # one at a time: a stale one (never told its outcome) ends here
         deployment = route.deployment
@@ -123,12 +157,20 @@ class _RequestSpan:
 
     def enter(self) -> object:
         span = self._attempt
-        return None if span is None else context.attach(trace.set_span_in_context(span))
+        if span is None:
+            return None
+        try:
+            return context.attach(trace.set_span_in_context(span))
+        except Exception:
+            tracing_failed("make an attempt's span current")
+            return None
 
+    @_guarded
     def leave(self, token: object) -> None:
         if token is not None:
             context.detach(token)  # type: ignore[arg-type]  # the token enter() made
 
+    @_guarded
     def attempt_done(self, outcome: object) -> None:
         """The attempt under way ended with ``outcome`` (a reply, an error; None: unknown)."""
         span = self._attempt
@@ -141,6 +183,7 @@ class _RequestSpan:
             span.set_attribute("sluice.outcome", "ok")
         span.end()
 
+    @_guarded
     def ended(self, outcome: object, tally: Tally) -> None:
         """An embeddings pack's end: its reply (usage) or error, from the attempt core's loop."""
         self.attempt_done(outcome)
@@ -156,6 +199,7 @@ class _RequestSpan:
                 _failed(span, outcome)
         span.end()
 
+    @_guarded
     def finish(self, result: Result, server: tuple[str, int | None] | None) -> None:
         """The request's end: its Result, and where its last attempt went."""
         span = self.span
@@ -291,13 +335,10 @@ def _add_server(attributes: dict[str, Any], server: tuple[str, int | None] | Non
 def _set(span: Span, make: Callable[[], Mapping[str, Any]]) -> None:
     """Set the attributes ``make`` gives. They are made from what the caller sent (messages,
     parameters), so a bug on odd input costs those attributes, never the request itself."""
-    global _complained
     try:
         span.set_attributes(make())
     except Exception:
-        if not _complained:
-            _complained = True
-            _log.exception("sluice: could not describe a request on its span (further such errors are not logged)")
+        tracing_failed("describe a request on its span")
 
 
 def _number(value: object) -> bool:
