@@ -530,3 +530,128 @@ def test_tracing_takes_a_tracer_provider() -> None:
     with pytest.raises(sluice.ConfigError, match="capture_content"):
         sluice.Tracing(capture_content="yes")  # type: ignore[arg-type]
     assert sluice.Tracing(TracerProvider()).capture_content is False
+
+
+SECRET_ANSWER = "PATIENT John Doe, diagnosis: secret"
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+
+
+async def _quoting_answer(request: sluice.Request) -> str:
+    if "upstream" in str(request.messages):
+        raise sluice.ServerError(f"upstream echoes {SECRET_ANSWER}", status=503)
+    return '{"a": "' + SECRET_ANSWER + '"}'  # valid JSON, wrong type: the validator's message quotes it
+
+
+@pytest.mark.parametrize("capture", [False, True])
+async def test_without_content_capture_no_error_message_reaches_a_span(
+    spans: tuple[TracerProvider, InMemorySpanExporter], capture: bool
+) -> None:
+    provider, exporter = spans
+    deployment = sluice.Deployment("openai/m", provider=sluice.CallableProvider(_quoting_answer))
+    tracing = sluice.Tracing(provider, capture_content=capture)
+    async with sluice.Engine([deployment], retry=RetryPolicy(max_attempts=1), tracing=tracing, max_reasks=0) as engine:
+        invalid = await engine.complete("openai/m", "x", schema=SCHEMA)
+        failed = await engine.complete("openai/m", "the upstream fails")
+    assert invalid.error is not None
+    assert invalid.error.kind == "invalid_output"
+    assert SECRET_ANSWER in str(invalid.error)
+    assert isinstance(failed.error, sluice.ServerError)
+    finished = exporter.get_finished_spans()
+    requests = [s for s in finished if s.name.startswith("chat ")]
+    assert sorted(str((s.attributes or {})["error.type"]) for s in requests) == ["invalid_output", "server_error"]
+    for span in requests:  # with capture_content, the messages say what happened
+        assert (SECRET_ANSWER in (span.status.description or "")) is capture
+    for span in finished:
+        shown = (span.status.description or "") + str(dict(span.attributes or {}))
+        assert capture or SECRET_ANSWER not in shown, span.name
+        if span.status.status_code is StatusCode.ERROR and not capture:
+            kind = (span.attributes or {})["error.type"]
+            assert span.status.description == f"{kind} (the message is recorded only with capture_content)"
+
+
+async def test_an_answer_from_the_state_or_a_twin_is_a_span_that_cost_and_used_nothing(
+    server: FakeServer, spans: tuple[TracerProvider, InMemorySpanExporter], tmp_path: Path
+) -> None:
+    from sluice.store import SqliteStore
+
+    provider, exporter = spans
+    server.latency = 0.1
+    engine = _engine(server, provider, store=SqliteStore(tmp_path / "state.db"))
+    async with engine:
+        first, twin = await asyncio.gather(
+            engine.complete("openai/gpt-test", "twin"), engine.complete("openai/gpt-test", "twin")
+        )
+        stored = await engine.complete("openai/gpt-test", "twin")
+    assert [r.cached for r in (first, twin, stored)] == [False, True, True]
+    assert server.stats.received == 1
+    chats = exporter.get_finished_spans()
+    requests = [dict(s.attributes or {}) for s in chats if s.name == "chat gpt-test"]
+    sent = [a for a in requests if not a["sluice.cached"]]
+    cached = [a for a in requests if a["sluice.cached"]]
+    assert len(sent) == 1
+    assert len(cached) == 2
+    assert sent[0]["gen_ai.usage.input_tokens"] == first.usage.input_tokens > 0
+    assert sent[0]["sluice.cost_usd"] == pytest.approx(first.cost_usd)
+    for attributes in cached:  # the twin's and the stored answer's alike
+        assert attributes["sluice.cost_usd"] == 0.0
+        assert attributes["sluice.attempts"] == 0
+        assert attributes["sluice.retries"] == 0
+        assert "gen_ai.usage.input_tokens" not in attributes
+        assert "gen_ai.usage.output_tokens" not in attributes
+        assert attributes["sluice.cached.input_tokens"] == first.usage.input_tokens
+        assert attributes["sluice.cached.output_tokens"] == first.usage.output_tokens
+    total = sum(int(a.get("gen_ai.usage.input_tokens", 0)) for a in requests)  # a backend adding up usage
+    assert total == first.usage.input_tokens
+
+
+async def test_a_reask_is_not_a_retry_on_the_span(
+    server: FakeServer, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    provider, exporter = spans
+    server.structured.configure(first=1, kinds=["missing"])
+    server.inject("503")
+    async with _engine(server, provider) as engine:
+        result = await engine.complete("openai/gpt-test", "json please", schema=SCHEMA, max_tokens=50)
+        plain = await engine.complete("openai/gpt-test", "no schema", max_tokens=8)
+    assert result.ok, result.error
+    assert result.reasks == 1
+    assert result.attempts == 3  # a 503 retried, an invalid answer re-asked, a valid one
+    assert result.reask_cost_usd is not None
+    assert result.reask_cost_usd > 0
+    by_question = {str(s.attributes and s.attributes.get("sluice.reasks")): s for s in exporter.get_finished_spans()}
+    span = by_question["1"]
+    attributes = dict(span.attributes or {})
+    assert attributes["sluice.attempts"] == 3
+    assert attributes["sluice.retries"] == 1
+    assert attributes["sluice.reasks"] == 1
+    assert attributes["sluice.reask_cost_usd"] == pytest.approx(result.reask_cost_usd)
+    assert attributes["sluice.cost_usd"] == pytest.approx(result.cost_usd)
+    assert attributes["gen_ai.output.type"] == "json"
+    assert plain.ok
+    (other,) = [s for s in _by_name(exporter.get_finished_spans())["chat gpt-test"] if s is not span]
+    assert "gen_ai.output.type" not in (other.attributes or {})
+    assert "sluice.reasks" not in (other.attributes or {})
+
+
+async def test_only_integers_an_exporter_can_encode_go_on_a_span(
+    server: FakeServer, spans: tuple[TracerProvider, InMemorySpanExporter], caplog: pytest.LogCaptureFixture
+) -> None:
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    provider, exporter = spans
+    params: dict[str, Any] = {"seed": 2**63, "top_k": 2**64 - 1, "n": True, "max_completion_tokens": True}
+    async with _engine(server, provider) as engine:
+        odd = await engine.complete("openai/gpt-test", "odd", params=params)
+        fine = await engine.complete("openai/gpt-test", "fine", params={"seed": 2**63 - 1, "top_k": -(2**63)})
+    assert fine.ok  # the odd one may be refused by the provider: its span is made all the same
+    assert odd.attempts == 1
+    requests = {str(s.attributes and s.attributes.get("gen_ai.request.seed")): s for s in exporter.get_finished_spans()}
+    odd_attributes = dict(requests["None"].attributes or {})
+    for key in ("gen_ai.request.seed", "gen_ai.request.top_k", "gen_ai.request.choice.count"):
+        assert key not in odd_attributes
+    assert "gen_ai.request.max_tokens" not in odd_attributes  # True is no number of tokens
+    fine_attributes = dict(requests[str(2**63 - 1)].attributes or {})
+    assert fine_attributes["gen_ai.request.top_k"] == -(2**63)
+    caplog.clear()
+    encode_spans(exporter.get_finished_spans()).SerializeToString()
+    assert not [r for r in caplog.records if "Failed to encode" in r.getMessage()]

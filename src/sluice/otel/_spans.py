@@ -178,7 +178,7 @@ class _RequestSpan:
             return
         self._attempt = None
         if isinstance(outcome, BaseException):
-            _failed(span, outcome)
+            _failed(span, outcome, self._owner.capture_content)
         elif outcome is not None:
             span.set_attribute("sluice.outcome", "ok")
         span.end()
@@ -189,14 +189,17 @@ class _RequestSpan:
         self.attempt_done(outcome)
         span = self.span
         if span.is_recording():
-            span.set_attribute("sluice.attempts", tally.attempts)
-            span.set_attribute("sluice.retries", max(0, tally.attempts - 1))
-            span.set_attribute("sluice.cost_usd", tally.charged)
+            attributes: dict[str, Any] = {
+                "sluice.attempts": tally.attempts,
+                "sluice.retries": max(0, tally.attempts - 1),
+                "sluice.cost_usd": tally.charged,
+            }
             usage = getattr(outcome, "usage", None)
             if usage is not None:
-                span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
+                attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
+            _set(span, lambda: attributes)
             if isinstance(outcome, BaseException):
-                _failed(span, outcome)
+                _failed(span, outcome, self._owner.capture_content)
         span.end()
 
     @_guarded
@@ -209,7 +212,7 @@ class _RequestSpan:
         if span.is_recording():
             _set(span, lambda: _add_server(_result_attributes(result), server))
             if result.error is not None:
-                _failed(span, result.error)
+                _failed(span, result.error, self._owner.capture_content)
             elif self._owner.capture_content:
                 _set(span, lambda: {"gen_ai.output.messages": _dumps(output_messages(result))})
         span.end()
@@ -233,23 +236,26 @@ def _request_attributes(request: Request, deployment: Deployment, operation: str
         return attributes
     params = request.params
     max_tokens = request.max_tokens or params.get("max_completion_tokens")
-    if isinstance(max_tokens, int):
+    if _int64(max_tokens):
         attributes["gen_ai.request.max_tokens"] = max_tokens
     if _number(request.temperature):
         attributes["gen_ai.request.temperature"] = float(request.temperature)  # type: ignore[arg-type]
     for name, key in _PARAMS.items():
-        if _number(params.get(name)):
-            attributes[key] = params[name]
+        value = params.get(name)
+        if isinstance(value, float) or _int64(value):
+            attributes[key] = value
     stop = params.get("stop")
     if isinstance(stop, str):
         attributes["gen_ai.request.stop_sequences"] = [stop]
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         attributes["gen_ai.request.stop_sequences"] = stop
     choices = params.get("n")
-    if isinstance(choices, int) and choices != 1:
+    if _int64(choices) and choices != 1:
         attributes["gen_ai.request.choice.count"] = choices
     output = params.get("response_format")
-    if isinstance(output, Mapping) and output.get("type") in ("json_object", "json_schema"):
+    if request.schema is not None or (
+        isinstance(output, Mapping) and output.get("type") in ("json_object", "json_schema")
+    ):
         attributes["gen_ai.output.type"] = "json"
     if request.id is not None:
         attributes["sluice.request.id"] = request.id
@@ -257,18 +263,30 @@ def _request_attributes(request: Request, deployment: Deployment, operation: str
 
 
 def _result_attributes(result: Result) -> dict[str, Any]:
-    attributes: dict[str, Any] = {
-        "sluice.attempts": result.attempts,
-        "sluice.retries": max(0, result.attempts - 1),
-        "sluice.cached": result.cached,
-        "sluice.queue_s": result.timings.queued + result.timings.limiter_wait,
-    }
     usage = result.usage
-    if result.ok or usage.input_tokens or usage.output_tokens:
-        attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
-        attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
-    if result.cost_usd is not None:
-        attributes["sluice.cost_usd"] = result.cost_usd
+    tokens = result.ok or usage.input_tokens or usage.output_tokens
+    if result.cached:  # nothing was sent, nothing paid: the answer's tokens are not this request's usage
+        attributes: dict[str, Any] = {"sluice.attempts": 0, "sluice.retries": 0, "sluice.cost_usd": 0.0}
+        if tokens:
+            attributes["sluice.cached.input_tokens"] = usage.input_tokens
+            attributes["sluice.cached.output_tokens"] = usage.output_tokens
+    else:
+        reasks = result.reasks
+        attributes = {
+            "sluice.attempts": result.attempts,
+            "sluice.retries": max(0, result.attempts - 1 - reasks),  # a re-ask is not a retry
+        }
+        if tokens:
+            attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
+            attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
+        if result.cost_usd is not None:
+            attributes["sluice.cost_usd"] = result.cost_usd
+        if reasks or (result.request is not None and result.request.schema is not None):
+            attributes["sluice.reasks"] = reasks
+            if result.reask_cost_usd is not None:
+                attributes["sluice.reask_cost_usd"] = result.reask_cost_usd
+    attributes["sluice.cached"] = result.cached
+    attributes["sluice.queue_s"] = result.timings.queued + result.timings.limiter_wait
     if result.deployment is not None:
         attributes["sluice.deployment"] = result.deployment
     if result.tier is not None:
@@ -288,18 +306,22 @@ def _result_attributes(result: Result) -> dict[str, Any]:
     return attributes
 
 
-def _failed(span: Span, error: BaseException) -> None:
-    """``error.type`` (sluice's kind of error: ``rate_limited``, ``timeout``...) and an ERROR status."""
+def _failed(span: Span, error: BaseException, capture_content: bool) -> None:
+    """``error.type`` (sluice's kind of error: ``rate_limited``, ``timeout``...) and an ERROR
+    status; its description is the error's message only with ``capture_content`` (it may
+    quote the answer, or a provider's echo of the prompt), else a fixed text."""
     if isinstance(error, SluiceError):
         kind, message = error.kind, error.message
     elif isinstance(error, asyncio.CancelledError):
         kind, message = "cancelled", "cancelled"
     else:
         kind, message = type(error).__qualname__, str(error)
+    if not capture_content:
+        message = f"{kind} (the message is recorded only with capture_content)"
     span.set_attribute("error.type", kind)
     span.set_attribute("sluice.outcome", "error")
     if isinstance(error, ProviderError):
-        if error.status is not None:
+        if _int64(error.status):
             span.set_attribute("http.response.status_code", error.status)
         if error.retry_after is not None:
             span.set_attribute("sluice.retry_after_s", error.retry_after)
@@ -334,15 +356,25 @@ def _add_server(attributes: dict[str, Any], server: tuple[str, int | None] | Non
 
 def _set(span: Span, make: Callable[[], Mapping[str, Any]]) -> None:
     """Set the attributes ``make`` gives. They are made from what the caller sent (messages,
-    parameters), so a bug on odd input costs those attributes, never the request itself."""
+    parameters) and what the provider answered, so a bug on odd input costs those
+    attributes, never the request itself; an integer outside int64 is left out (the OTLP
+    exporter cannot encode it, and would log a traceback for it in every export)."""
     try:
-        span.set_attributes(make())
+        attributes = make()
+        span.set_attributes(
+            {k: v for k, v in attributes.items() if not isinstance(v, int) or isinstance(v, bool) or v in _INT64}
+        )
     except Exception:
         tracing_failed("describe a request on its span")
 
 
 def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _int64(value: object) -> bool:
+    """An integer (not a bool) an OTLP exporter can encode."""
+    return isinstance(value, int) and not isinstance(value, bool) and value in _INT64
 
 
 def _epoch_ns(loop_time: float) -> int:
