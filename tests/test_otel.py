@@ -8,11 +8,12 @@ the standard variables, to a real receiver on loopback (:mod:`otlp_receiver`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -655,3 +656,75 @@ async def test_only_integers_an_exporter_can_encode_go_on_a_span(
     caplog.clear()
     encode_spans(exporter.get_finished_spans()).SerializeToString()
     assert not [r for r in caplog.records if "Failed to encode" in r.getMessage()]
+
+
+@contextlib.asynccontextmanager
+async def _traced_serve(provider: TracerProvider, state: Path) -> AsyncIterator[str]:
+    """``sluice serve`` in-process, tracing into ``provider``, with alice's key."""
+    from servetools import ENV, deployment, fake, listening
+
+    from sluice.cli._config import JobConfig
+    from sluice.serve._app import build_app
+    from sluice.serve._settings import ClientSpec, ServeSettings
+
+    async with fake() as upstream:
+        config = JobConfig((deployment(upstream, max_in_flight=1),), tracing=sluice.Tracing(provider))
+        app = build_app(config, ServeSettings(), (ClientSpec("alice", "ALICE_KEY"),), state, environ=ENV)
+        async with listening(app) as url:
+            yield url
+
+
+async def test_serve_continues_no_trace_and_makes_no_span_for_an_unauthenticated_caller(
+    spans: tuple[TracerProvider, InMemorySpanExporter], tmp_path: Path
+) -> None:
+    from servetools import ALICE_KEY
+
+    provider, exporter = spans
+    trace_id, parent_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    traceparent = f"00-{trace_id}-{parent_id}-01"
+    body = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    async with _traced_serve(provider, tmp_path / "state") as url, aiohttp.ClientSession() as http:
+        for headers in ({"authorization": "Bearer sk-not-a-key-0123456789"}, {}):
+            for path in ("/v1/chat/completions", "/v1/models"):
+                method = http.post if path.endswith("completions") else http.get
+                async with method(url + path, json=body, headers={**headers, "traceparent": traceparent}) as r:
+                    assert r.status == 401
+        assert exporter.get_finished_spans() == ()  # neither a span nor a continued trace
+        headers = {"authorization": f"Bearer {ALICE_KEY}", "traceparent": traceparent}
+        async with http.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
+            assert r.status == 200
+        async with http.post(url + "/v1/chat/completions", json={"model": "nope"}, headers=headers) as r:
+            assert r.status == 404  # an unknown model: a span all the same, with its status
+    found = _by_name(exporter.get_finished_spans())
+    served = found["POST /v1/chat/completions"]
+    assert sorted(dict(s.attributes or {})["http.response.status_code"] for s in served) == [200, 404]
+    for span in served:
+        assert span.kind is SpanKind.SERVER
+        assert f"{span.context.trace_id:032x}" == trace_id
+        assert span.parent is not None
+        assert f"{span.parent.span_id:016x}" == parent_id
+        assert (span.attributes or {})["sluice.client"] == "alice"
+    (request,) = found["chat gpt-test"]
+    assert request.parent is not None
+    assert request.parent.span_id in {s.context.span_id for s in served}
+
+
+@pytest.mark.parametrize("where", ["start", "end"])
+async def test_serve_answers_whatever_a_span_processor_raises(
+    tmp_path: Path, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from servetools import ALICE_KEY
+
+    monkeypatch.setattr(FAILURES, "count", 0)
+    provider = TracerProvider()
+    provider.add_span_processor(_Raising(where, ""))  # every span: the server's and the engine's
+    headers = {"authorization": f"Bearer {ALICE_KEY}"}
+    async with _traced_serve(provider, tmp_path / "state") as url, aiohttp.ClientSession(headers=headers) as http:
+        for i in range(3):  # max_in_flight=1: a slot kept would wedge the next
+            body = {"model": "gpt-test", "messages": [{"role": "user", "content": f"q {i}"}], "max_tokens": 8}
+            async with asyncio.timeout(10), http.post(url + "/v1/chat/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+        async with http.get(url + "/v1/models") as r:
+            assert r.status == 200
+    assert FAILURES.count >= 4
+    provider.shutdown()

@@ -76,11 +76,11 @@ FAILURES = TracingFailures()
 
 
 def tracing_failed(what: str) -> None:
-    """Say that tracing raised while it ``what`` (call it from an ``except`` block): logged
-    the first time in the process, counted every time. The request goes on untouched."""
+    """Say that tracing raised in ``what`` (call it from an ``except`` block): logged the
+    first time in the process, counted every time. The request goes on untouched."""
     FAILURES.count += 1
     if FAILURES.count == 1:
-        _log.exception("sluice: tracing failed to %s; the request goes on (later tracing errors are not logged)", what)
+        _log.exception("sluice: tracing failed (%s); the request goes on (later tracing errors are not logged)", what)
 
 
 class RequestTrace(Protocol):

@@ -79,7 +79,7 @@ def _guarded(method: Callable[_P, None]) -> Callable[_P, None]:
         try:
             method(*args, **kwargs)
         except Exception:
-            tracing_failed(method.__name__.replace("_", " ").strip())
+            tracing_failed(method.__qualname__.lstrip("_"))
 
     return guarded
 
@@ -102,7 +102,7 @@ class GenAITracer:
             start = _epoch_ns(job.submitted)
             span = self.tracer.start_span(f"{operation} {model}", kind=SpanKind.CLIENT, start_time=start)
         except Exception:
-            tracing_failed("start a request's span")
+            tracing_failed("starting a request's span")
             span = trace.INVALID_SPAN  # the request goes on, untraced
         if span.is_recording():
             request = job.request
@@ -162,7 +162,7 @@ class _RequestSpan:
         try:
             return context.attach(trace.set_span_in_context(span))
         except Exception:
-            tracing_failed("make an attempt's span current")
+            tracing_failed("making an attempt's span current")
             return None
 
     @_guarded
@@ -365,7 +365,7 @@ def _set(span: Span, make: Callable[[], Mapping[str, Any]]) -> None:
             {k: v for k, v in attributes.items() if not isinstance(v, int) or isinstance(v, bool) or v in _INT64}
         )
     except Exception:
-        tracing_failed("describe a request on its span")
+        tracing_failed("describing a request on its span")
 
 
 def _number(value: object) -> bool:
