@@ -261,10 +261,10 @@ async def _login(request: web.Request) -> web.Response:
     auth = request.app[_AUTH]
     if not auth.keyed:
         return _refused(request, 404 if not auth.on else 403, as_json=False)
-    length = request.content_length
-    # never more than the form can hold: the login takes no key, and a body of max_body_mb each is not free
-    body = b"" if length is not None and length > _MAX_FORM else await read_body(request, limit=_MAX_FORM)
-    if len(body) > _MAX_FORM or (length is not None and length > _MAX_FORM):
+    # never more than the form can hold: anyone may post here, and max_body_mb a time is not free
+    too_large = request.content_length is not None and request.content_length > _MAX_FORM
+    body = b"" if too_large else await read_body(request, limit=_MAX_FORM)
+    if too_large or len(body) > _MAX_FORM:
         response = _login_page(413, "That form is too large.")
         response.force_close()  # the rest of the body is not read
         return response
