@@ -11,9 +11,11 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
+from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
@@ -25,7 +27,8 @@ from servetools import ALICE_KEY, BOB_KEY, ENV, PRICE, UPSTREAM_KEY, ask, deploy
 from sluice import CallableProvider, ConfigError, Deployment, Request, RetryPolicy, ServerError
 from sluice.cli._config import JobConfig
 from sluice.serve._app import build_app
-from sluice.serve._dashboard import SESSION_S, DashboardAuth
+from sluice.serve._dashboard import LIVE, SESSION_S, DashboardAuth
+from sluice.serve._live import Live
 from sluice.serve._settings import ClientSpec, ServeSettings, serve_tables
 from sluice.testing import FakeServer
 
@@ -273,6 +276,8 @@ async def test_the_dashboard_renders_live_data_in_headless_chromium(tmp_path: Pa
                 body = {"model": "hostile", "messages": ask(1), "max_tokens": 8}
                 async with http.post(url + "/v1/chat/completions", json=body) as r:
                     assert r.status == 503
+            async with aiohttp.ClientSession() as http, http.get(url + "/v1/models", headers=_bearer("sk-wrong")) as r:
+                assert r.status == 401  # counted above the errors, not one of them
             stop = asyncio.Event()
             traffic = asyncio.create_task(_traffic(url, upstream, stop))
             try:
@@ -328,6 +333,11 @@ async def _check_page(visit: Any) -> None:
     assert await visit.page.evaluate("window.__pwned") is None
     assert await visit.count("img") == 0  # the hostile markup stayed text
     assert (await visit.texts("#status"))[0].startswith("ok")
+    (strangers,) = await visit.texts("#unauthenticated")
+    assert strangers.startswith("1 request refused for a wrong or missing key"), strangers
+    isolated = "getComputedStyle(document.querySelector('%s')).unicodeBidi"
+    for cell in ("#clients tbody td b", "#errors tbody td.why bdi", "#deployments tbody .why bdi"):
+        assert await visit.page.evaluate(isolated % cell) == "isolate", cell
 
 
 async def test_sluice_serve_names_its_dashboard_and_never_logs_the_admin_key(tmp_path: Path) -> None:
@@ -448,3 +458,196 @@ async def test_without_keys_a_request_from_another_address_is_refused(tmp_path: 
             await runner.cleanup()
     assert status == 403
     assert "loopback" in body
+
+
+# -- what the review found: cost with many clients, hostile bodies and tokens, a flood of 401s ------
+
+
+def _line_events(work: Callable[[], object]) -> int:
+    """How many lines of ``serve/_live.py`` ``work`` runs (a count of its work, not a timing)."""
+    count = 0
+
+    def local(frame: FrameType, event: str, arg: object) -> Any:
+        nonlocal count
+        if event == "line":
+            count += 1
+        return local
+
+    def calls(frame: FrameType, event: str, arg: object) -> Any:
+        return local if Path(frame.f_code.co_filename).name == "_live.py" else None
+
+    sys.settrace(calls)
+    try:
+        work()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+@contextlib.asynccontextmanager
+async def _many_clients(n: int, state: Path) -> AsyncIterator[tuple[Live, str]]:
+    """A server with ``n`` clients, each with results of three outcomes and a refusal."""
+    specs = tuple(ClientSpec(f"c{i:04d}", f"KEY_{i}", budget_usd=5.0) for i in range(n))
+    env = {f"KEY_{i}": f"sk-client-{i:04d}-0123456789" for i in range(n)} | {"ADMIN_KEY": ADMIN_KEY}
+    async with fake() as upstream:
+        config = JobConfig((deployment(upstream),))
+        app = build_app(config, ServeSettings(admin_key_env="ADMIN_KEY"), specs, state, environ=env)
+        live = app[LIVE]
+        metrics = live.ctx.metrics
+        for i, spec in enumerate(specs):
+            for outcome, times in (("ok", 3 + i % 5), ("server_error", 1), ("rate_limited", 2)):
+                metrics.results.labels(spec.name, "openai/gpt-test", outcome).inc(times)
+            metrics.refused.labels(spec.name, "budget").inc(1 + i % 2)
+            metrics.tokens.labels(spec.name, "openai/gpt-test", "input").inc(10 * i)
+        async with listening(app) as url:
+            yield live, url
+
+
+async def test_the_clients_table_costs_one_pass_over_the_counters_and_one_over_the_clients(tmp_path: Path) -> None:
+    work = {}
+    for n in (60, 180):
+        async with _many_clients(n, tmp_path / str(n)) as (live, _):
+            work[n] = _line_events(live.snapshot)
+            clients = {c["name"]: c for c in live.snapshot()["clients"]}
+        assert len(clients) == n
+        for i in (0, 1, n - 1):
+            row = clients[f"c{i:04d}"]
+            assert row["requests"] == 3 + i % 5 + 1 + 2
+            assert row["errors"] == 3
+            assert row["refused"] == {"budget": 1 + i % 2}
+            assert row["tokens"] == 10 * i
+            assert row["budget_usd"] == 5.0
+    # three times the clients (and series): about three times the work, never nine
+    assert work[180] < 4 * work[60], work
+
+
+async def test_the_data_is_made_once_per_sample_whoever_polls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with _many_clients(3, tmp_path / "s") as (live, url):
+        made = []
+        snapshot = live.snapshot
+        monkeypatch.setattr(live, "snapshot", lambda: made.append(1) or snapshot())
+        before = live.ticks
+        bodies = [await _get(url + "/dashboard/data", _bearer(ADMIN_KEY)) for _ in range(5)]  # five tabs
+        assert all(status == 200 for status, _, _ in bodies)
+        assert 1 <= len(made) <= 1 + live.ticks - before  # once, or once more if the sampler ticked meanwhile
+        assert json.loads(bodies[-1][2])["clients"][0]["name"] == "c0000"
+        seen = len(made)
+        live.sample()
+        status, _, _ = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
+        assert status == 200
+        assert len(made) == seen + 1  # a new sample: a new snapshot
+
+
+async def _raw(url: str, request: bytes, *, wait: float = 10.0) -> str:
+    """Send ``request`` as it is; what came back within ``wait`` s (the connection left open)."""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        data = b""
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            async with asyncio.timeout(wait):
+                while b"\r\n\r\n" not in data or not data.endswith(b"</html>\n"):
+                    chunk = await reader.read(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+        return data.decode("latin-1")
+    finally:
+        writer.close()
+
+
+async def test_the_login_reads_no_more_than_its_form_can_hold(tmp_path: Path) -> None:
+    async with fake() as upstream, dashboard_server([deployment(upstream)], tmp_path / "s", body_timeout_s=5) as url:
+        head = "POST /dashboard/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        # a length over the form's: refused before a byte of the body is read (not a 408 after 5 s)
+        answer = await _raw(url, (head + "Content-Length: 10000000\r\n\r\nkey=").encode(), wait=3)
+        assert answer.startswith("HTTP/1.1 413"), answer[:200]
+        # no length (chunked): read up to the form's limit, and refused there, the rest never waited for
+        chunk = b"key=" + b"a" * 5000
+        answer = await _raw(
+            url, (head + "Transfer-Encoding: chunked\r\n\r\n").encode() + b"%x\r\n%s\r\n" % (len(chunk), chunk), wait=3
+        )
+        assert answer.startswith("HTTP/1.1 413"), answer[:200]
+        async with aiohttp.ClientSession() as http:  # a form of the right size still logs in
+            async with http.post(url + "/dashboard/login", data={"key": ADMIN_KEY}, allow_redirects=False) as r:
+                assert r.status == 303
+            async with http.post(url + "/dashboard/login", data={"key": "k" * 5000}, allow_redirects=False) as r:
+                assert r.status == 413
+
+
+async def test_odd_bytes_in_a_cookie_or_a_key_are_a_401_never_a_500(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with fake() as upstream, dashboard_server([deployment(upstream)], tmp_path / "s") as url:
+        login = {"data": {"key": ADMIN_KEY}, "allow_redirects": False}
+        async with aiohttp.ClientSession() as http, http.post(url + "/dashboard/login", **login) as r:
+            _, nonce, signature = r.cookies["sluice_dashboard"].value.split(".")
+        cookies = [
+            "\u00b2".encode() + b"." + nonce.encode() + b"." + signature.encode(),  # isdigit() but not int()
+            "\u0661\u0662".encode() + b".n.s",  # Arabic-Indic digits
+            b"9999999999.\xff\xfe.sig",  # not UTF-8
+            "9999999999.\u00e9.sig".encode(),
+            b"9" * 300,
+        ]
+        requests = [b"Cookie: sluice_dashboard=" + cookie for cookie in cookies]
+        requests += [b"Authorization: Bearer \xff\xfeabc", "Authorization: Bearer k\u00e9y-0123456789abcdef".encode()]
+        for header in requests:
+            for path in (b"/dashboard/data", b"/dashboard", b"/v1/models"):
+                if path == b"/v1/models" and header.startswith(b"Cookie"):
+                    continue
+                request = b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n" + header + b"\r\nConnection: close\r\n\r\n"
+                answer = await _raw(url, request)
+                assert answer.startswith("HTTP/1.1 401"), (header, path, answer[:300])
+    assert not [r for r in caplog.records if r.exc_info is not None or "internal error" in r.getMessage()]
+
+
+def test_keys_must_be_printable_ascii(tmp_path: Path) -> None:
+    config = JobConfig((Deployment("openai/gpt-test", base_url="http://127.0.0.1:9/v1", api_key="sk-x"),))
+    settings = ServeSettings(admin_key_env="ADMIN_KEY")
+    for odd in ({"ADMIN_KEY": "sk-admin-\u00e9-0123456789"}, {"ALICE_KEY": "sk-alice-\u00e9-0123456789"}):
+        env = {**ENV, "ADMIN_KEY": ADMIN_KEY, **odd}
+        with pytest.raises(ConfigError, match="printable ASCII"):  # no header could carry it
+            build_app(config, settings, CLIENTS, tmp_path / "s", environ=env)
+
+
+async def test_a_flood_of_wrong_keys_leaves_the_real_errors_in_view(tmp_path: Path) -> None:
+    async with fake() as upstream, dashboard_server([deployment(upstream)], tmp_path / "s") as url:
+        upstream.inject("503", times=10)
+        alice = sdk(url, key=ALICE_KEY)
+        with contextlib.suppress(Exception):
+            await alice.chat.completions.create(model="gpt-test", messages=ask(1), max_tokens=8)
+        await alice.close()
+        async with aiohttp.ClientSession() as http:
+            for _ in range(80):  # more than the ring holds
+                async with http.get(url + "/v1/models", headers=_bearer("sk-nope-0123456789abcdef")) as r:
+                    assert r.status == 401
+            async with http.get(url + "/v1/models") as r:
+                assert r.status == 401
+        status, _, text = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
+    assert status == 200
+    data = json.loads(text)
+    kinds = {(e["source"], e["kind"]) for e in data["errors"]}
+    assert ("upstream", "server_error") in kinds
+    assert ("client", "server_error") in kinds
+    assert not [e for e in data["errors"] if e["status"] == 401]
+    assert data["unauthenticated"]["count"] == 81
+    assert data["unauthenticated"]["last_at"] > time.time() - 60
+
+
+async def test_a_logged_out_session_is_refused_here(tmp_path: Path) -> None:
+    async with fake() as upstream, dashboard_server([deployment(upstream)], tmp_path / "s") as url:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/dashboard/login", data={"key": ADMIN_KEY}, allow_redirects=False) as r:
+                cookie = {"cookie": f"sluice_dashboard={r.cookies['sluice_dashboard'].value}"}
+            async with http.post(url + "/dashboard/login", data={"key": ADMIN_KEY}, allow_redirects=False) as r:
+                other = {"cookie": f"sluice_dashboard={r.cookies['sluice_dashboard'].value}"}
+        assert (await _get(url + "/dashboard/data", cookie))[0] == 200
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/dashboard/logout", headers=cookie, allow_redirects=False) as r:
+                assert r.status == 303
+            async with http.get(url + "/dashboard", headers=cookie) as r:
+                assert r.status == 401  # where it goes: the login form
+        assert (await _get(url + "/dashboard/data", cookie))[0] == 401  # replayed after the logout
+        assert (await _get(url + "/dashboard/data", other))[0] == 200  # another session goes on

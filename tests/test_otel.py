@@ -8,11 +8,12 @@ the standard variables, to a real receiver on loopback (:mod:`otlp_receiver`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import aiohttp
 import pytest
 from fake_provider import deployment_at
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -28,6 +29,7 @@ from otlp_receiver import OtlpReceiver
 
 import sluice
 from sluice import Price, RetryPolicy
+from sluice._tracing import FAILURES
 from sluice.testing import FakeServer
 
 PROMPT = "What is a sluice? (secret prompt)"
@@ -415,3 +417,316 @@ def test_messages_are_described_in_the_conventions_schema_whatever_they_hold() -
         {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1", "response": "a sluice gate"}]},
         {"role": "assistant", "parts": [{"type": "text", "content": "odd"}]},
     ]
+
+
+# -- what tracing must never do: break a request, keep a slot, leak content --------------------------
+
+
+class _Raising(SpanProcessor):
+    """A span processor with a bug: it raises when a span whose name starts with ``prefix``
+    starts (``where="start"``) or ends."""
+
+    def __init__(self, where: str, prefix: str) -> None:
+        self.where, self.prefix = where, prefix
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.where == "start" and span.name.startswith(self.prefix):
+            raise RuntimeError("a span processor's bug")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.where == "end" and span.name.startswith(self.prefix):
+            raise RuntimeError("a span processor's bug")
+
+
+@pytest.mark.parametrize("where", ["start", "end"])
+@pytest.mark.parametrize("prefix", ["chat", "attempt", "embeddings"])
+async def test_a_span_processor_that_raises_breaks_no_request_and_keeps_no_slot(
+    server: FakeServer, where: str, prefix: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(FAILURES, "count", 0)  # as in a fresh process: the first failure is logged
+    provider = TracerProvider()
+    provider.add_span_processor(_Raising(where, prefix))
+    deployments = [
+        deployment_at(server, price=Price(2.0, 8.0), max_in_flight=1),
+        deployment_at(server, "openai/text-embedding-3-small", price=Price(0.02, 0.0), max_in_flight=1),
+    ]
+    retry = RetryPolicy(max_attempts=2, base_delay=0.01, max_delay=0.02)
+    async with sluice.Engine(deployments, retry=retry, tracing=sluice.Tracing(provider)) as engine:
+        for i in range(3):  # one slot each: a slot kept by the first would wedge the second
+            result = await asyncio.wait_for(engine.complete("openai/gpt-test", f"q {i}", max_tokens=8), 10)
+            assert result.ok, result.error
+            async with asyncio.timeout(10):
+                vectors = await engine.embed([f"a {i}", f"b {i}"], model="openai/text-embedding-3-small")
+            assert len(vectors) == 2
+        assert all(route.limiter.in_flight == 0 for route in engine.router.routes)  # type: ignore[attr-defined]
+    assert server.stats.received == 6
+    assert FAILURES.count >= 3
+    logged = [r for r in caplog.records if "tracing failed" in r.getMessage()]
+    assert len(logged) == 1  # once per process, not once per span
+    assert logged[0].exc_info is not None
+    provider.shutdown()
+
+
+async def test_a_cancelled_embeddings_request_ends_its_span(
+    spans: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = spans
+    async with FakeServer(latency=5.0) as slow:
+        embedder = deployment_at(slow, "openai/text-embedding-3-small", price=Price(0.02, 0.0))
+        async with sluice.Engine([embedder], tracing=sluice.Tracing(provider)) as engine:
+            task = asyncio.create_task(engine.embed(["slow a", "slow b"], model="openai/text-embedding-3-small"))
+            await slow.until(lambda: slow.stats.received == 1, timeout=10)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    found = _by_name(exporter.get_finished_spans())
+    (request,) = found["embeddings text-embedding-3-small"]  # ended, so exported
+    (attempt,) = found["attempt openai/text-embedding-3-small"]
+    assert attempt.parent is not None
+    assert attempt.parent.span_id == request.context.span_id
+    assert (request.attributes or {})["error.type"] == "cancelled"
+    assert request.status.status_code is StatusCode.ERROR
+
+
+class _TraceThatRaises:
+    """A RequestTrace whose attempt() raises (no tracer of sluice's does: the seam must
+    still settle the attempt's slot whatever a tracer does)."""
+
+    def attempt(self, route: Any, number: int) -> None:
+        raise RuntimeError("a tracer's bug")
+
+    def enter(self) -> object:
+        return None
+
+    def leave(self, token: object) -> None:
+        pass
+
+    def attempt_done(self, outcome: object) -> None:
+        pass
+
+    def ended(self, outcome: object, tally: Any) -> None:
+        pass
+
+
+class _TracerThatRaises:
+    def request(self, job: Any, operation: str = "chat") -> _TraceThatRaises:
+        return _TraceThatRaises()
+
+    def finished(self, job: Any, result: Any) -> None:
+        pass
+
+
+async def test_a_tracer_raising_as_an_attempt_starts_still_frees_its_slot(server: FakeServer) -> None:
+    engine = sluice.Engine([deployment_at(server, max_in_flight=1)], retry=RetryPolicy(max_attempts=1))
+    engine.attempts.tracer = _TracerThatRaises()
+    async with engine:
+        for i in range(2):  # the second waits forever for the slot if the first kept it
+            result = await asyncio.wait_for(engine.complete("openai/gpt-test", f"q {i}", max_tokens=8), 10)
+            assert not result.ok
+        (route,) = engine.router.routes
+        assert route.limiter.in_flight == 0  # type: ignore[attr-defined]
+
+
+def test_tracing_takes_a_tracer_provider() -> None:
+    with pytest.raises(sluice.ConfigError, match="must be an OpenTelemetry TracerProvider"):
+        sluice.Tracing(provider="oops")
+    with pytest.raises(sluice.ConfigError, match="capture_content"):
+        sluice.Tracing(capture_content="yes")  # type: ignore[arg-type]
+    assert sluice.Tracing(TracerProvider()).capture_content is False
+
+
+SECRET_ANSWER = "PATIENT John Doe, diagnosis: secret"
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+
+
+async def _quoting_answer(request: sluice.Request) -> str:
+    if "upstream" in str(request.messages):
+        raise sluice.ServerError(f"upstream echoes {SECRET_ANSWER}", status=503)
+    return '{"a": "' + SECRET_ANSWER + '"}'  # valid JSON, wrong type: the validator's message quotes it
+
+
+@pytest.mark.parametrize("capture", [False, True])
+async def test_without_content_capture_no_error_message_reaches_a_span(
+    spans: tuple[TracerProvider, InMemorySpanExporter], capture: bool
+) -> None:
+    provider, exporter = spans
+    deployment = sluice.Deployment("openai/m", provider=sluice.CallableProvider(_quoting_answer))
+    tracing = sluice.Tracing(provider, capture_content=capture)
+    async with sluice.Engine([deployment], retry=RetryPolicy(max_attempts=1), tracing=tracing, max_reasks=0) as engine:
+        invalid = await engine.complete("openai/m", "x", schema=SCHEMA)
+        failed = await engine.complete("openai/m", "the upstream fails")
+    assert invalid.error is not None
+    assert invalid.error.kind == "invalid_output"
+    assert SECRET_ANSWER in str(invalid.error)
+    assert isinstance(failed.error, sluice.ServerError)
+    finished = exporter.get_finished_spans()
+    requests = [s for s in finished if s.name.startswith("chat ")]
+    assert sorted(str((s.attributes or {})["error.type"]) for s in requests) == ["invalid_output", "server_error"]
+    for span in requests:  # with capture_content, the messages say what happened
+        assert (SECRET_ANSWER in (span.status.description or "")) is capture
+    for span in finished:
+        shown = (span.status.description or "") + str(dict(span.attributes or {}))
+        assert capture or SECRET_ANSWER not in shown, span.name
+        if span.status.status_code is StatusCode.ERROR and not capture:
+            kind = (span.attributes or {})["error.type"]
+            assert span.status.description == f"{kind} (the message is recorded only with capture_content)"
+
+
+async def test_an_answer_from_the_state_or_a_twin_is_a_span_that_cost_and_used_nothing(
+    server: FakeServer, spans: tuple[TracerProvider, InMemorySpanExporter], tmp_path: Path
+) -> None:
+    from sluice.store import SqliteStore
+
+    provider, exporter = spans
+    server.latency = 0.1
+    engine = _engine(server, provider, store=SqliteStore(tmp_path / "state.db"))
+    async with engine:
+        first, twin = await asyncio.gather(
+            engine.complete("openai/gpt-test", "twin"), engine.complete("openai/gpt-test", "twin")
+        )
+        stored = await engine.complete("openai/gpt-test", "twin")
+    assert [r.cached for r in (first, twin, stored)] == [False, True, True]
+    assert server.stats.received == 1
+    chats = exporter.get_finished_spans()
+    requests = [dict(s.attributes or {}) for s in chats if s.name == "chat gpt-test"]
+    sent = [a for a in requests if not a["sluice.cached"]]
+    cached = [a for a in requests if a["sluice.cached"]]
+    assert len(sent) == 1
+    assert len(cached) == 2
+    assert sent[0]["gen_ai.usage.input_tokens"] == first.usage.input_tokens > 0
+    assert sent[0]["sluice.cost_usd"] == pytest.approx(first.cost_usd)
+    for attributes in cached:  # the twin's and the stored answer's alike
+        assert attributes["sluice.cost_usd"] == 0.0
+        assert attributes["sluice.attempts"] == 0
+        assert attributes["sluice.retries"] == 0
+        assert "gen_ai.usage.input_tokens" not in attributes
+        assert "gen_ai.usage.output_tokens" not in attributes
+        assert attributes["sluice.cached.input_tokens"] == first.usage.input_tokens
+        assert attributes["sluice.cached.output_tokens"] == first.usage.output_tokens
+    total = sum(int(a.get("gen_ai.usage.input_tokens", 0)) for a in requests)  # a backend adding up usage
+    assert total == first.usage.input_tokens
+
+
+async def test_a_reask_is_not_a_retry_on_the_span(
+    server: FakeServer, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    provider, exporter = spans
+    server.structured.configure(first=1, kinds=["missing"])
+    server.inject("503")
+    async with _engine(server, provider) as engine:
+        result = await engine.complete("openai/gpt-test", "json please", schema=SCHEMA, max_tokens=50)
+        plain = await engine.complete("openai/gpt-test", "no schema", max_tokens=8)
+    assert result.ok, result.error
+    assert result.reasks == 1
+    assert result.attempts == 3  # a 503 retried, an invalid answer re-asked, a valid one
+    assert result.reask_cost_usd is not None
+    assert result.reask_cost_usd > 0
+    by_question = {str(s.attributes and s.attributes.get("sluice.reasks")): s for s in exporter.get_finished_spans()}
+    span = by_question["1"]
+    attributes = dict(span.attributes or {})
+    assert attributes["sluice.attempts"] == 3
+    assert attributes["sluice.retries"] == 1
+    assert attributes["sluice.reasks"] == 1
+    assert attributes["sluice.reask_cost_usd"] == pytest.approx(result.reask_cost_usd)
+    assert attributes["sluice.cost_usd"] == pytest.approx(result.cost_usd)
+    assert attributes["gen_ai.output.type"] == "json"
+    assert plain.ok
+    (other,) = [s for s in _by_name(exporter.get_finished_spans())["chat gpt-test"] if s is not span]
+    assert "gen_ai.output.type" not in (other.attributes or {})
+    assert "sluice.reasks" not in (other.attributes or {})
+
+
+async def test_only_integers_an_exporter_can_encode_go_on_a_span(
+    server: FakeServer, spans: tuple[TracerProvider, InMemorySpanExporter], caplog: pytest.LogCaptureFixture
+) -> None:
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    provider, exporter = spans
+    params: dict[str, Any] = {"seed": 2**63, "top_k": 2**64 - 1, "n": True, "max_completion_tokens": True}
+    async with _engine(server, provider) as engine:
+        odd = await engine.complete("openai/gpt-test", "odd", params=params)
+        fine = await engine.complete("openai/gpt-test", "fine", params={"seed": 2**63 - 1, "top_k": -(2**63)})
+    assert fine.ok  # the odd one may be refused by the provider: its span is made all the same
+    assert odd.attempts == 1
+    requests = {str(s.attributes and s.attributes.get("gen_ai.request.seed")): s for s in exporter.get_finished_spans()}
+    odd_attributes = dict(requests["None"].attributes or {})
+    for key in ("gen_ai.request.seed", "gen_ai.request.top_k", "gen_ai.request.choice.count"):
+        assert key not in odd_attributes
+    assert "gen_ai.request.max_tokens" not in odd_attributes  # True is no number of tokens
+    fine_attributes = dict(requests[str(2**63 - 1)].attributes or {})
+    assert fine_attributes["gen_ai.request.top_k"] == -(2**63)
+    caplog.clear()
+    encode_spans(exporter.get_finished_spans()).SerializeToString()
+    assert not [r for r in caplog.records if "Failed to encode" in r.getMessage()]
+
+
+@contextlib.asynccontextmanager
+async def _traced_serve(provider: TracerProvider, state: Path) -> AsyncIterator[str]:
+    """``sluice serve`` in-process, tracing into ``provider``, with alice's key."""
+    from servetools import ENV, deployment, fake, listening
+
+    from sluice.cli._config import JobConfig
+    from sluice.serve._app import build_app
+    from sluice.serve._settings import ClientSpec, ServeSettings
+
+    async with fake() as upstream:
+        config = JobConfig((deployment(upstream, max_in_flight=1),), tracing=sluice.Tracing(provider))
+        app = build_app(config, ServeSettings(), (ClientSpec("alice", "ALICE_KEY"),), state, environ=ENV)
+        async with listening(app) as url:
+            yield url
+
+
+async def test_serve_continues_no_trace_and_makes_no_span_for_an_unauthenticated_caller(
+    spans: tuple[TracerProvider, InMemorySpanExporter], tmp_path: Path
+) -> None:
+    from servetools import ALICE_KEY
+
+    provider, exporter = spans
+    trace_id, parent_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    traceparent = f"00-{trace_id}-{parent_id}-01"
+    body = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    async with _traced_serve(provider, tmp_path / "state") as url, aiohttp.ClientSession() as http:
+        for headers in ({"authorization": "Bearer sk-not-a-key-0123456789"}, {}):
+            for path in ("/v1/chat/completions", "/v1/models"):
+                method = http.post if path.endswith("completions") else http.get
+                async with method(url + path, json=body, headers={**headers, "traceparent": traceparent}) as r:
+                    assert r.status == 401
+        assert exporter.get_finished_spans() == ()  # neither a span nor a continued trace
+        headers = {"authorization": f"Bearer {ALICE_KEY}", "traceparent": traceparent}
+        async with http.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
+            assert r.status == 200
+        async with http.post(url + "/v1/chat/completions", json={"model": "nope"}, headers=headers) as r:
+            assert r.status == 404  # an unknown model: a span all the same, with its status
+    found = _by_name(exporter.get_finished_spans())
+    served = found["POST /v1/chat/completions"]
+    assert sorted(dict(s.attributes or {})["http.response.status_code"] for s in served) == [200, 404]
+    for span in served:
+        assert span.kind is SpanKind.SERVER
+        assert f"{span.context.trace_id:032x}" == trace_id
+        assert span.parent is not None
+        assert f"{span.parent.span_id:016x}" == parent_id
+        assert (span.attributes or {})["sluice.client"] == "alice"
+    (request,) = found["chat gpt-test"]
+    assert request.parent is not None
+    assert request.parent.span_id in {s.context.span_id for s in served}
+
+
+@pytest.mark.parametrize("where", ["start", "end"])
+async def test_serve_answers_whatever_a_span_processor_raises(
+    tmp_path: Path, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from servetools import ALICE_KEY
+
+    monkeypatch.setattr(FAILURES, "count", 0)
+    provider = TracerProvider()
+    provider.add_span_processor(_Raising(where, ""))  # every span: the server's and the engine's
+    headers = {"authorization": f"Bearer {ALICE_KEY}"}
+    async with _traced_serve(provider, tmp_path / "state") as url, aiohttp.ClientSession(headers=headers) as http:
+        for i in range(3):  # max_in_flight=1: a slot kept would wedge the next
+            body = {"model": "gpt-test", "messages": [{"role": "user", "content": f"q {i}"}], "max_tokens": 8}
+            async with asyncio.timeout(10), http.post(url + "/v1/chat/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+        async with http.get(url + "/v1/models") as r:
+            assert r.status == 200
+    assert FAILURES.count >= 4
+    provider.shutdown()

@@ -211,10 +211,7 @@ class Attempts(JobPlanning):
                     reply, error, parsed = await until_valid(self, job, tally, deadline, outcome)
                 finally:
                     job.request = asked  # the result is the line's, not its latest re-ask's
-                result = self.finish(job, tally, reply=reply, error=error, emit=False)
-                result = dataclasses.replace(
-                    result, parsed=parsed, reasks=job.reasks, reask_cost_usd=reask_cost(result, first)
-                )
+                result = self.finish(job, tally, reply=reply, error=error, emit=False, parsed=(parsed, first))
         except asyncio.CancelledError:
             note = "it was sent and may have been answered" if tally.sent else "it was never sent"
             job.cancelled = self.finish(job, tally, error=CancelledError(f"cancelled; {note}"))
@@ -305,8 +302,6 @@ class Attempts(JobPlanning):
         loop = asyncio.get_running_loop()
         slot.sending(slot.ready_at)
         trace = job.trace
-        if trace is not None:
-            trace.attempt(route, tally.attempts)
         sent_at = slot.sent_at
         untimed = route.deployment.tier == "batch"  # a batch line waits for its batch (its own window)
         timeout = None if untimed else retry.attempt_timeout
@@ -329,9 +324,12 @@ class Attempts(JobPlanning):
         elif hard is not None:
             watch = self.timer.arm(loop, hard)
         listened = listening.set(watch) if idle is not None else None
-        entered = trace.enter() if trace is not None else None
+        entered = None
         try:
             try:
+                if trace is not None:  # inside: whatever it does, the slot is settled below
+                    trace.attempt(route, tally.attempts)
+                    entered = trace.enter()
                 if send is None:
                     reply: _A | Reply = await route.provider.send(
                         job.request, route.deployment, idempotency_key=job.idempotency_key
@@ -560,8 +558,10 @@ class Attempts(JobPlanning):
         error: SluiceError | None = None,
         reply: Reply | None = None,
         emit: bool = True,
+        parsed: tuple[Any, float] | None = None,
     ) -> Result:
-        """The job's Result from its tally and its outcome (reported too, with ``emit``)."""
+        """The job's Result from its tally and its outcome (reported too, with ``emit``);
+        ``parsed``: a schema's answer, and what was charged before its re-asks."""
         now = asyncio.get_running_loop().time()
         priced = self.spending.pricing.has_price(job.route.deployment)
         result = Result(
@@ -586,6 +586,10 @@ class Attempts(JobPlanning):
             tier=job.route.deployment.tier if tally.attempts else None,
             batch_id=reply.batch_id if reply is not None else None,
         )
+        if parsed is not None:  # before the tracer sees it: re-asks are not retries
+            result = dataclasses.replace(
+                result, parsed=parsed[0], reasks=job.reasks, reask_cost_usd=reask_cost(result, parsed[1])
+            )
         if self.tracer is not None:
             self.tracer.finished(job, result)
         if emit:

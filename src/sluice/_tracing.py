@@ -15,10 +15,15 @@ sluice`` never does), and the attempt core calls it at four points of a request'
   request answered from the state or never sent).
 
 Without tracing every seam is one ``is None`` test: nothing is allocated or imported.
+
+A tracer never raises into the engine: a span processor or exporter that raises (a bug of
+theirs, a full disk) costs that span, never the request, and is logged once per process
+(:func:`tracing_failed`; :data:`FAILURES` counts them all).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,7 +35,9 @@ if TYPE_CHECKING:
     from ._router import Route
     from ._slot import Tally
 
-__all__ = ["RequestTrace", "Tracer", "Tracing", "make_tracer"]
+__all__ = ["FAILURES", "RequestTrace", "Tracer", "Tracing", "TracingFailures", "make_tracer", "tracing_failed"]
+
+_log = logging.getLogger("sluice")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +53,34 @@ class Tracing:
 
     provider: Any = None
     capture_content: bool = False
+
+    def __post_init__(self) -> None:
+        provider = self.provider
+        if provider is not None and not callable(getattr(provider, "get_tracer", None)):
+            raise ConfigError(
+                f"Tracing(provider=...) must be an OpenTelemetry TracerProvider (or None: the global one), "
+                f"got {type(provider).__name__}"
+            )
+        if not isinstance(self.capture_content, bool):
+            raise ConfigError(f"Tracing(capture_content=...) must be True or False, got {self.capture_content!r}")
+
+
+@dataclass(slots=True)
+class TracingFailures:
+    """How many times tracing raised in this process (the first is logged, with its traceback)."""
+
+    count: int = 0
+
+
+FAILURES = TracingFailures()
+
+
+def tracing_failed(what: str) -> None:
+    """Say that tracing raised in ``what`` (call it from an ``except`` block): logged the
+    first time in the process, counted every time. The request goes on untouched."""
+    FAILURES.count += 1
+    if FAILURES.count == 1:
+        _log.exception("sluice: tracing failed (%s); the request goes on (later tracing errors are not logged)", what)
 
 
 class RequestTrace(Protocol):

@@ -456,10 +456,16 @@ class EmbedPipeline:
 
         if attempts.tracer is not None:
             job.trace = attempts.tracer.request(job, "embeddings")
-        outcome = await attempts.until_outcome(job, tally, attempts.deadline(tally), send)
+        ending: object = None
+        try:
+            outcome = ending = await attempts.until_outcome(job, tally, attempts.deadline(tally), send)
+        except BaseException as exc:  # cancelled: its span ends too, saying so
+            ending = exc
+            raise
+        finally:
+            if job.trace is not None:
+                job.trace.ended(ending, tally)
         assert isinstance(outcome, (EmbedReply, SluiceError))  # made by the pack's own send
-        if job.trace is not None:
-            job.trace.ended(outcome, tally)
         return outcome, tally, job
 
     def _job(self, group: SpecGroup, pack: Pack, tally: Tally) -> Job:

@@ -12,16 +12,27 @@ attempt's span carries no ``gen_ai.operation.name`` and no usage: a GenAI backen
 adds up tokens over the spans it recognises then counts each request once.
 
 Content (prompts, answers) is recorded only with ``capture_content``, as JSON strings of
-the conventions' message schemas (Python's span attributes take no structured values).
+the conventions' message schemas (Python's span attributes take no structured values);
+without it a failure's span says its ``error.type`` and a fixed text, never the error's
+message (an invalid answer's message quotes the answer, a provider's may echo the prompt).
+
+An answer from the state (or shared with an identical request in flight) is a span with
+``sluice.cached``, no cost, no attempt and its tokens as ``sluice.cached.*``: a backend adding
+up ``gen_ai.usage.*`` counts what was sent to a provider, once.
+
+Nothing here raises into the engine: every method is guarded (:func:`_guarded`), so a span
+processor or exporter that raises costs the span, never the request (see
+:func:`~sluice._tracing.tracing_failed`). Integers are put on a span only within int64 (an
+OTLP exporter cannot encode others, and logs a traceback for each).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import functools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec
 from urllib.parse import urlsplit
 
 import orjson
@@ -31,6 +42,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from .. import __version__
 from .._errors import ProviderError, SluiceError
 from .._pricing import effective_base_url
+from .._tracing import tracing_failed
 
 if TYPE_CHECKING:
     from .._job import Job
@@ -51,11 +63,25 @@ _PARAMS = {
     "presence_penalty": "gen_ai.request.presence_penalty",
     "seed": "gen_ai.request.seed",
 }
-#: The longest error message kept as a span's status description.
+#: The longest error message kept as a span's status description (with ``capture_content``).
 _MESSAGE = 500
-_log = logging.getLogger("sluice")
-#: Whether a failure to describe a request was logged already (once per process).
-_complained = False
+#: What an OTLP exporter can encode as an integer.
+_INT64 = range(-(2**63), 2**63)
+_P = ParamSpec("_P")
+
+
+def _guarded(method: Callable[_P, None]) -> Callable[_P, None]:
+    """``method``, which never raises: a span processor's or exporter's exception costs the
+    span, never the request (logged once per process)."""
+
+    @functools.wraps(method)
+    def guarded(*args: _P.args, **kwargs: _P.kwargs) -> None:
+        try:
+            method(*args, **kwargs)
+        except Exception:
+            tracing_failed(method.__qualname__.lstrip("_"))
+
+    return guarded
 
 
 class GenAITracer:
@@ -71,7 +97,13 @@ class GenAITracer:
     def request(self, job: Job, operation: str = "chat") -> _RequestSpan:
         deployment = job.route.deployment
         model = deployment.model_name
-        span = self.tracer.start_span(f"{operation} {model}", kind=SpanKind.CLIENT, start_time=_epoch_ns(job.submitted))
+        span: Span
+        try:
+            start = _epoch_ns(job.submitted)
+            span = self.tracer.start_span(f"{operation} {model}", kind=SpanKind.CLIENT, start_time=start)
+        except Exception:
+            tracing_failed("starting a request's span")
+            span = trace.INVALID_SPAN  # the request goes on, untraced
         if span.is_recording():
             request = job.request
             _set(span, lambda: _request_attributes(request, deployment, operation, model))
@@ -79,11 +111,12 @@ class GenAITracer:
                 _set(span, lambda: {"gen_ai.input.messages": _dumps(input_messages(request.messages))})
         return _RequestSpan(self, span, operation)
 
+    @_guarded
     def finished(self, job: Job, result: Result) -> None:
         trace_ = job.trace
+        job.trace = None
         if not isinstance(trace_, _RequestSpan):  # answered from the state, or never sent
             trace_ = self.request(job)
-        job.trace = None
         trace_.finish(result, self.server(job.route.deployment) if result.attempts and not result.cached else None)
 
     def server(self, deployment: Deployment) -> tuple[str, int | None] | None:
@@ -105,6 +138,7 @@ class _RequestSpan:
         self.operation = operation
         self._attempt: Span | None = None
 
+    @_guarded
     def attempt(self, route: Route, number: int) -> None:
         self.attempt_done(None)  # one at a time: a stale one (never told its outcome) ends here
         deployment = route.deployment
@@ -123,12 +157,20 @@ class _RequestSpan:
 
     def enter(self) -> object:
         span = self._attempt
-        return None if span is None else context.attach(trace.set_span_in_context(span))
+        if span is None:
+            return None
+        try:
+            return context.attach(trace.set_span_in_context(span))
+        except Exception:
+            tracing_failed("making an attempt's span current")
+            return None
 
+    @_guarded
     def leave(self, token: object) -> None:
         if token is not None:
             context.detach(token)  # type: ignore[arg-type]  # the token enter() made
 
+    @_guarded
     def attempt_done(self, outcome: object) -> None:
         """The attempt under way ended with ``outcome`` (a reply, an error; None: unknown)."""
         span = self._attempt
@@ -136,26 +178,31 @@ class _RequestSpan:
             return
         self._attempt = None
         if isinstance(outcome, BaseException):
-            _failed(span, outcome)
+            _failed(span, outcome, self._owner.capture_content)
         elif outcome is not None:
             span.set_attribute("sluice.outcome", "ok")
         span.end()
 
+    @_guarded
     def ended(self, outcome: object, tally: Tally) -> None:
         """An embeddings pack's end: its reply (usage) or error, from the attempt core's loop."""
         self.attempt_done(outcome)
         span = self.span
         if span.is_recording():
-            span.set_attribute("sluice.attempts", tally.attempts)
-            span.set_attribute("sluice.retries", max(0, tally.attempts - 1))
-            span.set_attribute("sluice.cost_usd", tally.charged)
+            attributes: dict[str, Any] = {
+                "sluice.attempts": tally.attempts,
+                "sluice.retries": max(0, tally.attempts - 1),
+                "sluice.cost_usd": tally.charged,
+            }
             usage = getattr(outcome, "usage", None)
             if usage is not None:
-                span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
+                attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
+            _set(span, lambda: attributes)
             if isinstance(outcome, BaseException):
-                _failed(span, outcome)
+                _failed(span, outcome, self._owner.capture_content)
         span.end()
 
+    @_guarded
     def finish(self, result: Result, server: tuple[str, int | None] | None) -> None:
         """The request's end: its Result, and where its last attempt went."""
         span = self.span
@@ -165,7 +212,7 @@ class _RequestSpan:
         if span.is_recording():
             _set(span, lambda: _add_server(_result_attributes(result), server))
             if result.error is not None:
-                _failed(span, result.error)
+                _failed(span, result.error, self._owner.capture_content)
             elif self._owner.capture_content:
                 _set(span, lambda: {"gen_ai.output.messages": _dumps(output_messages(result))})
         span.end()
@@ -189,23 +236,26 @@ def _request_attributes(request: Request, deployment: Deployment, operation: str
         return attributes
     params = request.params
     max_tokens = request.max_tokens or params.get("max_completion_tokens")
-    if isinstance(max_tokens, int):
+    if _int64(max_tokens):
         attributes["gen_ai.request.max_tokens"] = max_tokens
     if _number(request.temperature):
         attributes["gen_ai.request.temperature"] = float(request.temperature)  # type: ignore[arg-type]
     for name, key in _PARAMS.items():
-        if _number(params.get(name)):
-            attributes[key] = params[name]
+        value = params.get(name)
+        if isinstance(value, float) or _int64(value):
+            attributes[key] = value
     stop = params.get("stop")
     if isinstance(stop, str):
         attributes["gen_ai.request.stop_sequences"] = [stop]
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         attributes["gen_ai.request.stop_sequences"] = stop
     choices = params.get("n")
-    if isinstance(choices, int) and choices != 1:
+    if _int64(choices) and choices != 1:
         attributes["gen_ai.request.choice.count"] = choices
     output = params.get("response_format")
-    if isinstance(output, Mapping) and output.get("type") in ("json_object", "json_schema"):
+    if request.schema is not None or (
+        isinstance(output, Mapping) and output.get("type") in ("json_object", "json_schema")
+    ):
         attributes["gen_ai.output.type"] = "json"
     if request.id is not None:
         attributes["sluice.request.id"] = request.id
@@ -213,18 +263,30 @@ def _request_attributes(request: Request, deployment: Deployment, operation: str
 
 
 def _result_attributes(result: Result) -> dict[str, Any]:
-    attributes: dict[str, Any] = {
-        "sluice.attempts": result.attempts,
-        "sluice.retries": max(0, result.attempts - 1),
-        "sluice.cached": result.cached,
-        "sluice.queue_s": result.timings.queued + result.timings.limiter_wait,
-    }
     usage = result.usage
-    if result.ok or usage.input_tokens or usage.output_tokens:
-        attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
-        attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
-    if result.cost_usd is not None:
-        attributes["sluice.cost_usd"] = result.cost_usd
+    tokens = result.ok or usage.input_tokens or usage.output_tokens
+    if result.cached:  # nothing was sent, nothing paid: the answer's tokens are not this request's usage
+        attributes: dict[str, Any] = {"sluice.attempts": 0, "sluice.retries": 0, "sluice.cost_usd": 0.0}
+        if tokens:
+            attributes["sluice.cached.input_tokens"] = usage.input_tokens
+            attributes["sluice.cached.output_tokens"] = usage.output_tokens
+    else:
+        reasks = result.reasks
+        attributes = {
+            "sluice.attempts": result.attempts,
+            "sluice.retries": max(0, result.attempts - 1 - reasks),  # a re-ask is not a retry
+        }
+        if tokens:
+            attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
+            attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
+        if result.cost_usd is not None:
+            attributes["sluice.cost_usd"] = result.cost_usd
+        if reasks or (result.request is not None and result.request.schema is not None):
+            attributes["sluice.reasks"] = reasks
+            if result.reask_cost_usd is not None:
+                attributes["sluice.reask_cost_usd"] = result.reask_cost_usd
+    attributes["sluice.cached"] = result.cached
+    attributes["sluice.queue_s"] = result.timings.queued + result.timings.limiter_wait
     if result.deployment is not None:
         attributes["sluice.deployment"] = result.deployment
     if result.tier is not None:
@@ -244,18 +306,22 @@ def _result_attributes(result: Result) -> dict[str, Any]:
     return attributes
 
 
-def _failed(span: Span, error: BaseException) -> None:
-    """``error.type`` (sluice's kind of error: ``rate_limited``, ``timeout``...) and an ERROR status."""
+def _failed(span: Span, error: BaseException, capture_content: bool) -> None:
+    """``error.type`` (sluice's kind of error: ``rate_limited``, ``timeout``...) and an ERROR
+    status; its description is the error's message only with ``capture_content`` (it may
+    quote the answer, or a provider's echo of the prompt), else a fixed text."""
     if isinstance(error, SluiceError):
         kind, message = error.kind, error.message
     elif isinstance(error, asyncio.CancelledError):
         kind, message = "cancelled", "cancelled"
     else:
         kind, message = type(error).__qualname__, str(error)
+    if not capture_content:
+        message = f"{kind} (the message is recorded only with capture_content)"
     span.set_attribute("error.type", kind)
     span.set_attribute("sluice.outcome", "error")
     if isinstance(error, ProviderError):
-        if error.status is not None:
+        if _int64(error.status):
             span.set_attribute("http.response.status_code", error.status)
         if error.retry_after is not None:
             span.set_attribute("sluice.retry_after_s", error.retry_after)
@@ -290,18 +356,25 @@ def _add_server(attributes: dict[str, Any], server: tuple[str, int | None] | Non
 
 def _set(span: Span, make: Callable[[], Mapping[str, Any]]) -> None:
     """Set the attributes ``make`` gives. They are made from what the caller sent (messages,
-    parameters), so a bug on odd input costs those attributes, never the request itself."""
-    global _complained
+    parameters) and what the provider answered, so a bug on odd input costs those
+    attributes, never the request itself; an integer outside int64 is left out (the OTLP
+    exporter cannot encode it, and would log a traceback for it in every export)."""
     try:
-        span.set_attributes(make())
+        attributes = make()
+        span.set_attributes(
+            {k: v for k, v in attributes.items() if not isinstance(v, int) or isinstance(v, bool) or v in _INT64}
+        )
     except Exception:
-        if not _complained:
-            _complained = True
-            _log.exception("sluice: could not describe a request on its span (further such errors are not logged)")
+        tracing_failed("describing a request on its span")
 
 
 def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _int64(value: object) -> bool:
+    """An integer (not a bool) an OTLP exporter can encode."""
+    return isinstance(value, int) and not isinstance(value, bool) and value in _INT64
 
 
 def _epoch_ns(loop_time: float) -> int:

@@ -2,7 +2,8 @@
 
 :func:`build_app` makes the aiohttp application from a parsed config; :func:`make_runner`
 runs it with the server-level guards (the header timeout); :func:`serve` is what the CLI
-runs. The middlewares, outermost first (with ``--otel``, a SERVER span's before them all):
+runs. The middlewares, outermost first (with ``--otel``, the SERVER span's: ended by one
+before them all, started by one after auth, so an unauthenticated caller gets none):
 
 * **errors**: whatever goes wrong becomes OpenAI's error JSON (aiohttp's own 404/405/413
   included); an unexpected exception is logged and answered 500 with nothing of its text;
@@ -110,10 +111,11 @@ def build_app(
             )
     state_dir.mkdir(parents=True, exist_ok=True)
     middlewares: list[Middleware] = [_errors, _plain_body, _auth]
-    if config.tracing is not None:  # --otel: a SERVER span per API request (opentelemetry only then)
+    if config.tracing is not None:  # --otel: a SERVER span per authenticated API request (opentelemetry only then)
         from ._tracing import server_spans
 
-        middlewares.insert(0, server_spans(config.tracing))
+        ends, starts = server_spans(config.tracing)
+        middlewares = [ends, *middlewares, starts]
     if redis_url is not None:
         middlewares.append(forward_middleware)  # after auth: it needs the client's name
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)

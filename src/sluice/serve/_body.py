@@ -57,12 +57,23 @@ def timed_out(request: web.Request) -> web.Response:
     return openai_error(408, f"the request body did not arrive within {body_timeout(request):g} s", code="timeout")
 
 
-async def read_body(request: web.Request) -> bytes:
+async def read_body(request: web.Request, *, limit: int | None = None) -> bytes:
     """The request's body, within the app's body timeout and size cap (raises
-    :class:`BodyTimeout` or aiohttp's 413)."""
+    :class:`BodyTimeout` or aiohttp's 413). ``limit``: read no more than ``limit + 1``
+    bytes (a longer body is cut there: the caller answers 413)."""
     try:
         async with asyncio.timeout(body_timeout(request)):
-            return await request.read()
+            if limit is None:
+                return await request.read()
+            chunks: list[bytes] = []
+            size = 0
+            while size <= limit:
+                chunk = await request.content.read(limit + 1 - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            return b"".join(chunks)
     except TimeoutError:
         raise BodyTimeout() from None
 

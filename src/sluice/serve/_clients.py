@@ -1,6 +1,6 @@
 """Who may call the server: ``[[client]]`` keys, budgets and limits, and their spend on disk.
 
-Keys are read from the environment at startup, kept as digests, compared in constant time
+Keys (printable ASCII) are read from the environment at startup, kept as digests, compared in constant time
 (:func:`hmac.compare_digest` against every client, so the time taken says nothing about
 which key nearly matched) and never logged. A client's budget is a session budget of the
 one engine (``engine.session``), so it counts against the server's own budget too; what it
@@ -130,6 +130,8 @@ class Clients:
                 raise ConfigError(f"client {spec.name!r}: its key variable ${spec.key_env} is not set")
             if len(key) < 16:
                 raise ConfigError(f"client {spec.name!r}: the key in ${spec.key_env} is shorter than 16 characters")
+            if not key.isascii() or not key.isprintable():
+                raise ConfigError(f"client {spec.name!r}: the key in ${spec.key_env} must be printable ASCII")
             digest = _digest(key)
             if digest in seen:
                 raise ConfigError(f"clients {seen[digest]!r} and {spec.name!r} have the same key; give each its own")
@@ -166,7 +168,7 @@ class Clients:
         """The client whose key this is (constant time over all of them), else None."""
         if self.anonymous:
             return self.by_name[DEFAULT_CLIENT]
-        if not key:
+        if not key or not key.isascii():  # no client's (keys are ASCII), and it may not even encode
             return None
         digest = _digest(key)
         found: Client | None = None

@@ -12,7 +12,9 @@ Who may look:
   and gets a session cookie: ``<expiry>.<nonce>.<HMAC>`` under a secret derived from the
   key, ``HttpOnly``, ``SameSite=Strict``, ``Path=/dashboard``, 12 hours. The cookie holds no
   key, works on every replica with the same key, and changing the key ends every session.
-  Without credentials: 401 (the page: a login form); a client's key: 403.
+  Logging out revokes the cookie's nonce in this process (another replica, or this one
+  after a restart, takes it until it expires). Without credentials: 401 (the page: a login
+  form); a client's key: 403. A key or cookie that is not ASCII is a 401 (never a 500).
 * No admin key and no ``[[client]]``: the server listens on loopback only and asks nobody
   for a key, so the dashboard answers requests from loopback (403 from anywhere else).
 * No admin key but client keys: the dashboard is off (404 saying how to turn it on):
@@ -57,6 +59,8 @@ SESSION_S = 12 * 3600
 _MIN_KEY = 16
 #: The login form's largest body (a key and its field name).
 _MAX_FORM = 4096
+#: The most logged-out sessions remembered (the oldest is forgotten first; each expires anyway).
+_MAX_REVOKED = 4096
 
 LIVE: web.AppKey[Live] = web.AppKey("sluice.dashboard.live", Live)
 _AUTH: web.AppKey[DashboardAuth] = web.AppKey("sluice.dashboard.auth")
@@ -69,10 +73,12 @@ def is_dashboard(path: str) -> bool:
 class DashboardAuth:
     """Who may see the dashboard (see the module docstring); holds digests, never the key."""
 
-    __slots__ = ("_digest", "_secret", "clients")
+    __slots__ = ("_digest", "_revoked", "_secret", "clients")
 
     def __init__(self, admin_key: str | None, clients: Clients) -> None:
         self.clients = clients
+        #: Nonces of the sessions logged out here, with their expiry (oldest first).
+        self._revoked: dict[str, int] = {}
         self._digest = hashlib.sha256(admin_key.encode()).digest() if admin_key else None
         #: The sessions' HMAC key: derived, so a cookie is worth nothing without the admin key.
         self._secret = hmac.new(admin_key.encode(), b"sluice dashboard", "sha256").digest() if admin_key else b""
@@ -90,6 +96,8 @@ class DashboardAuth:
             raise ConfigError(f"[serve] admin_key_env: the admin key variable ${name} is not set")
         if len(key) < _MIN_KEY:
             raise ConfigError(f"[serve] admin_key_env: the key in ${name} is shorter than {_MIN_KEY} characters")
+        if not key.isascii() or not key.isprintable():
+            raise ConfigError(f"[serve] admin_key_env: the key in ${name} must be printable ASCII")
         if not clients.anonymous and clients.authenticate(key) is not None:
             raise ConfigError(f"[serve] admin_key_env: the key in ${name} is a client's key; give the admin its own")
         return cls(key, clients)
@@ -115,6 +123,8 @@ class DashboardAuth:
             scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
             key = bearer.strip() if scheme.lower() == "bearer" else None
         if key:
+            if not key.isascii():  # never ours (nor a client's), and it may not even encode
+                return 401
             if hmac.compare_digest(hashlib.sha256(key.encode()).digest(), self._digest):
                 return 200
             if not self.clients.anonymous and self.clients.authenticate(key) is not None:
@@ -129,12 +139,33 @@ class DashboardAuth:
         body = f"{expires}.{secrets.token_urlsafe(12)}"
         return f"{body}.{self._sign(body)}"
 
+    def revoke(self, token: str | None) -> None:
+        """Log a session out: its cookie is refused by this process from now on."""
+        found = self._parse(token)
+        if found is None:
+            return
+        now = time.time()
+        for nonce, expires in list(self._revoked.items()):  # the expired ones are refused anyway
+            if expires >= now and len(self._revoked) < _MAX_REVOKED:
+                break
+            del self._revoked[nonce]
+        self._revoked[found[1]] = found[0]
+
     def _valid(self, token: str) -> bool:
-        body, _, signature = token[:200].rpartition(".")
-        expires, _, _ = body.partition(".")
-        if not body or not expires.isdigit() or int(expires) < time.time():
-            return False
-        return hmac.compare_digest(signature.encode(), self._sign(body).encode())
+        found = self._parse(token)
+        return found is not None and found[1] not in self._revoked
+
+    def _parse(self, token: str | None) -> tuple[int, str] | None:
+        """A signed, unexpired session cookie's expiry and nonce; None for anything else."""
+        if token is None or len(token) > 200 or not token.isascii():
+            return None
+        body, _, signature = token.rpartition(".")
+        expires, _, nonce = body.partition(".")
+        if not body or not expires.isdigit() or len(expires) > 12 or int(expires) < time.time():
+            return None
+        if not hmac.compare_digest(signature.encode(), self._sign(body).encode()):
+            return None
+        return int(expires), nonce
 
     def _sign(self, body: str) -> str:
         digest = hmac.new(self._secret, body.encode(), "sha256").digest()
@@ -223,16 +254,20 @@ async def _data(request: web.Request) -> web.Response:
     status = request.app[_AUTH].verdict(request)
     if status != 200:
         return _refused(request, status, as_json=True)
-    return web.json_response(request.app[LIVE].snapshot(), headers=_HEADERS)
+    return web.Response(body=request.app[LIVE].data(), content_type="application/json", headers=_HEADERS)
 
 
 async def _login(request: web.Request) -> web.Response:
     auth = request.app[_AUTH]
     if not auth.keyed:
         return _refused(request, 404 if not auth.on else 403, as_json=False)
-    body = await read_body(request)  # within the body timeout, like every other body
-    if len(body) > _MAX_FORM:
-        return _login_page(413, "That form is too large.")
+    # never more than the form can hold: anyone may post here, and max_body_mb a time is not free
+    too_large = request.content_length is not None and request.content_length > _MAX_FORM
+    body = b"" if too_large else await read_body(request, limit=_MAX_FORM)
+    if too_large or len(body) > _MAX_FORM:
+        response = _login_page(413, "That form is too large.")
+        response.force_close()  # the rest of the body is not read
+        return response
     keys = parse_qs(body.decode("utf-8", "replace")).get("key", [])
     status = auth.verdict(request, keys[0]) if len(keys) == 1 and keys[0] else 401
     if status != 200:
@@ -246,6 +281,7 @@ async def _login(request: web.Request) -> web.Response:
 
 
 async def _logout(request: web.Request) -> web.Response:
+    request.app[_AUTH].revoke(request.cookies.get(COOKIE))
     response = web.HTTPSeeOther(DASHBOARD, headers=_HEADERS)
     response.del_cookie(COOKIE, path=DASHBOARD)
     raise response

@@ -4,7 +4,11 @@ All of it is read from what the server keeps anyway (each engine's router, limit
 stats, the admission queue, the clients' budgets, the Prometheus counters, the Batch API's
 rows); nothing is added to a request's way but one append to a bounded ring per error.
 A sample of the running totals is taken every :data:`SAMPLE_EVERY` seconds into a ring of
-:data:`HISTORY` (the charts' rates are the differences between two samples).
+:data:`HISTORY` (the charts' rates are the differences between two samples). The JSON is
+made at most once per sample (:meth:`Live.data`), by the first poll after it, and shared by
+every tab and script that polls: its cost is one pass over the counters' series and one
+over the clients, whoever watches. A request refused for a wrong or missing key (401) is
+counted, not noted: a stranger's flood must not push the real errors out of the ring.
 
 Everything here is shown to the admin only, and still: error messages are scrubbed of
 upstream URLs and hosts like a client's errors, and no key, digest or URL appears.
@@ -62,13 +66,20 @@ class Recent:
 
     ``app[RECENT]`` when the dashboard is on: the error middleware adds what it answers."""
 
-    __slots__ = ("notes",)
+    __slots__ = ("notes", "unauthenticated", "unauthenticated_at")
 
     def __init__(self, size: int = ERRORS) -> None:
         self.notes: deque[_Note] = deque(maxlen=size)
+        #: Requests refused for a wrong or missing key (401): counted, never in the ring.
+        self.unauthenticated = 0
+        self.unauthenticated_at: float | None = None
 
     def answered(self, client: str | None, response: web.StreamResponse) -> None:
         """A 4xx or 5xx the server sent (its message from the OpenAI-shaped body)."""
+        if response.status == 401 and client is None:
+            self.unauthenticated += 1
+            self.unauthenticated_at = time.time()
+            return
         kind, message = f"http_{response.status}", ""
         body = getattr(response, "body", None)
         if isinstance(body, bytes) and body[:1] == b"{":
@@ -127,6 +138,9 @@ class Live:
         self.replica = replica
         self.started = time.time()
         self.samples: deque[_Sample] = deque(maxlen=HISTORY)
+        #: Samples taken (or tried): the JSON shared by the polls is made once per tick.
+        self.ticks = 0
+        self._shared: tuple[int, bytes] | None = None
 
     # -- samples ------------------------------------------------------------------------------
 
@@ -140,6 +154,7 @@ class Live:
             await asyncio.sleep(SAMPLE_EVERY)
 
     def sample(self) -> None:
+        self.ticks += 1
         self.samples.append(self._measure())
 
     def _measure(self) -> _Sample:
@@ -165,6 +180,14 @@ class Live:
 
     # -- the snapshot -------------------------------------------------------------------------
 
+    def data(self) -> bytes:
+        """The snapshot as JSON, made by the first poll after each sample and shared by the
+        rest until the next (so it is at most :data:`SAMPLE_EVERY` seconds old)."""
+        shared = self._shared
+        if shared is None or shared[0] != self.ticks:
+            shared = self._shared = (self.ticks, orjson.dumps(self.snapshot()))
+        return shared[1]
+
     def snapshot(self) -> dict[str, Any]:
         """Everything the page shows, as JSON-ready values (the charts end now, not at the last tick)."""
         now = self._measure()
@@ -179,6 +202,7 @@ class Live:
             "queue": self._queue(engines),
             "batches": [_batch(client, batch) for client, batch in self.batches(BATCHES)],
             "errors": [self._note(n) for n in reversed(self.recent.notes)],
+            "unauthenticated": {"count": self.recent.unauthenticated, "last_at": self.recent.unauthenticated_at},
             "series": self._series([*self.samples, now] if now.at > self.samples[-1].at else list(self.samples)),
             "poll_s": SAMPLE_EVERY,
         }
@@ -246,17 +270,18 @@ class Live:
 
     def _clients(self, now_sample: _Sample) -> list[dict[str, Any]]:
         metrics = self.ctx.metrics
-        results = _totals_by(metrics.results, ("client", "outcome"))
-        refused = _totals_by(metrics.refused, ("client", "reason"))
-        cost = _totals_by(metrics.cost, ("client",))
-        tokens = _totals_by(metrics.tokens, ("client",))
+        # each counter read once, grouped by client: O(series + clients), never their product
+        results = _by_client_and(metrics.results, "outcome")
+        refused = _by_client_and(metrics.refused, "reason")
+        cost = _by_client(metrics.cost)
+        tokens = _by_client(metrics.tokens)
         spend = self.client_spend()
         minute = self._minute_ago()
         rows = []
         for name, client in sorted(self.ctx.clients.by_name.items()):
             budget = client.budget
             spent, limit = spend.get(name, (budget.spent(), budget.limit) if budget is not None else (None, None))
-            done = {outcome: n for (who, outcome), n in results.items() if who == name}
+            done = results.get(name, {})
             limiter = client.limiter
             rows.append(
                 {
@@ -270,9 +295,9 @@ class Live:
                     "requests": int(sum(done.values())),
                     "errors": int(sum(n for outcome, n in done.items() if outcome != "ok")),
                     "per_min": _rate(name, minute, now_sample),
-                    "refused": {reason: int(n) for (who, reason), n in sorted(refused.items()) if who == name},
-                    "tokens": int(tokens.get((name,), 0)),
-                    "cost_usd": cost.get((name,), 0.0),
+                    "refused": {reason: int(n) for reason, n in sorted(refused.get(name, {}).items())},
+                    "tokens": int(tokens.get(name, 0)),
+                    "cost_usd": cost.get(name, 0.0),
                 }
             )
         return rows
@@ -400,3 +425,11 @@ def _totals_by(counter: PromCounter, labels: tuple[str, ...]) -> dict[tuple[str,
 
 def _by_client(counter: PromCounter) -> dict[str, float]:
     return {key[0]: value for key, value in _totals_by(counter, ("client",)).items()}
+
+
+def _by_client_and(counter: PromCounter, label: str) -> dict[str, dict[str, float]]:
+    """A counter's totals by client, then by ``label`` (one pass over its series)."""
+    found: dict[str, dict[str, float]] = {}
+    for (client, value), total in _totals_by(counter, ("client", label)).items():
+        found.setdefault(client, {})[value] = total
+    return found
