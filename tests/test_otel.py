@@ -579,12 +579,16 @@ async def test_an_answer_from_the_state_or_a_twin_is_a_span_that_cost_and_used_n
 
     provider, exporter = spans
     server.latency = 0.1
-    engine = _engine(server, provider, store=SqliteStore(tmp_path / "state.db"))
-    async with engine:
-        first, twin = await asyncio.gather(
-            engine.complete("openai/gpt-test", "twin"), engine.complete("openai/gpt-test", "twin")
-        )
-        stored = await engine.complete("openai/gpt-test", "twin")
+    store = SqliteStore(tmp_path / "state.db")
+    engine = _engine(server, provider, store=store)
+    try:
+        async with engine:
+            first, twin = await asyncio.gather(
+                engine.complete("openai/gpt-test", "twin"), engine.complete("openai/gpt-test", "twin")
+            )
+            stored = await engine.complete("openai/gpt-test", "twin")
+    finally:
+        store.close()  # the engine does not close a store it was given
     assert [r.cached for r in (first, twin, stored)] == [False, True, True]
     assert server.stats.received == 1
     chats = exporter.get_finished_spans()
