@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import sqlite3
+import stat
 import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -417,3 +419,85 @@ async def test_a_job_that_sent_nothing_reports_its_lines_and_no_charts(tmp_path:
         assert await seen.page.evaluate("document.body.dataset.charts") == "0"
         assert "No attempt is recorded yet" in await seen.text("p.note")
         assert "not valid JSON" in await seen.text("#failed")
+
+
+# -- what --html may overwrite -------------------------------------------------------------------
+
+
+def _simulated_job(folder: Path, lines: int = 20, *extra: str) -> Path:
+    """A small job run by ``sluice run`` on the built-in simulated model; its output."""
+    source = write_jsonl(folder / "in.jsonl", questions(lines))
+    output = folder / "out.jsonl"
+    done = _run_sluice("run", source, "-o", output, "--model", "simulate/demo", "--price", "1,1", *extra)
+    assert done.returncode == 0, done.stderr
+    return output
+
+
+def _files_of(folder: Path) -> dict[str, bytes]:
+    """The folder's files (but those SQLite itself keeps beside a state it opens)."""
+    files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+    return {name: data for name, data in files.items() if not name.endswith(("-wal", "-shm")) or b"<html" in data}
+
+
+@pytest.mark.parametrize(
+    "target", ["out.sluice.db", "out.sluice.db-wal", "out.sluice.db-journal", "out.jsonl", "in.jsonl", "link.html"]
+)
+def test_html_never_overwrites_the_jobs_own_files(tmp_path: Path, target: str) -> None:
+    output = _simulated_job(tmp_path)
+    (tmp_path / "link.html").symlink_to(tmp_path / "out.sluice.db")
+    before = _files_of(tmp_path)
+    for report_of, force in [(output, []), (tmp_path / "out.sluice.db", []), (output, ["--force"])]:
+        done = subprocess.run(
+            [*_sluice(), "report", report_of.name, "--html", target, *force],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 2, done.stderr
+        assert "give another file for the report" in done.stderr
+        assert "Traceback" not in done.stderr
+        assert _files_of(tmp_path) == before  # nothing written, nothing beside
+    assert _run_sluice("report", output, "--json").returncode == 0
+
+
+def test_html_overwrites_an_earlier_report_but_another_file_only_with_force(tmp_path: Path) -> None:
+    output = _simulated_job(tmp_path)
+    report = tmp_path / "report.html"
+    assert _write_html(report, output).returncode == 0
+    assert _write_html(report, output).returncode == 0  # an earlier report: rewritten
+    notes = tmp_path / "notes.html"
+    notes.write_text("<!DOCTYPE html><p>my notes</p>\n")
+    done = _write_html(notes, output)
+    assert done.returncode == 2
+    assert "is not a sluice report" in done.stderr
+    assert "--force" in done.stderr
+    assert notes.read_text() == "<!DOCTYPE html><p>my notes</p>\n"
+    done = _run_sluice("report", output, "--html", notes, "--force")
+    assert done.returncode == 0, done.stderr
+    assert notes.read_bytes().startswith(b"<!DOCTYPE html>")
+
+
+def test_html_refuses_a_fifo(tmp_path: Path) -> None:
+    output = _simulated_job(tmp_path)
+    fifo = tmp_path / "pipe.html"
+    os.mkfifo(fifo)
+    for force in ([], ["--force"]):
+        done = _run_sluice("report", output, "--html", fifo, *force)
+        assert done.returncode == 2, done.stderr
+        assert "not a regular file" in done.stderr
+        assert stat.S_ISFIFO(fifo.lstat().st_mode)  # still the pipe
+
+
+def test_write_html_refuses_a_fifo_made_after_the_check(tmp_path: Path) -> None:
+    from sluice.cli._report import write_html
+    from sluice.report import build_report
+
+    output = _simulated_job(tmp_path)
+    report = build_report(tmp_path / "out.sluice.db", output)
+    fifo = tmp_path / "pipe.html"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        write_html(report, fifo)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert not [name for name in _names(tmp_path) if name.endswith(".tmp")]  # nothing left beside
