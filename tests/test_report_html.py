@@ -6,6 +6,7 @@ records; older state files, running and interrupted jobs, and hostile text."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -501,3 +502,47 @@ def test_write_html_refuses_a_fifo_made_after_the_check(tmp_path: Path) -> None:
         write_html(report, fifo)
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
     assert not [name for name in _names(tmp_path) if name.endswith(".tmp")]  # nothing left beside
+
+
+# -- the charts' drawing -------------------------------------------------------------------------
+
+
+@needs_chromium
+async def test_y_axis_labels_are_the_ticks_values(faulty_job: Job, tmp_path: Path) -> None:
+    """uPlot's axis ``values`` gets the ticks; each label is its tick's value, not one
+    rounded to as many digits as the tick's index (25 -> "30")."""
+    async with _rendered(faulty_job.output, tmp_path / "axis.html") as seen:
+        labels = await seen.page.evaluate(
+            """() => {
+                const u = window.sluiceCharts.find((c) => c.el.id === "chart-requests").u;
+                return u.axes[1].values(u, [0, 25, 50, 75, 100, 0.15, 1250], 1, 25, 0);
+            }"""
+        )
+    assert labels == ["0", "25", "50", "75", "100", "0.15", "1,250"]
+
+
+#: How many pixels of the latency chart are drawn in its series' colours (p50, p90, p99:
+#: one answer in a bucket is all three, the last drawn on top).
+_SERIES_PIXELS = """() => {
+    const canvas = document.querySelector("#chart-latency canvas");
+    const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+    const colours = [[22, 163, 74], [202, 138, 4], [220, 38, 38]];
+    let n = 0;
+    for (let i = 0; i < pixels.length; i += 4) {
+        if (colours.some(([r, g, b]) => Math.abs(pixels[i] - r) + Math.abs(pixels[i + 1] - g) + Math.abs(pixels[i + 2] - b) < 30)) n++;
+    }
+    return n;
+}"""
+
+
+@needs_chromium
+async def test_a_slow_jobs_isolated_latency_points_are_drawn(tmp_path: Path) -> None:
+    """Answers seconds apart: each latency bucket has no neighbour, so no line joins it;
+    its point is drawn."""
+    output = _simulated_job(tmp_path, 4, "--rpm", "20", "--burst", "0")
+    report = _json_of(output)
+    p50 = report["series"]["latency_p50"]
+    assert sum(v is not None for v in p50) >= 2
+    assert not any(a is not None and b is not None for a, b in itertools.pairwise(p50))  # no two side by side
+    async with _rendered(output, tmp_path / "slow.html") as seen:
+        assert await seen.page.evaluate(_SERIES_PIXELS) > 0
