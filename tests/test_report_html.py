@@ -546,3 +546,21 @@ async def test_a_slow_jobs_isolated_latency_points_are_drawn(tmp_path: Path) -> 
     assert not any(a is not None and b is not None for a, b in itertools.pairwise(p50))  # no two side by side
     async with _rendered(output, tmp_path / "slow.html") as seen:
         assert await seen.page.evaluate(_SERIES_PIXELS) > 0
+
+
+def test_a_state_from_before_charges_still_reports(tmp_path: Path) -> None:
+    """A state file written before the ``charges`` table (nor ``intents``): every form
+    of the report is made from what it has, its cost from its results."""
+    output = _simulated_job(tmp_path)
+    cost = _json_of(output)["job"]["cost_usd"]
+    assert cost
+    db = sqlite3.connect(tmp_path / "out.sluice.db")
+    db.execute("DROP TABLE charges")
+    db.execute("DROP TABLE intents")
+    db.commit()
+    db.close()
+    for form in ([], ["--json"], ["--html", tmp_path / "old.html"]):
+        done = _run_sluice("report", output, *form)
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr
+    assert _json_of(output)["job"]["cost_usd"] == pytest.approx(cost)
