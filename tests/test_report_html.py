@@ -564,3 +564,18 @@ def test_a_state_from_before_charges_still_reports(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         assert "Traceback" not in done.stderr
     assert _json_of(output)["job"]["cost_usd"] == pytest.approx(cost)
+
+
+def test_an_infinite_budget_reports_as_none(tmp_path: Path) -> None:
+    output = _simulated_job(tmp_path, 10, "--budget", "inf")
+    done = _run_sluice("report", output, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["job"]["budget_usd"] is None
+    assert all(run["budget_usd"] is None for run in report["runs"])
+    page = tmp_path / "inf.html"
+    assert _run_sluice("report", output, "--html", page).returncode == 0
+    data = re.search(r'<script id="report-data" type="application/json">(.*?)</script>', _read(page), re.S)
+    assert data is not None
+    strict = json.loads(data.group(1), parse_constant=lambda name: pytest.fail(f"the page's data holds {name}"))
+    assert strict["job"]["budget_usd"] is None
