@@ -46,7 +46,8 @@ def build_report(state: Path, output: Path | None = None, *, top: int = 20) -> d
     if report["job"]["budget_usd"] is None:
         report["job"]["budget_usd"] = budget  # the last run's (the state's notes have none)
     report["lines"] = lines
-    return _finite(report)
+    finite: dict[str, Any] = _finite(report)
+    return finite
 
 
 def _finite(value: Any) -> Any:
