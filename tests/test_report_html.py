@@ -6,10 +6,13 @@ records; older state files, running and interrupted jobs, and hostile text."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import os
 import re
 import signal
 import sqlite3
+import stat
 import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -417,3 +420,162 @@ async def test_a_job_that_sent_nothing_reports_its_lines_and_no_charts(tmp_path:
         assert await seen.page.evaluate("document.body.dataset.charts") == "0"
         assert "No attempt is recorded yet" in await seen.text("p.note")
         assert "not valid JSON" in await seen.text("#failed")
+
+
+# -- what --html may overwrite -------------------------------------------------------------------
+
+
+def _simulated_job(folder: Path, lines: int = 20, *extra: str) -> Path:
+    """A small job run by ``sluice run`` on the built-in simulated model; its output."""
+    source = write_jsonl(folder / "in.jsonl", questions(lines))
+    output = folder / "out.jsonl"
+    done = _run_sluice("run", source, "-o", output, "--model", "simulate/demo", "--price", "1,1", *extra)
+    assert done.returncode == 0, done.stderr
+    return output
+
+
+def _files_of(folder: Path) -> dict[str, bytes]:
+    """The folder's files (but those SQLite itself keeps beside a state it opens)."""
+    files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+    return {name: data for name, data in files.items() if not name.endswith(("-wal", "-shm")) or b"<html" in data}
+
+
+@pytest.mark.parametrize(
+    "target", ["out.sluice.db", "out.sluice.db-wal", "out.sluice.db-journal", "out.jsonl", "in.jsonl", "link.html"]
+)
+def test_html_never_overwrites_the_jobs_own_files(tmp_path: Path, target: str) -> None:
+    output = _simulated_job(tmp_path)
+    (tmp_path / "link.html").symlink_to(tmp_path / "out.sluice.db")
+    before = _files_of(tmp_path)
+    for report_of, force in [(output, []), (tmp_path / "out.sluice.db", []), (output, ["--force"])]:
+        done = subprocess.run(
+            [*_sluice(), "report", report_of.name, "--html", target, *force],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 2, done.stderr
+        assert "give another file for the report" in done.stderr
+        assert "Traceback" not in done.stderr
+        assert _files_of(tmp_path) == before  # nothing written, nothing beside
+    assert _run_sluice("report", output, "--json").returncode == 0
+
+
+def test_html_overwrites_an_earlier_report_but_another_file_only_with_force(tmp_path: Path) -> None:
+    output = _simulated_job(tmp_path)
+    report = tmp_path / "report.html"
+    assert _write_html(report, output).returncode == 0
+    assert _write_html(report, output).returncode == 0  # an earlier report: rewritten
+    notes = tmp_path / "notes.html"
+    notes.write_text("<!DOCTYPE html><p>my notes</p>\n")
+    done = _write_html(notes, output)
+    assert done.returncode == 2
+    assert "is not a sluice report" in done.stderr
+    assert "--force" in done.stderr
+    assert notes.read_text() == "<!DOCTYPE html><p>my notes</p>\n"
+    done = _run_sluice("report", output, "--html", notes, "--force")
+    assert done.returncode == 0, done.stderr
+    assert notes.read_bytes().startswith(b"<!DOCTYPE html>")
+
+
+def test_html_refuses_a_fifo(tmp_path: Path) -> None:
+    output = _simulated_job(tmp_path)
+    fifo = tmp_path / "pipe.html"
+    os.mkfifo(fifo)
+    for force in ([], ["--force"]):
+        done = _run_sluice("report", output, "--html", fifo, *force)
+        assert done.returncode == 2, done.stderr
+        assert "not a regular file" in done.stderr
+        assert stat.S_ISFIFO(fifo.lstat().st_mode)  # still the pipe
+
+
+def test_write_html_refuses_a_fifo_made_after_the_check(tmp_path: Path) -> None:
+    from sluice.cli._report import write_html
+    from sluice.report import build_report
+
+    output = _simulated_job(tmp_path)
+    report = build_report(tmp_path / "out.sluice.db", output)
+    fifo = tmp_path / "pipe.html"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        write_html(report, fifo)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert not [name for name in _names(tmp_path) if name.endswith(".tmp")]  # nothing left beside
+
+
+# -- the charts' drawing -------------------------------------------------------------------------
+
+
+@needs_chromium
+async def test_y_axis_labels_are_the_ticks_values(faulty_job: Job, tmp_path: Path) -> None:
+    """uPlot's axis ``values`` gets the ticks; each label is its tick's value, not one
+    rounded to as many digits as the tick's index (25 -> "30")."""
+    async with _rendered(faulty_job.output, tmp_path / "axis.html") as seen:
+        labels = await seen.page.evaluate(
+            """() => {
+                const u = window.sluiceCharts.find((c) => c.el.id === "chart-requests").u;
+                return u.axes[1].values(u, [0, 25, 50, 75, 100, 0.15, 1250], 1, 25, 0);
+            }"""
+        )
+    assert labels == ["0", "25", "50", "75", "100", "0.15", "1,250"]
+
+
+#: How many pixels of the latency chart are drawn in its series' colours (p50, p90, p99:
+#: one answer in a bucket is all three, the last drawn on top).
+_SERIES_PIXELS = """() => {
+    const canvas = document.querySelector("#chart-latency canvas");
+    const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+    const colours = [[22, 163, 74], [202, 138, 4], [220, 38, 38]];
+    let n = 0;
+    for (let i = 0; i < pixels.length; i += 4) {
+        if (colours.some(([r, g, b]) => Math.abs(pixels[i] - r) + Math.abs(pixels[i + 1] - g) + Math.abs(pixels[i + 2] - b) < 30)) n++;
+    }
+    return n;
+}"""
+
+
+@needs_chromium
+async def test_a_slow_jobs_isolated_latency_points_are_drawn(tmp_path: Path) -> None:
+    """Answers seconds apart: each latency bucket has no neighbour, so no line joins it;
+    its point is drawn."""
+    output = _simulated_job(tmp_path, 4, "--rpm", "20", "--burst", "0")
+    report = _json_of(output)
+    p50 = report["series"]["latency_p50"]
+    assert sum(v is not None for v in p50) >= 2
+    assert not any(a is not None and b is not None for a, b in itertools.pairwise(p50))  # no two side by side
+    async with _rendered(output, tmp_path / "slow.html") as seen:
+        assert await seen.page.evaluate(_SERIES_PIXELS) > 0
+
+
+def test_a_state_from_before_charges_still_reports(tmp_path: Path) -> None:
+    """A state file written before the ``charges`` table (nor ``intents``): every form
+    of the report is made from what it has, its cost from its results."""
+    output = _simulated_job(tmp_path)
+    cost = _json_of(output)["job"]["cost_usd"]
+    assert cost
+    db = sqlite3.connect(tmp_path / "out.sluice.db")
+    db.execute("DROP TABLE charges")
+    db.execute("DROP TABLE intents")
+    db.commit()
+    db.close()
+    for form in ([], ["--json"], ["--html", tmp_path / "old.html"]):
+        done = _run_sluice("report", output, *form)
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr
+    assert _json_of(output)["job"]["cost_usd"] == pytest.approx(cost)
+
+
+def test_an_infinite_budget_reports_as_none(tmp_path: Path) -> None:
+    output = _simulated_job(tmp_path, 10, "--budget", "inf")
+    done = _run_sluice("report", output, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["job"]["budget_usd"] is None
+    assert all(run["budget_usd"] is None for run in report["runs"])
+    page = tmp_path / "inf.html"
+    assert _run_sluice("report", output, "--html", page).returncode == 0
+    data = re.search(r'<script id="report-data" type="application/json">(.*?)</script>', _read(page), re.S)
+    assert data is not None
+    strict = json.loads(data.group(1), parse_constant=lambda name: pytest.fail(f"the page's data holds {name}"))
+    assert strict["job"]["budget_usd"] is None

@@ -129,3 +129,27 @@ async def test_the_report_of_a_long_busy_job_stays_small(tmp_path: Path) -> None
     assert report["time"]["end"] - report["time"]["start"] > 9.9 * 3600
     page = render_html(report)
     assert len(page.encode()) < 400_000
+
+
+async def test_the_buffer_keeps_no_error_alive(tmp_path: Path) -> None:
+    """Until the flush, a failed attempt's buffered row holds its kind and status, not the
+    error (with its traceback and what that holds)."""
+    import gc
+    import weakref
+
+    from sluice import RateLimitError
+
+    store = SqliteStore(tmp_path / "buffer.db", timeline=True)
+    timeline = store.timeline
+    assert timeline is not None
+    deployment = Deployment("openai/m", name="d", rpm=600)
+    now = asyncio.get_running_loop().time()
+    error = RateLimitError("slow down")
+    seen = weakref.ref(error)
+    timeline.attempt(deployment, now, now + 0.1, 1, error, None, 0.0, None)
+    del error
+    gc.collect()
+    assert seen() is None  # nothing buffered refers to it
+    store.close()
+    report = build_report(tmp_path / "buffer.db")
+    assert report["attempts"]["by_kind"] == {"rate_limited": 1}

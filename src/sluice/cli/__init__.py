@@ -515,13 +515,14 @@ def cancel(output: Path, **flags: Any) -> None:
 @click.argument("state", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--html", type=click.Path(path_type=Path), help="Write the plotted report to this file (-: stdout).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report's figures as JSON instead of the table.")
+@click.option("--force", is_flag=True, help="Let --html overwrite an existing file that is not a sluice report.")
 @_friendly
-def report(state: Path, html: Path | None, as_json: bool) -> None:
+def report(state: Path, html: Path | None, as_json: bool, force: bool) -> None:
     """Summarise a job, finished or running, from its STATE file or output (--html: plotted; --json)."""
     from ..batch._output import looks_like_output
     from ..batch._report import report_rows
     from ..batch._runner import default_state_path
-    from ._report import check_html_target, plotted_report
+    from ._report import check_html_target, plotted_report, refuse_clobbering
 
     if html is not None and (problem := check_html_target(html, as_json)) is not None:
         fail(problem)
@@ -540,6 +541,8 @@ def report(state: Path, html: Path | None, as_json: bool) -> None:
                 f"{state} is not a sluice output or state file; give a job's output (its -o file) "
                 "or its state file (OUTPUT.sluice.db)"
             )
+    if html is not None and (problem := refuse_clobbering(html, state, output, force)) is not None:
+        fail(problem)
     if html is None and not as_json:
         _print_table(f"sluice report {state}", report_rows(state))
     elif (problem := plotted_report(state, output, html, as_json)) is not None:

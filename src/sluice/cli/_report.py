@@ -8,6 +8,7 @@ before the report is made (a million-line job's takes a few seconds).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -17,7 +18,12 @@ from typing import Any
 
 import click
 
-__all__ = ["check_html_target", "plotted_report"]
+__all__ = ["check_html_target", "plotted_report", "refuse_clobbering"]
+
+#: What every report this writes has in its first bytes (``report.html.j2``), so an
+#: existing file that lacks it is not overwritten without ``--force``.
+REPORT_START = b"<!DOCTYPE html>"
+REPORT_MARKER = b'<meta name="generator" content="sluice '
 
 
 def check_html_target(target: Path, as_json: bool) -> str | None:
@@ -31,9 +37,55 @@ def check_html_target(target: Path, as_json: bool) -> str | None:
         return f"--html {target}: the directory {parent} does not exist"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"--html {target}: cannot write in {parent} (permission denied)"
+    if target.exists() and not target.is_file():
+        return f"--html {target} exists and is not a regular file (a device, a pipe, a socket); give a file to write"
     if target.exists() and not os.access(target, os.W_OK):
         return f"--html {target}: the file exists and cannot be written (permission denied)"
     return None
+
+
+def refuse_clobbering(target: Path, state: Path, output: Path | None, force: bool) -> str | None:
+    """Why the report must not be written over ``target`` (None: it may): the job's own
+    files (its state and SQLite's files beside it, its output, its input), never; any
+    other existing file that is not an earlier sluice report, only with ``--force``."""
+    if str(target) == "-":
+        return None
+    meta = _meta_of(state)
+    own = {
+        "the job's state file": state,
+        **{f"the state's {suffix} file": Path(f"{state}{suffix}") for suffix in ("-wal", "-shm", "-journal")},
+    }
+    for key, what in (("output", "the job's output"), ("input", "the job's input")):
+        named = meta.get(key)
+        if isinstance(named, str) and named:
+            own[what] = Path(named)
+    if output is not None:
+        own["the job's output"] = output
+    for what, path in own.items():
+        if _same_file(target, path):
+            return f"--html {target} is {what} ({path}); give another file for the report"
+    if target.exists() and not force and not _looks_like_report(target):
+        return f"--html {target} exists and is not a sluice report; give another file, or --force to overwrite it"
+    return None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    with contextlib.suppress(OSError):
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    try:
+        return a.resolve() == b.resolve()
+    except (OSError, RuntimeError):
+        return False
+
+
+def _looks_like_report(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            head = f.read(2048)
+    except OSError:
+        return False
+    return head.startswith(REPORT_START) and REPORT_MARKER in head
 
 
 def plotted_report(state: Path, output: Path | None, html: Path | None, as_json: bool) -> str | None:
@@ -57,14 +109,18 @@ def plotted_report(state: Path, output: Path | None, html: Path | None, as_json:
 
 def _output_of(state: Path) -> Path | None:
     """The output file the state's notes name (for the lines the report names)."""
+    output = _meta_of(state).get("output")
+    return Path(output) if isinstance(output, str) else None
+
+
+def _meta_of(state: Path) -> dict[str, Any]:
     from ..store import SqliteStore
 
     store = SqliteStore(state, readonly=True)
     try:
-        output = store.meta().get("output")
+        return store.meta()
     finally:
         store.close()
-    return Path(output) if isinstance(output, str) else None
 
 
 def write_html(report: dict[str, Any], target: Path) -> int:
@@ -76,6 +132,8 @@ def write_html(report: dict[str, Any], target: Path) -> int:
         sys.stdout.buffer.write(page)
         sys.stdout.buffer.flush()
         return len(page)
+    if target.exists() and not target.is_file():  # renamed over, a device or a pipe would be gone
+        raise OSError(errno.EEXIST, "it exists and is not a regular file")
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(handle, "wb") as f:

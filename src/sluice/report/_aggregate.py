@@ -10,6 +10,7 @@ the job.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,19 @@ def build_report(state: Path, output: Path | None = None, *, top: int = 20) -> d
     if report["job"]["budget_usd"] is None:
         report["job"]["budget_usd"] = budget  # the last run's (the state's notes have none)
     report["lines"] = lines
-    return report
+    finite: dict[str, Any] = _finite(report)
+    return finite
+
+
+def _finite(value: Any) -> Any:
+    """The report with every non-finite number (a ``--budget inf``'s) as None: JSON has none."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 # -- reading -----------------------------------------------------------------------------

@@ -364,8 +364,12 @@ class SqliteStore:
     def spend(self) -> Spend:
         answered, maybe = self._db.execute(
             "SELECT coalesce(sum(answered_usd), 0), coalesce(sum(maybe_billed_usd), 0) FROM charges"
+            if self._has_table("charges")  # a state from before charges (read only): its answers' costs
+            else "SELECT coalesce(sum(cost_usd), 0), 0 FROM results"
         ).fetchone()
-        (in_flight,) = self._db.execute("SELECT coalesce(sum(worst_usd), 0) FROM intents").fetchone()
+        (in_flight,) = self._db.execute(
+            "SELECT coalesce(sum(worst_usd), 0) FROM intents" if self._has_table("intents") else "SELECT 0"
+        ).fetchone()
         return Spend(float(answered), float(maybe), float(in_flight))
 
     def summary(self) -> dict[str, Any]:
@@ -380,7 +384,11 @@ class SqliteStore:
                 "SELECT error_type, count(*) FROM results WHERE ok = 0 GROUP BY error_type ORDER BY 2 DESC"
             ).fetchall()
         )
-        (priced,) = self._db.execute("SELECT count(*) FROM charges").fetchone()
+        (priced,) = self._db.execute(
+            "SELECT count(*) FROM charges"
+            if self._has_table("charges")
+            else "SELECT count(*) FROM results WHERE cost_usd > 0"
+        ).fetchone()
         embedded = self._db.execute(
             "SELECT count(*), coalesce(sum(ok), 0) FROM embeddings" if self._has_table("embeddings") else "SELECT 0, 0"
         ).fetchone()

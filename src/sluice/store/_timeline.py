@@ -134,7 +134,10 @@ class SqliteTimeline:
             if self._offset is None:
                 self._offset = time.time() - asyncio.get_running_loop().time()
             self._flush_at = ended + _LINGER
-        attempts.append((deployment, sent_at, ended, number, error, usage, cost, first_at))
+        # Only what the row needs: an error's kind and status, not the error (and its traceback).
+        failure = None if error is None else (error.kind, getattr(error, "status", None))
+        tokens = None if usage is None else (usage.input_tokens, usage.output_tokens)
+        attempts.append((deployment, sent_at, ended, number, failure, tokens, cost, first_at))
         if len(attempts) >= _BATCH or ended >= self._flush_at:
             self.flush()
 
@@ -278,28 +281,28 @@ def _columns(
     columns: list[array[Any]] = [array(code) for _, code in _COLUMNS]
     started, seconds, deployment, attempt, outcome, status, tokens_in, tokens_out, cost, ttft = columns
     nan = math.nan
-    for dep, sent_at, ended, number, error, usage, charged, first_at in attempts:
+    for dep, sent_at, ended, number, failure, tokens, charged, first_at in attempts:
         started.append(sent_at + offset)
         seconds.append(ended - sent_at)
         deployment.append(ids[dep.label])
         ttft.append(nan if first_at is None else first_at - sent_at)
         cost.append(charged)
-        if error is None:
+        if failure is None:
             outcome.append(0)
             status.append(0)
         else:
-            outcome.append(kinds.setdefault(error.kind, len(kinds) + 1) if len(kinds) < 254 else 255)
-            code = getattr(error, "status", None)
+            kind, code = failure
+            outcome.append(kinds.setdefault(kind, len(kinds) + 1) if len(kinds) < 254 else 255)
             status.append(code if isinstance(code, int) and 0 < code < 0xFFFF else 0)
-        if usage is None:
+        if tokens is None:
             tokens_in.append(0)
             tokens_out.append(0)
         elif careful:
-            tokens_in.append(_fits(usage.input_tokens, 0xFFFFFFFF))
-            tokens_out.append(_fits(usage.output_tokens, 0xFFFFFFFF))
+            tokens_in.append(_fits(tokens[0], 0xFFFFFFFF))
+            tokens_out.append(_fits(tokens[1], 0xFFFFFFFF))
         else:
-            tokens_in.append(usage.input_tokens)
-            tokens_out.append(usage.output_tokens)
+            tokens_in.append(tokens[0])
+            tokens_out.append(tokens[1])
         attempt.append(_fits(number, 0xFFFF) if careful else number)
     return columns
 

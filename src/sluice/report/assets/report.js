@@ -89,7 +89,7 @@
       height: HEIGHT,
       scales: { x: isTime ? { time: true } : { time: false, distr: options.logX ? 3 : 1, range: options.xRange }, y: options.y || {} },
       series: [options.xSeries || {}].concat(lines.map(function (l) { return l.spec; })),
-      axes: [options.xAxis || {}, { size: 56, values: function (u, splits) { return splits.map(options.yFormat || fmt); } }],
+      axes: [options.xAxis || {}, { size: 56, values: function (u, splits) { var f = options.yFormat || fmt; return splits.map(function (v) { return f(v); }); } }],
       plugins: isTime ? [timeMarks()] : [],
       cursor: { drag: { x: true, y: false } },
       hooks: { draw: [function () { el.dataset.drawn = "1"; }] },
@@ -120,14 +120,29 @@
   if (data.concurrency) inflight.push(line("concurrency", constant(data.concurrency), "#dc2626", { dash: [6, 4], width: 1 }));
   chart("chart-inflight", inflight);
 
+  // A bucket with no neighbour draws no line: its point is drawn instead (a slow job's
+  // answers, seconds apart, are all such points).
+  function isolated(u, seriesIdx) {
+    var v = u.data[seriesIdx], out = [];
+    for (var i = 0; i < v.length; i++) {
+      if (v[i] != null && (i === 0 || v[i - 1] == null) && (i + 1 === v.length || v[i + 1] == null)) out.push(i);
+    }
+    return out.length ? out : null;
+  }
+  function withDots(extra) {
+    var out = { points: { show: false, size: 5, width: 2, filter: isolated } };
+    for (var k in extra || {}) out[k] = extra[k];
+    return out;
+  }
+
   var latency = [
-    line("p50", series.latency_p50, "#16a34a", { value: function (u, v) { return secs(v); } }),
-    line("p90", series.latency_p90, "#ca8a04", { value: function (u, v) { return secs(v); } }),
-    line("p99", series.latency_p99, "#dc2626", { value: function (u, v) { return secs(v); } }),
+    line("p50", series.latency_p50, "#16a34a", withDots({ value: function (u, v) { return secs(v); } })),
+    line("p90", series.latency_p90, "#ca8a04", withDots({ value: function (u, v) { return secs(v); } })),
+    line("p99", series.latency_p99, "#dc2626", withDots({ value: function (u, v) { return secs(v); } })),
   ];
   if (series.ttft_p50) {
-    latency.push(line("first token p50", series.ttft_p50, "#9333ea", { dash: [4, 3] }));
-    latency.push(line("first token p90", series.ttft_p90, "#db2777", { dash: [4, 3] }));
+    latency.push(line("first token p50", series.ttft_p50, "#9333ea", withDots({ dash: [4, 3] })));
+    latency.push(line("first token p90", series.ttft_p90, "#db2777", withDots({ dash: [4, 3] })));
   }
   chart("chart-latency", latency);
 
@@ -163,6 +178,7 @@
   histogram("chart-ttft", data.ttft && data.ttft.histogram, "#9333ea");
 
   document.body.dataset.charts = String(charts.length);
+  window.sluiceCharts = charts; // for tests: each chart's element and uPlot
   window.addEventListener("resize", function () {
     charts.forEach(function (c) {
       c.u.setSize({ width: Math.max(320, Math.floor(c.el.getBoundingClientRect().width) - 8), height: HEIGHT });
