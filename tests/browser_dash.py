@@ -11,34 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from browser import CHROMIUM, CHROMIUM_ARGS
 
 __all__ = ["Browser", "Visit", "browse", "chromium_or_skip"]
 
-#: Without these Chromium waits on connections the closed network never answers.
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-]
+#: ``browser``'s flags (off the closed network), and headless: Playwright's ``launch`` here
+#: takes the flags as given.
+FLAGS = ["--headless", *CHROMIUM_ARGS]
 
 
 def chromium_or_skip() -> str:
     """Chromium's path; the test is skipped (with the reason) when it is not installed."""
-    found = os.environ.get("SLUICE_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    found = CHROMIUM
     if not Path(found).exists():
         pytest.skip("headless Chromium is not installed (apt-get install chromium; .ci/run installs it)")
     pytest.importorskip("playwright.async_api", reason="playwright is not installed (the test extra has it)")

@@ -102,11 +102,15 @@
   function constant(value) { return xs.map(function () { return value; }); }
 
   // requests and tokens per deployment, each against its limit
+  // own keys only: a deployment named "toString" or "constructor" is a name, not a built-in
+  function own(object, key) { return Object.prototype.hasOwnProperty.call(object, key) ? object[key] : undefined; }
+
   function perDeployment(values, limits) {
     var out = [];
     labels.forEach(function (label) {
-      if (values[label]) out.push(line(label, values[label], colorOf(label)));
-      if (limits[label]) out.push(line(label + " limit", limits[label], colorOf(label), { dash: [6, 4], width: 1 }));
+      var value = own(values, label), limit = own(limits, label);
+      if (value) out.push(line(label, value, colorOf(label)));
+      if (limit) out.push(line(label + " limit", limit, colorOf(label), { dash: [6, 4], width: 1 }));
     });
     return out;
   }
