@@ -373,7 +373,9 @@ async def test_aimd_finds_a_self_hosted_servers_capacity(adaptive: bool) -> None
             assert server.stats.max_in_flight > 200
             return
         assert route.adaptive is not None
-        assert 4 <= route.adaptive.cap <= 24, route.adaptive
+        # the cap follows latency measured on the real clock: a loaded CI machine slows the
+        # answers and the cap settles lower (3 seen twice in a day), never past the server
+        assert 2 <= route.adaptive.cap <= 24, route.adaptive
         assert server.stats.max_in_flight <= 40  # slow start overshoots a little, then backs off
 
 
