@@ -361,6 +361,20 @@ def test_redis_that_lost_its_data_gets_the_job_again_and_it_completes(
     assert _lines(out) == list(range(1, 201))
 
 
+def _one_worker_runs(
+    server: FakeServer, redis_server: RedisServer, source: Path, out: Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """The job run by one `sluice worker` (the coordinator only coordinates)."""
+    worker = _worker(server, redis_server, "--concurrency", "4", "--name", "w1")
+    try:
+        client = _client(redis_server)
+        wait_until(lambda: client.scard("sluice:workers") == 1, timeout=30)
+        args = _run_args(source, out, redis_server, "--no-local-worker", *extra)
+        return run_cli(server, *args, env=_env(server))
+    finally:
+        _stop(worker)
+
+
 def test_workers_validate_a_schema_and_reask_like_the_coordinator(
     server: FakeServer, redis_server: RedisServer, tmp_path: Path
 ) -> None:
@@ -375,14 +389,7 @@ def test_workers_validate_a_schema_and_reask_like_the_coordinator(
     (tmp_path / "schema.json").write_text(json.dumps(schema))
     source = write_jsonl(tmp_path / "in.jsonl", questions(40))
     out = tmp_path / "out.jsonl"
-    worker = _worker(server, redis_server, "--concurrency", "4", "--name", "w1")
-    try:
-        client = _client(redis_server)
-        wait_until(lambda: client.scard("sluice:workers") == 1, timeout=30)
-        extra = ("--no-local-worker", "--schema", str(tmp_path / "schema.json"))
-        run = run_cli(server, *_run_args(source, out, redis_server, *extra), env=_env(server))
-    finally:
-        _stop(worker)
+    run = _one_worker_runs(server, redis_server, source, out, "--schema", str(tmp_path / "schema.json"))
     assert run.returncode == 0, run.stdout + run.stderr
     records = read_output(out)
     assert len(records) == 40
@@ -399,14 +406,8 @@ def test_an_always_invalid_line_is_final_for_its_delivery_and_billed_in_its_reco
     (tmp_path / "schema.json").write_text(json.dumps({"type": "object", "properties": {"a": {"type": "string"}}}))
     source = write_jsonl(tmp_path / "in.jsonl", questions(6))
     out = tmp_path / "out.jsonl"
-    worker = _worker(server, redis_server, "--concurrency", "4", "--name", "w1")
-    try:
-        client = _client(redis_server)
-        wait_until(lambda: client.scard("sluice:workers") == 1, timeout=30)
-        extra = ("--no-local-worker", "--schema", str(tmp_path / "schema.json"), "--max-reasks", "2", "--price", "1,2")
-        run = run_cli(server, *_run_args(source, out, redis_server, *extra), env=_env(server))
-    finally:
-        _stop(worker)
+    extra = ("--schema", str(tmp_path / "schema.json"), "--max-reasks", "2", "--price", "1,2")
+    run = _one_worker_runs(server, redis_server, source, out, *extra)
     assert run.returncode == 1, run.stdout + run.stderr
     records = read_output(out)
     assert {r["error"]["type"] for r in records} == {"invalid_output"}
