@@ -53,6 +53,25 @@ def server() -> Iterator[FakeServer]:
         yield fake_server
 
 
+def _a_review(value: Any) -> bool:
+    """SCHEMA checked by hand, sharing nothing with jsonschema."""
+    author = value.get("author") if isinstance(value, dict) else None
+    return (
+        isinstance(value, dict)
+        and set(value) == {"sentiment", "score", "topics", "author"}
+        and value["sentiment"] in ("positive", "negative", "neutral")
+        and type(value["score"]) in (int, float)
+        and 0 <= value["score"] <= 1
+        and isinstance(value["topics"], list)
+        and len(value["topics"]) >= 1
+        and all(isinstance(t, str) for t in value["topics"])
+        and isinstance(author, dict)
+        and set(author) == {"name", "age"}
+        and isinstance(author["name"], str)
+        and type(author["age"]) is int
+    )
+
+
 def _job(tmp_path: Path, n: int) -> tuple[Path, Path, Path]:
     schema = tmp_path / "review.json"
     schema.write_text(json.dumps(SCHEMA))
@@ -77,6 +96,7 @@ def test_a_job_with_invalid_answers_ends_with_every_line_valid_and_billed_once(
     for record in records:
         assert record["ok"], record["error"]
         jsonschema.validate(record["parsed"], SCHEMA)
+        assert _a_review(record["parsed"])  # and by hand: sluice validates with jsonschema too
         assert record["parsed"] == json.loads(record["text"].strip().removeprefix("```json").removesuffix("```"))
     reasked = [r for r in records if r["reasks"]]
     spoiled = sum(n for kind, n in server.structured.given.items() if kind != "fenced")
