@@ -54,7 +54,19 @@ from ._errors import (
     StoreError,
     UnknownPriceError,
 )
-from ._models import Deployment, Price, Priority, Request, Result, Secret, Timings, Usage, request_key, store_key
+from ._models import (
+    Deployment,
+    Native,
+    Price,
+    Priority,
+    Request,
+    Result,
+    Secret,
+    Timings,
+    Usage,
+    request_key,
+    store_key,
+)
 from ._retry import RetryPolicy, backoff_delay, parse_retry_after
 
 if TYPE_CHECKING:
@@ -142,6 +154,7 @@ __all__ = [
     "LocalLimiter",
     "MalformedResponseError",
     "MovedToSyncError",
+    "Native",
     "NotFoundError",
     "OverloadedError",
     "PermissionDeniedError",

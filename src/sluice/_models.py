@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Deployment",
+    "Native",
     "Price",
     "Priority",
     "Request",
@@ -51,6 +52,33 @@ _KEY_VERSION = "sluice-request-v1"
 BUILTIN_PROVIDERS = frozenset({"openai", "azure", "anthropic", "simulate"})
 
 
+#: The APIs whose bodies a request may carry as written (``Request.native``).
+NATIVE_APIS = frozenset({"anthropic", "responses"})
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Native:
+    """A request as its client wrote it for another API: Anthropic's Messages
+    (``"anthropic"``) or OpenAI's Responses (``"responses"``).
+
+    A deployment that speaks that API is sent ``body`` as it is (its model name put in),
+    so whatever the client asked for (thinking, cache control, reasoning items...) reaches
+    it; any other is sent the request's common (Chat Completions) fields, which hold the
+    same request translated. ``lost`` says what the translation could not carry: a
+    deployment that does not speak ``api`` refuses such a request with these words.
+    """
+
+    api: str
+    body: Mapping[str, Any]
+    lost: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.api not in NATIVE_APIS:
+            raise InvalidRequestError(f"native api must be one of {sorted(NATIVE_APIS)}, got {self.api!r}")
+        if not isinstance(self.body, Mapping):
+            raise InvalidRequestError(f"a native body must be a JSON object, got {type(self.body).__name__}")
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Request:
     """One chat completion to run.
@@ -62,7 +90,9 @@ class Request:
     provider is asked in its own way, the answer is validated and re-asked when invalid,
     and ``Result.parsed`` holds it (see :mod:`sluice.structured`).
     ``id`` is yours to set (a row id, a ``custom_id``); without one the request's
-    content hash is used, which makes reruns and caching idempotent.
+    content hash is used, which makes reruns and caching idempotent. ``native`` holds
+    the body as a client of another API wrote it (see :class:`Native`); the other fields
+    are then its translation.
     """
 
     model: str
@@ -74,6 +104,7 @@ class Request:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     priority: int | None = None
     schema: Schema | None = None
+    native: Native | None = None
     #: Its store key, kept by :func:`seal` on a request only sluice holds (see there).
     _key: str | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -91,6 +122,10 @@ class Request:
                 "a schema cannot go with tools: the answer may be a tool call, which has no JSON to "
                 "check (send tools without a schema, or ask for the JSON without tools)"
             )
+        if problem is None and self.native is not None and not isinstance(self.native, Native):
+            problem = f"native must be a sluice.Native, got {type(self.native).__name__}"
+        if problem is None and self.native is not None and self.schema is not None:
+            problem = "a schema cannot go with a native body: give the answer's shape in the body itself"
         if problem:
             where = f"request {self.id!r}" if self.id is not None else "request"
             raise InvalidRequestError(f"{where}: {problem}")
@@ -214,6 +249,8 @@ def request_key(request: Request) -> str:
     }
     if request.schema is not None:
         payload["schema"] = request.schema.digest
+    if request.native is not None:  # what a deployment of its API is sent
+        payload["native"] = {"api": request.native.api, "body": request.native.body}
     return hashlib.sha256(_json.canonical(payload)).hexdigest()[:32]
 
 

@@ -52,6 +52,10 @@ class AnthropicProvider(HttpProvider):
         version = str(deployment.options.get("anthropic_version") or API_VERSION)
         return f"{base}/v1/messages", {"x-api-key": key.get(), "anthropic-version": version}
 
+    def speaks(self, deployment: Deployment) -> str:
+        """A Messages body (``Request.native``) is sent as the client wrote it."""
+        return "anthropic"
+
     def build_body(self, request: Request, deployment: Deployment) -> dict[str, Any]:
         """The request translated from the common (OpenAI) shape; raises
         InvalidRequestError, before anything is sent, for what Anthropic cannot be told."""

@@ -31,7 +31,7 @@ from .._errors import (
     error_for_status,
 )
 from .._limits import RateLimitSnapshot
-from .._models import Deployment, Request, Secret
+from .._models import Deployment, Native, Request, Secret
 from .._retry import parse_retry_after, parse_should_retry
 from ..structured._ask import shaped
 from ._base import Reply, estimate_request_tokens
@@ -41,7 +41,7 @@ from ._sse import SseDecoder, SseError, SseEvent
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["HttpProvider", "HttpTransport", "StreamDecoder", "header_number", "token_count"]
+__all__ = ["HttpProvider", "HttpTransport", "StreamDecoder", "header_number", "token_count", "untranslatable"]
 
 
 def header_number(headers: Mapping[str, str], name: str) -> float | None:
@@ -83,6 +83,19 @@ def _secrets_in(headers: Mapping[str, str]) -> tuple[str, ...]:
             if len(secret) >= 8:
                 found.append(secret)
     return tuple(found)
+
+
+#: What each native API is called in messages.
+_API_NAMES = {"anthropic": "Anthropic's Messages API", "responses": "OpenAI's Responses API"}
+
+
+def untranslatable(native: Native, deployment: Deployment) -> str:
+    """Why a native request cannot go to a deployment of another API, and what to do."""
+    api = _API_NAMES.get(native.api, native.api)
+    return (
+        f"deployment {deployment.label!r} does not speak {api}, and the request cannot be translated for it: "
+        f"{'; '.join(native.lost)} (send it to a model served by a deployment of that API, or leave these out)"
+    )
 
 
 class StreamDecoder(Protocol):
@@ -224,9 +237,28 @@ class HttpProvider(ABC):
     def build_body(self, request: Request, deployment: Deployment) -> dict[str, Any]:
         """The JSON body of one request."""
 
+    def speaks(self, deployment: Deployment) -> str | None:
+        """The API (``Native.api``) whose bodies ``deployment`` is sent as they are, if any."""
+        return None
+
+    def native_body(self, native: Native, deployment: Deployment) -> dict[str, Any]:
+        """A native body as the deployment is sent it: its own model name put in (the
+        client named sluice's), ``stream`` left to :meth:`stream_body`."""
+        body = {key: value for key, value in native.body.items() if key != "stream"}
+        body["model"] = deployment.model_name
+        return body
+
     def body_of(self, request: Request, deployment: Deployment) -> dict[str, Any]:
-        """The JSON body of one request as it is sent: its schema, if any, said the way the
-        deployment understands (see :mod:`sluice.structured`), then :meth:`build_body`."""
+        """The JSON body of one request as it is sent: a native body as it is to a deployment
+        of its API; else its schema, if any, said the way the deployment understands (see
+        :mod:`sluice.structured`), then :meth:`build_body` (a native request's translation,
+        refused here, before anything is sent, when the translation lost something)."""
+        native = request.native
+        if native is not None:
+            if native.api == self.speaks(deployment):
+                return self.native_body(native, deployment)
+            if native.lost:
+                raise InvalidRequestError(untranslatable(native, deployment))
         if request.schema is not None:
             request = shaped(request, deployment)
         return self.build_body(request, deployment)
