@@ -14,22 +14,22 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
 from .. import _json
-from .._errors import InvalidRequestError, SluiceError
+from .._errors import InvalidRequestError
 from .._models import Request, Result, Usage
-from .._streaming import Delta, Stream
+from .._streaming import Delta
 from ..providers._events import TextDelta
 from ..structured import schema_from_response_format
-from ._clients import Client
 from ._context import CONTEXT, JSON_BODY, BadBody, ServeContext, client_of
+from ._relay import complete, open_stream, relay
 from ._settings import cached_request
 
-__all__ = ["chat_completions", "parse_chat"]
+__all__ = ["cached", "chat_completions", "parse_chat", "usage_of"]
 
 #: Fields of the body that are the Request's own; the rest goes to the provider as ``params``.
 _OWN = frozenset({"model", "messages", "max_tokens", "temperature", "stream", "stream_options"})
@@ -115,45 +115,24 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if not isinstance(body, Mapping):
         raise BadBody("the request body must be a JSON object")
     model = ctx.resolve(client, body.get("model"))
-    try:
-        cached = cached_request(ctx.settings.cache, request.headers.get("x-sluice-cache"), body.get("temperature"))
-    except ValueError as exc:
-        raise BadBody(str(exc), "x-sluice-cache") from None
-    chat, stream, include_usage = parse_chat(body, model, unique=not cached, validate=ctx.settings.validate_json)
-    engine = ctx.engine
-    tokens, limiters = ctx.estimated_tokens(model, lambda d: _estimate(ctx, chat, d))
+    chat, stream, include_usage = parse_chat(
+        body, model, unique=not cached(ctx, request, body), validate=ctx.settings.validate_json
+    )
     if not stream:
-        result = await ctx.admit(
-            client, request, tokens, limiters, lambda: engine.complete(chat, budget=client.budget), _used
-        )
-        _settled(ctx, client, result)
+        result = await complete(ctx, client, request, chat)
         if result.error is not None:
             return ctx.failure(client, result.error)
         return web.Response(body=_json.dumps(_completion(result, body["model"])), content_type="application/json")
-    opened = await ctx.admit(
-        client, request, tokens, limiters, lambda: _open(engine.stream(chat, budget=client.budget))
-    )
-    return await _stream(ctx, client, request, opened, body["model"], include_usage)
+    opened = await open_stream(ctx, client, request, chat)
+    return await relay(ctx, client, request, opened, _Chunks(body["model"], include_usage))
 
 
-def _used(result: Result) -> int | None:
-    """Tokens a result took from its client's tpm (None: nothing was sent)."""
-    if not result.attempts or result.cached:
-        return None
-    return result.usage.total_tokens
-
-
-def _estimate(ctx: ServeContext, request: Request, deployment: Any) -> int:
-    route = ctx.engine.router.route_named(deployment.label)
-    if route is None:
-        return 0
-    return int(route.provider.estimate_tokens(request, deployment))
-
-
-def _settled(ctx: ServeContext, client: Client, result: Result) -> None:
-    ctx.metrics.result(client.name, result)
-    if client.budget is not None or ctx.clients.engine_budget is not None:
-        ctx.clients.save()
+def cached(ctx: ServeContext, request: web.Request, body: Mapping[str, Any]) -> bool:
+    """Whether this request may be answered from the state (``x-sluice-cache``, ``[serve] cache``)."""
+    try:
+        return cached_request(ctx.settings.cache, request.headers.get("x-sluice-cache"), body.get("temperature"))
+    except ValueError as exc:
+        raise BadBody(str(exc), "x-sluice-cache") from None
 
 
 def _completion(result: Result, model: str) -> dict[str, Any]:
@@ -178,7 +157,7 @@ def _completion(result: Result, model: str) -> dict[str, Any]:
                 "finish_reason": result.finish_reason or "stop",
             }
         ],
-        "usage": _usage(result.usage),
+        "usage": usage_of(result.usage),
     }
 
 
@@ -193,11 +172,11 @@ def _validated(body: dict[str, Any], result: Result) -> dict[str, Any]:
     message["content"] = _json.dumps_text(schema.to_json(result.parsed))
     choice["message"] = message
     body["choices"] = [choice, *body["choices"][1:]]
-    body["usage"] = _usage(result.usage)
+    body["usage"] = usage_of(result.usage)
     return body
 
 
-def _usage(usage: Usage) -> dict[str, Any]:
+def usage_of(usage: Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": usage.input_tokens,
         "completion_tokens": usage.output_tokens,
@@ -210,76 +189,8 @@ def _usage(usage: Usage) -> dict[str, Any]:
 # -- streaming --------------------------------------------------------------------------------
 
 
-class _Opened:
-    """A stream entered, and its first delta (None: it ended before one came)."""
-
-    __slots__ = ("deltas", "first", "stream")
-
-    def __init__(self, stream: Stream, deltas: AsyncIterator[Delta], first: Delta | None) -> None:
-        self.stream = stream
-        self.deltas = deltas
-        self.first = first
-
-
-async def _open(stream: Stream) -> _Opened:
-    """Enter the stream and wait for its first delta (the wait for capacity is in here)."""
-    await stream.__aenter__()
-    try:
-        deltas = stream.events()
-        first = await anext(deltas, None)
-    except BaseException as exc:
-        await stream.__aexit__(type(exc), exc, exc.__traceback__)
-        raise
-    return _Opened(stream, deltas, first)
-
-
-async def _stream(
-    ctx: ServeContext, client: Client, request: web.Request, opened: _Opened, model: str, include_usage: bool
-) -> web.StreamResponse:
-    stream = opened.stream
-    try:
-        if opened.first is None:  # ended before any delta: an error is an ordinary error response
-            result = stream.result
-            if result.error is not None:
-                return ctx.failure(client, result.error)
-        chunks = _Chunks(model, include_usage)
-        response = web.StreamResponse(
-            headers={"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
-        )
-        await response.prepare(request)
-        await response.write(chunks.role())
-        delta = opened.first
-        while delta is not None:
-            await response.write(chunks.delta(delta))
-            delta = await anext(opened.deltas, None)
-        result = stream.result
-        if result.error is not None:
-            status, type_, code = _error_fields(ctx, client, result.error)
-            error = {"message": status, "type": type_, "param": None, "code": code}
-            await response.write(b"data: " + _json.dumps({"error": error}) + b"\n\n")
-        else:
-            await response.write(chunks.finish(result.finish_reason or "stop"))
-            if include_usage:
-                await response.write(chunks.usage(result.usage))
-            await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-    finally:
-        await stream.__aexit__(None, None, None)
-        if stream.done:
-            _settled(ctx, client, stream.result)
-
-
-def _error_fields(ctx: ServeContext, client: Client, error: SluiceError) -> tuple[str, str, str | None]:
-    """An error after the first delta, as the ``error`` object OpenAI sends mid-stream."""
-    response = ctx.failure(client, error)
-    assert isinstance(response.body, bytes)
-    payload = _json.loads(response.body)["error"]
-    return payload["message"], payload["type"], payload["code"]
-
-
 class _Chunks:
-    """``chat.completion.chunk`` events of one stream, as SSE bytes."""
+    """``chat.completion.chunk`` events of one stream, as SSE bytes (an :class:`Encoder`)."""
 
     __slots__ = ("_base", "_include_usage")
 
@@ -302,7 +213,7 @@ class _Chunks:
     def _choice(self, delta: dict[str, Any], finish: str | None = None) -> list[dict[str, Any]]:
         return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
 
-    def role(self) -> bytes:
+    def begin(self) -> bytes:
         return self._event(self._choice({"role": "assistant", "content": "", "refusal": None}))
 
     def delta(self, delta: Delta) -> bytes:
@@ -318,8 +229,14 @@ class _Chunks:
         call["function"] = function
         return self._event(self._choice({"tool_calls": [call]}))
 
-    def finish(self, reason: str) -> bytes:
-        return self._event(self._choice({}, reason))
+    def end(self, result: Result) -> bytes:
+        finish = self._event(self._choice({}, result.finish_reason or "stop"))
+        usage = self._event([], usage_of(result.usage)) if self._include_usage else b""
+        return finish + usage + b"data: [DONE]\n\n"
 
-    def usage(self, usage: Usage) -> bytes:
-        return self._event([], _usage(usage))
+    def failed(self, error: web.Response) -> bytes:
+        """OpenAI's way: ``data: {"error": {...}}``, and the stream ends without ``[DONE]``."""
+        assert isinstance(error.body, bytes)
+        payload = _json.loads(error.body)["error"]
+        fields = {"message": payload["message"], "type": payload["type"], "param": None, "code": payload["code"]}
+        return b"data: " + _json.dumps({"error": fields}) + b"\n\n"
