@@ -44,6 +44,7 @@ from .._limits import Limiter
 from .._models import Deployment
 from ..store import SqliteStore
 from ..tiers import BatchSettings, close_tiers
+from ._anthropic import anthropic_model, anthropic_shaped, from_anthropic_client
 from ._batches import recent_batches, setup_batch_api
 from ._body import BODY_TIMEOUT, BodyTimeout, read_body, read_json, timed_out
 from ._chat import chat_completions
@@ -358,6 +359,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     recent = request.app.get(RECENT)
     if recent is not None and response.status >= 400 and request.path.startswith("/v1/"):
         recent.answered(name if client is not None else None, response)
+    if from_anthropic_client(request):
+        response = anthropic_shaped(response)
     ctx.metrics.requests.labels(endpoint, name, str(response.status)).inc()
     ctx.metrics.duration.labels(endpoint, name).observe(loop.time() - began)
     return response
@@ -404,14 +407,19 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
-    client = clients.authenticate(key.strip() if scheme.lower() == "bearer" else None)
+    given: str | None = key.strip() if scheme.lower() == "bearer" else None
+    if not header and "x-api-key" in request.headers:  # Anthropic's way of giving it
+        given = request.headers["x-api-key"].strip()
+    client = clients.authenticate(given)
     if client is None:
-        message = (
-            "You didn't provide an API key. You need to provide your API key in an Authorization header "
-            "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
-            if not header
-            else "Incorrect API key provided. Ask the operator of this sluice server for your key."
-        )
+        if not header and "x-api-key" not in request.headers:
+            how = "an x-api-key header, or" if from_anthropic_client(request) else "an"
+            message = (
+                f"You didn't provide an API key. You need to provide your API key in {how} Authorization header "
+                "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+            )
+        else:
+            message = "Incorrect API key provided. Ask the operator of this sluice server for your key."
         return openai_error(401, message, code="invalid_api_key")
     request[CLIENT] = client
     return await handler(request)
@@ -425,8 +433,13 @@ def _model(name: str) -> dict[str, Any]:
 
 
 async def list_models(request: web.Request) -> web.Response:
+    """The models a client may use, in its API's shape (Anthropic's, when it speaks it)."""
     ctx = request.app[CONTEXT]
     names = ctx.visible_models(client_of(request))
+    if from_anthropic_client(request):
+        first, last = (names[0], names[-1]) if names else (None, None)
+        listed = [anthropic_model(n) for n in names]
+        return web.json_response({"data": listed, "has_more": False, "first_id": first, "last_id": last})
     return web.json_response({"object": "list", "data": [_model(n) for n in names]})
 
 
@@ -434,7 +447,7 @@ async def retrieve_model(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     name = request.match_info["model"]
     ctx.resolve(client_of(request), name)  # a 404 for a model it may not use
-    return web.json_response(_model(name))
+    return web.json_response(anthropic_model(name) if from_anthropic_client(request) else _model(name))
 
 
 async def health(request: web.Request) -> web.Response:
