@@ -12,17 +12,20 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from .._errors import ConfigError
+from .. import _json
+from .._errors import ConfigError, MalformedResponseError
 from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request
 from ._anthropic_stream import AnthropicStreamDecoder
 from ._base import Reply
-from ._http import HttpProvider, header_number, missing_key_message, resolve_key
+from ._http import HttpProvider, header_number, missing_key_message, resolve_key, token_count
 from ._translate import anthropic_body, anthropic_reply
 
 __all__ = ["AnthropicProvider", "parse_rfc3339_reset"]
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
+#: What ``count_tokens`` takes of a Messages body (it refuses the rest: max_tokens, stream...).
+_COUNTED = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers"})
 API_VERSION = "2023-06-01"
 
 
@@ -90,6 +93,22 @@ class AnthropicProvider(HttpProvider):
             requests_window=60.0,
             tokens_window=60.0,
         )
+
+    async def count_tokens(self, body: Mapping[str, Any], deployment: Deployment) -> int:
+        """Anthropic's own count of a Messages body's input tokens
+        (``POST /v1/messages/count_tokens``; its model name put in). Raises the
+        ProviderError of a refusal, as a send would."""
+        url = self.url_for(deployment) + "/count_tokens"
+        asked = {key: value for key, value in body.items() if key in _COUNTED}
+        asked["model"] = deployment.model_name
+        payload, request_id, _ = await self.post(deployment, self._encode(asked), url=url)
+        try:
+            answer = _json.loads(payload)
+            return token_count(answer["input_tokens"]) if isinstance(answer, Mapping) else 0
+        except (KeyError, ValueError):
+            raise MalformedResponseError(
+                f"{deployment.label} answered count_tokens with an unexpected body", request_id=request_id
+            ) from None
 
     def stream_decoder(self, deployment: Deployment, request_id: str | None) -> AnthropicStreamDecoder:
         """Messages' SSE events read into the common shape (see :mod:`._anthropic_stream`)."""

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from aiohttp import web
 
 from ._batches import BatchDesk
+from ._count_tokens import count_tokens
 from ._embeddings import EmbeddingsFormat
 from ._faults import STATUS_OF, STREAM_FAULTS, Fault, FaultPlan, FaultSpec
 from ._formats import (
@@ -250,6 +251,8 @@ class FakeServer(LoopbackServer):
             fmt = self._routes.get(request.path)
             if fmt is not None:
                 return await self._serve(request, fmt)
+            if request.path == "/v1/messages/count_tokens":
+                return await count_tokens(request, self.counter, self.api_key, echo=self.echo_key_in_errors)
         if request.path.startswith(("/v1/files", "/v1/batches", "/v1/messages/batches")):
             answered = await self.batches.handle(request)
             if answered is not None:
