@@ -55,6 +55,9 @@ from ._embeddings import embeddings
 from ._errors import openai_error
 from ._keys import BATCH_ENGINE, CLIENT, ENGINE, STATE_DIR, ClientLike
 from ._live import RECENT, Live, Recent
+from ._messages import count_tokens, messages
+from ._responses import add_responses_routes
+from ._responses_db import ResponsesDB
 from ._metrics import CONTENT_TYPE, Metrics
 from ._queue import Admission, serve_limiter
 from ._replicas import REPLICAS, Replicas, forward_middleware
@@ -156,10 +159,12 @@ def build_app(
         tiered = dataclasses.replace(config, tier="batch", batch=BatchSettings(poll_every=settings.batch_poll_every))
         batch_engine = engine_from(tiered, store=store, spending=engine.spending)
     spend = SpendStore(state_dir / "clients.db")
+    responses = ResponsesDB(state_dir / "responses.db")
     try:
         registry = Clients.from_specs(clients, engine, spend, environ, redis)
         auth = DashboardAuth.from_settings(settings, registry, environ)  # its key: unset, short or a client's
     except BaseException:
+        responses.close()
         spend.close()
         store.close()
         raise
@@ -188,7 +193,7 @@ def build_app(
     app[CONTEXT] = ctx
     app[SETTINGS] = settings
     app[BODY_TIMEOUT] = settings.body_timeout_s
-    start, close = _lifetime(ctx, store, spend, batch_engine)
+    start, close = _lifetime(ctx, store, spend, batch_engine, responses)
     app.on_startup.append(start)  # before the Batch API's hooks: its batches resume on a started engine
     setup_batch_api(
         app,
@@ -203,6 +208,9 @@ def build_app(
         app.on_startup.append(replicas.start)
         app.on_cleanup.insert(0, replicas.close)  # first: stop answering for this replica's objects
     app.router.add_post("/v1/chat/completions", _json_handler(chat_completions))
+    app.router.add_post("/v1/messages", _json_handler(messages))
+    app.router.add_post("/v1/messages/count_tokens", _json_handler(count_tokens))
+    add_responses_routes(app, responses, _json_handler)
     app.router.add_post("/v1/embeddings", _json_handler(embeddings))
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", retrieve_model)
@@ -232,7 +240,11 @@ def _retried(event: RetryEvent, metrics: list[Metrics], recent: Recent) -> None:
 
 
 def _lifetime(
-    ctx: ServeContext, store: SqliteStore, spend: SpendStore, batch_engine: Engine | None = None
+    ctx: ServeContext,
+    store: SqliteStore,
+    spend: SpendStore,
+    batch_engine: Engine | None = None,
+    responses: ResponsesDB | None = None,
 ) -> tuple[Callable[[web.Application], Awaitable[None]], Callable[[web.Application], Awaitable[None]]]:
     """The engine's start and close (plain hooks, not a cleanup context: aiohttp runs every
     cleanup context before the other cleanup hooks, and the engine must close last)."""
@@ -264,6 +276,8 @@ def _lifetime(
                 else:
                     ctx.clients.save()
             finally:
+                if responses is not None:
+                    responses.close()
                 spend.close()
                 store.close()
 

@@ -29,7 +29,7 @@ from ._context import CONTEXT, JSON_BODY, BadBody, ServeContext, client_of
 from ._relay import complete, open_stream, relay
 from ._settings import cached_request
 
-__all__ = ["cached", "chat_completions", "parse_chat", "usage_of"]
+__all__ = ["cached", "chat_completions", "completion_of", "parse_chat", "usage_of"]
 
 #: Fields of the body that are the Request's own; the rest goes to the provider as ``params``.
 _OWN = frozenset({"model", "messages", "max_tokens", "temperature", "stream", "stream_options"})
@@ -122,7 +122,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         result = await complete(ctx, client, request, chat)
         if result.error is not None:
             return ctx.failure(client, result.error)
-        return web.Response(body=_json.dumps(_completion(result, body["model"])), content_type="application/json")
+        return web.Response(body=_json.dumps(completion_of(result, body["model"])), content_type="application/json")
     opened = await open_stream(ctx, client, request, chat)
     return await relay(ctx, client, request, opened, _Chunks(body["model"], include_usage))
 
@@ -135,7 +135,7 @@ def cached(ctx: ServeContext, request: web.Request, body: Mapping[str, Any]) -> 
         raise BadBody(str(exc), "x-sluice-cache") from None
 
 
-def _completion(result: Result, model: str) -> dict[str, Any]:
+def completion_of(result: Result, model: str) -> dict[str, Any]:
     """The provider's body (the engine's OpenAI shape for other providers), or one made
     from the Result when there is none, or it is not a chat completion (the simulated
     provider's and a callable's notes)."""

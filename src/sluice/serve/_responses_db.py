@@ -65,11 +65,14 @@ class ResponsesDB:
         self,
         client: str,
         response: Mapping[str, Any],
-        turn: Sequence[Mapping[str, Any]],
+        asked: Sequence[Mapping[str, Any]],
+        answered: Sequence[Mapping[str, Any]],
         previous: str | None,
     ) -> None:
-        """Keep a response and its turn (the input items it was asked, the items it answered)."""
-        row = (str(response["id"]), client, previous, time.time(), json.dumps(response), json.dumps(list(turn)))
+        """Keep a response and its turn: the input items it was asked (without the earlier
+        turns), the items it answered."""
+        turn = {"input": list(asked), "output": list(answered)}
+        row = (str(response["id"]), client, previous, time.time(), json.dumps(response), json.dumps(turn))
         self._run(
             "INSERT OR REPLACE INTO responses (id, client, previous, created_at, response, turn) VALUES (?,?,?,?,?,?)",
             row,
@@ -91,9 +94,15 @@ class ResponsesDB:
                 if not turns:
                     return None
                 break
-            turns.append(json.loads(row[1]))
+            turn = json.loads(row[1])
+            turns.append([*turn["input"], *turn["output"]])
             current = row[0]
         return [item for turn in reversed(turns) for item in turn]
+
+    def input_items(self, client: str, response_id: str) -> list[dict[str, Any]] | None:
+        """The input items a response was asked with (its own turn's), or None."""
+        row = self._one("SELECT turn FROM responses WHERE client = ? AND id = ?", (client, response_id))
+        return list(json.loads(row[0])["input"]) if row is not None else None
 
     def delete(self, client: str, response_id: str) -> bool:
         cursor = self._run("DELETE FROM responses WHERE client = ? AND id = ?", (client, response_id))

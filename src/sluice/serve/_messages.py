@@ -1,0 +1,126 @@
+"""Anthropic's Messages API on ``sluice serve``: ``POST /v1/messages`` (plain and
+``stream: true``) and ``POST /v1/messages/count_tokens``.
+
+A Messages body is read into the common (Chat Completions) shape by
+:mod:`sluice.shapes` and kept as it was written (``Request.native``): an Anthropic
+deployment is sent it as it is (thinking, cache control, documents and server tools
+reach it), any other is sent the translation, or refuses, with a 400 naming what cannot
+be told, when the translation lost something. The answer comes back in Anthropic's
+shape: an Anthropic deployment's own body, or the translation of a chat completion;
+a stream is Anthropic's event sequence. Admission, budgets, limits and the store are the
+chat endpoint's (:mod:`._relay`); errors are Anthropic's (:mod:`._anthropic`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from .. import _json
+from .._errors import ProviderError
+from .._models import Native, Request, Result
+from .._streaming import Delta
+from .._tokens import estimate_message_tokens
+from ..shapes import MessagesEvents, ShapeError, chat_from_messages, check_count_tokens, message_from_chat
+from ._anthropic import ANTHROPIC_STATUS
+from ._chat import cached, completion_of, parse_chat
+from ._context import CONTEXT, JSON_BODY, BadBody, client_of
+from ._relay import complete, open_stream, relay
+
+__all__ = ["count_tokens", "messages"]
+
+
+def _body(request: web.Request) -> Mapping[str, Any]:
+    body = request[JSON_BODY]
+    if not isinstance(body, Mapping):
+        raise BadBody("the request body must be a JSON object")
+    return body
+
+
+def request_of(body: Mapping[str, Any], model: str, *, unique: bool) -> Request:
+    """The engine's request for a Messages body: its translation, carrying the body."""
+    try:
+        view = chat_from_messages(body)
+    except ShapeError as exc:
+        raise BadBody(exc.message, exc.param) from None
+    chat, _, _ = parse_chat({**view.body, "stream": False}, model, unique=unique)
+    return dataclasses.replace(chat, native=Native("anthropic", dict(body), view.lost))
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    ctx = request.app[CONTEXT]
+    client = client_of(request)
+    body = _body(request)
+    model = ctx.resolve(client, body.get("model"))
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise BadBody("stream: Input should be a valid boolean", "stream")
+    asked = request_of(body, model, unique=not cached(ctx, request, body))
+    if not stream:
+        result = await complete(ctx, client, request, asked)
+        if result.error is not None:
+            return ctx.failure(client, result.error)
+        return web.Response(body=_json.dumps(message_of(result, body["model"])), content_type="application/json")
+    opened = await open_stream(ctx, client, request, asked)
+    return await relay(ctx, client, request, opened, _Events(MessagesEvents(body["model"])))
+
+
+def message_of(result: Result, model: str) -> dict[str, Any]:
+    """The answer as an Anthropic Message: an Anthropic deployment's own body, else the
+    chat completion translated."""
+    raw = result.raw
+    own = raw.get("provider_response") if raw is not None else None
+    if isinstance(own, Mapping) and own.get("type") == "message":
+        return dict(own)
+    return message_from_chat(completion_of(result, model), model=model)
+
+
+class _Events:
+    """Anthropic's stream events as the relay's :class:`~._relay.Encoder`."""
+
+    __slots__ = ("_events",)
+
+    def __init__(self, events: MessagesEvents) -> None:
+        self._events = events
+
+    def begin(self) -> bytes:
+        return self._events.start() + self._events.ping()
+
+    def delta(self, delta: Delta) -> bytes:
+        return self._events.delta(delta)
+
+    def end(self, result: Result) -> bytes:
+        return self._events.finish(result.finish_reason, result.usage)
+
+    def failed(self, error: web.Response) -> bytes:
+        assert isinstance(error.body, bytes)
+        message = _json.loads(error.body)["error"]["message"]
+        kind = ANTHROPIC_STATUS.get(error.status) or ("api_error" if error.status >= 500 else "invalid_request_error")
+        return self._events.error(kind, message)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """The input tokens of a Messages body: the provider's own count for an Anthropic
+    deployment, else sluice's estimate (what the limiter reserves for it)."""
+    ctx = request.app[CONTEXT]
+    client = client_of(request)
+    body = _body(request)
+    try:
+        view = check_count_tokens(body)
+    except ShapeError as exc:
+        raise BadBody(exc.message, exc.param) from None
+    model = ctx.resolve(client, body.get("model"))
+    routes = [route for group in ctx.engine.router.chain(model)[:1] for route in group.routes]
+    counter = getattr(routes[0].provider, "count_tokens", None) if routes else None
+    if counter is not None and routes[0].provider.speaks(routes[0].deployment) == "anthropic":
+        try:
+            tokens = await counter(body, routes[0].deployment)
+        except ProviderError as exc:
+            return ctx.failure(client, exc)
+    else:
+        params = {k: v for k, v in view.body.items() if k not in ("model", "messages")}
+        tokens = estimate_message_tokens(view.body["messages"], params)
+    return web.json_response({"input_tokens": tokens})
