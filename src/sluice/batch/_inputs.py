@@ -37,6 +37,7 @@ from .._errors import InvalidInputError, InvalidRequestError, SluiceError
 from .._models import Request, seal
 from ..structured import Schema, schema_from_response_format
 from ._embed_inputs import EMBEDDING_URLS, EmbeddingInput, embedding_from_body, embedding_from_row
+from ._native_inputs import NATIVE_URLS, native_api_of, native_view, with_native
 
 __all__ = [
     "EMBEDDING_IN_CHAT_JOB",
@@ -249,6 +250,10 @@ def _item(record: Any, number: int, where: str, options: InputOptions, *, row: b
             asked = _from_row(record, where, options)
         elif "body" in record and "custom_id" in record:
             asked = _from_batch_line(record, where, options)
+        elif "params" in record and "custom_id" in record and isinstance(record["params"], dict):
+            asked = _from_native(record["params"], "anthropic", where, options, request_id=_line_id(record, where))
+        elif options.template is None and native_api_of(record) is not None:
+            asked = _from_native(record, native_api_of(record) or "", where, options, request_id=None)
         elif options.template is not None:
             asked = _from_row(record, where, options)
         elif "messages" in record:
@@ -256,7 +261,8 @@ def _item(record: Any, number: int, where: str, options: InputOptions, *, row: b
         else:
             raise InvalidInputError(
                 f"{where}: expected a chat request ('messages'), an OpenAI Batch API line "
-                "('custom_id' and 'body'), or give --template to build prompts from its fields"
+                "('custom_id' and 'body'), a Responses body ('input'), an Anthropic Message Batches "
+                "request ('custom_id' and 'params'), or give --template to build prompts from its fields"
             )
     except Exception as exc:  # whatever is wrong with one record stays with that record
         text = exc.message if isinstance(exc, SluiceError) else f"{type(exc).__name__}: {exc}"
@@ -286,22 +292,46 @@ def _bad(number: int, message: str) -> InputItem:
     return InputItem(number, error=InvalidInputError(message, line=number))
 
 
-def _from_batch_line(record: Mapping[str, Any], where: str, options: InputOptions) -> Request | EmbeddingInput:
+def _line_id(record: Mapping[str, Any], where: str) -> str:
     custom_id = record.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise InvalidInputError(f"{where}: custom_id must be a non-empty string")
+    return custom_id
+
+
+def _from_batch_line(record: Mapping[str, Any], where: str, options: InputOptions) -> Request | EmbeddingInput:
+    custom_id = _line_id(record, where)
     method = record.get("method", "POST")
     if method != "POST":
         raise InvalidInputError(f"{where}: method must be POST, got {method!r}")
     url = record.get("url", "/v1/chat/completions")
-    if url not in _BATCH_URLS and url not in EMBEDDING_URLS:
-        raise InvalidInputError(f"{where}: only /v1/chat/completions and /v1/embeddings are supported, got url {url!r}")
+    if url not in _BATCH_URLS and url not in EMBEDDING_URLS and url not in NATIVE_URLS:
+        raise InvalidInputError(
+            f"{where}: only /v1/chat/completions, /v1/responses, /v1/messages and /v1/embeddings are supported, "
+            f"got url {url!r}"
+        )
     body = record.get("body")
     if not isinstance(body, dict):
         raise InvalidInputError(f"{where}: body must be a JSON object")
     if url in EMBEDDING_URLS:
         return embedding_from_body(body, where, options, request_id=custom_id)
+    if url in NATIVE_URLS:
+        return _from_native(body, NATIVE_URLS[url], where, options, request_id=custom_id)
     return _from_chat_body(body, where, options, request_id=custom_id)
+
+
+def _from_native(
+    body: Mapping[str, Any], api: str, where: str, options: InputOptions, *, request_id: str | None
+) -> Request:
+    """A line written for Anthropic's Messages or OpenAI's Responses (see ``_native_inputs``)."""
+    view = native_view(body, api, where, schema=options.schema is not None)
+    chat = {**view.body, "model": body.get("model")}
+    if "metadata" in body and isinstance(body["metadata"], dict) and api == "responses":
+        chat["metadata"] = body["metadata"]
+    request = _from_chat_body(chat, where, dataclasses.replace(options, line_schemas=False), request_id=request_id)
+    return with_native(
+        request, body, api, view, max_tokens=options.max_tokens, temperature=options.temperature, system=options.system
+    )
 
 
 def _from_chat_body(body: Mapping[str, Any], where: str, options: InputOptions, *, request_id: str | None) -> Request:

@@ -85,6 +85,8 @@ def _secrets_in(headers: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(found)
 
 
+#: Each native API's output cap.
+_OUTPUT_CAP = {"anthropic": "max_tokens", "responses": "max_output_tokens"}
 #: What each native API is called in messages.
 _API_NAMES = {"anthropic": "Anthropic's Messages API", "responses": "OpenAI's Responses API"}
 
@@ -241,11 +243,17 @@ class HttpProvider(ABC):
         """The API (``Native.api``) whose bodies ``deployment`` is sent as they are, if any."""
         return None
 
-    def native_body(self, native: Native, deployment: Deployment) -> dict[str, Any]:
+    def native_body(self, request: Request, deployment: Deployment) -> dict[str, Any]:
         """A native body as the deployment is sent it: its own model name put in (the
-        client named sluice's), ``stream`` left to :meth:`stream_body`."""
+        client named sluice's), ``stream`` left to :meth:`stream_body`, and the request's
+        output cap where the body gives none (a budget caps every request it prices)."""
+        native = request.native
+        assert native is not None
         body = {key: value for key, value in native.body.items() if key != "stream"}
         body["model"] = deployment.model_name
+        cap = _OUTPUT_CAP[native.api]
+        if body.get(cap) is None and request.max_tokens is not None:
+            body[cap] = request.max_tokens
         return body
 
     def body_of(self, request: Request, deployment: Deployment) -> dict[str, Any]:
@@ -256,7 +264,7 @@ class HttpProvider(ABC):
         native = request.native
         if native is not None:
             if native.api == self.speaks(deployment):
-                return self.native_body(native, deployment)
+                return self.native_body(request, deployment)
             if native.lost:
                 raise InvalidRequestError(untranslatable(native, deployment))
         if request.schema is not None:
