@@ -345,6 +345,13 @@ REFUSALS: list[tuple[Any, str | None, str, str]] = [
     (base(max_output_tokens=16.5), "max_output_tokens", "invalid_type", "expected an integer, but got a decimal"),
     (base(max_output_tokens="9"), "max_output_tokens", "invalid_type", "an integer"),
     (base(top_logprobs=21), "top_logprobs", "integer_above_max_value", "<= 20"),
+    (base(max_output_tokens=2**64), "max_output_tokens", "integer_above_max_value", "9223372036854775807"),
+    (
+        base(input=[{"role": "user", "content": [{"type": -(2**70)}]}]),
+        "input[0].content[0]",
+        "invalid_value",
+        "1180591620717411303424",
+    ),
     (base(metadata={str(i): "v" for i in range(17)}), "metadata", "object_above_max_properties", "at most 16"),
     (base(metadata={"k": "v" * 513}), "metadata.k", "string_above_max_length", "maximum length 512"),
     (base(metadata={"k": 1}), "metadata.k", "invalid_type", "expected a string"),
@@ -537,6 +544,92 @@ def test_a_malformed_body_raises_nothing_but_a_shape_error(
         else:
             assert view.body["messages"]
             json.dumps(view.body, allow_nan=False)
+
+
+RICH = {
+    "model": "gpt-test",
+    "instructions": "Be brief.",
+    "input": [
+        {"role": "developer", "content": "Answer in JSON."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "Look:"},
+                {"type": "input_image", "image_url": "https://example.com/a.png", "detail": "high"},
+                {"type": "input_file", "file_data": "data:application/pdf;base64,JVBER", "filename": "a.pdf"},
+                {"type": "input_audio", "input_audio": {"data": "UklGR", "format": "mp3"}},
+            ],
+        },
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Ok.", "annotations": []}],
+        },
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "hm"}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "sun"}]},
+    ],
+    "tools": [{**WEATHER, "strict": False, "allowed_callers": ["direct"]}],
+    "tool_choice": {
+        "type": "allowed_tools",
+        "mode": "required",
+        "tools": [{"type": "function", "name": "get_weather"}],
+    },
+    "text": {
+        "format": {"type": "json_schema", "name": "out", "schema": {"type": "object"}, "strict": True},
+        "verbosity": "high",
+    },
+    "reasoning": {"effort": "low", "summary": "concise", "mode": "standard"},
+    "include": ["message.output_text.logprobs"],
+    "metadata": {"k": "v"},
+    "temperature": 0.5,
+    "top_p": 0.5,
+    "max_output_tokens": 100,
+    "top_logprobs": 2,
+    "stream": False,
+}
+
+
+def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    found = [path] if path else []
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in children:
+        found.extend(_paths(child, (*path, key)))
+    return found
+
+
+PATHS = _paths(RICH)
+
+
+def test_the_rich_body_is_valid_and_loses_nothing() -> None:
+    view = chat_from_responses(RICH)
+    assert view.lost == ()
+    assert view.body["tool_choice"]["type"] == "allowed_tools"
+
+
+@settings(max_examples=400, deadline=None)
+@given(path=st.sampled_from(PATHS), value=json_values | st.just("\ud800") | st.just(math.nan), delete=st.booleans())
+def test_any_field_of_a_rich_body_broken_raises_nothing_but_a_shape_error(
+    path: tuple[Any, ...], value: Any, delete: bool
+) -> None:
+    body = copy.deepcopy(RICH)
+    parent = body
+    for key in path[:-1]:
+        parent = parent[key]
+    if delete:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    error: ShapeError | None = None
+    try:
+        view = chat_from_responses(body)
+    except ShapeError as exc:
+        error = exc
+    else:
+        json.dumps(view.body, allow_nan=False).encode("utf-8")
+    if error is not None:
+        error.message.encode("utf-8")
+        assert error.param is None or isinstance(error.param, str)
 
 
 # -- any valid body: no error, and every word the user wrote is kept ------------------------------

@@ -9,6 +9,7 @@ the same from ``sluice serve``. ``null`` is absent for every optional field, as 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -73,12 +74,23 @@ def wrong_type(path: str, expected: str, value: Any) -> ShapeError:
 def invalid_value(path: str, value: Any, supported: Iterable[str]) -> ShapeError:
     names = [f"'{name}'" for name in supported]
     listed = " and ".join(names) if len(names) <= 2 else ", ".join(names[:-1]) + f", and {names[-1]}"
-    shown = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
+    shown = value if isinstance(value, str) else _shown(value)
     return ShapeError(f"Invalid value: '{_clip(shown)}'. Supported values are: {listed}.", path, "invalid_value")
+
+
+def _shown(value: Any) -> str:
+    try:
+        return orjson.dumps(value, default=str).decode()
+    except TypeError:  # an integer beyond 64 bits
+        return json.dumps(value, default=str)
 
 
 def _clip(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+#: The largest integer OpenAI's API reads (a JSON number beyond it is refused there too).
+_INT64 = 2**63 - 1
 
 
 def read_str(
@@ -134,7 +146,7 @@ def read_int(
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise wrong_type(where, "an integer", value)
-    _bounds(where, "integer", value, minimum, maximum)
+    _bounds(where, "integer", value, minimum, _INT64 if maximum is None else maximum)
     return value
 
 
@@ -172,7 +184,9 @@ def _bounds(where: str, noun: str, value: float, minimum: float | None, maximum:
 
 
 def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else repr(value)
+    if isinstance(value, int):
+        return _clip(str(value))
+    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
 
 
 def read_enum(obj: Mapping[str, Any], key: str, path: str, supported: Sequence[str]) -> str | None:
