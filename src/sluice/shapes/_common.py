@@ -9,12 +9,14 @@ __all__ = ["ChatView", "ShapeError"]
 
 
 class ShapeError(ValueError):
-    """A body that is not what its API takes: ``param`` names the field (``messages[2].content``)."""
+    """A body that is not what its API takes: ``param`` names the field (``messages[2].content``);
+    ``code``, when given, is the API's own machine-readable code (OpenAI's ``invalid_type``...)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
