@@ -29,13 +29,16 @@ deployment that speaks Responses) or refused:
   ``moderation``, ``context_management``, ``access_programs``, ``reasoning.mode`` other
   than ``standard``, logprobs in a stream (sluice's stream deltas carry none), and what
   the items and tools modules say.
-- Refused: a body that is not an object, a field of the wrong type or out of range
+- Refused: a body that is not an object; a field of the wrong type or out of range
   (``temperature`` 0-2, ``top_p`` 0-1, ``max_output_tokens`` >= 16, ``top_logprobs``
   0-20, ``metadata`` at most 16 keys of 64 characters with string values of 512,
-  ``safety_identifier`` 128), an unknown field or enum value (the SDK's, pinned in the
-  test extra), text that is not valid Unicode or a number that is not
-  finite, no input at all, and both
-  ``previous_response_id`` and ``conversation``.
+  ``safety_identifier`` 128, integers within 64 bits); a field or enum value OpenAI does
+  not have (as the openai SDK of the test extra knows them: a newer field is refused
+  until added here); text that is not valid Unicode, a number that is not finite; no
+  input at all; ``stream_options`` without ``stream``; ``previous_response_id`` with
+  ``conversation``; ``tool_choice`` naming no given tool, or ``required`` with no tools;
+  ``json_object`` when no message says "json"; and the item errors of
+  :mod:`._responses_items` (an output with no call, a call with no output...).
 """
 
 from __future__ import annotations

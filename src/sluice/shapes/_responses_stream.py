@@ -13,9 +13,13 @@ done when the next one starts, or at the end; the end is ``response.completed`` 
 ``response.incomplete``) with the whole Response, the one :func:`response_from_chat`
 makes, its items' ids those of the events. There is no ``[DONE]`` line: OpenAI sends none.
 
-A failure is an ``error`` event (``code``, ``message``, ``param`` at its top, as the
-SDK's ``ResponseErrorEvent`` reads it) then ``response.failed``, whose ``error.code`` is
-one of the codes a Response may carry (``server_error`` for any other). A fragment of a
+A failure is an ``error`` event (``code``, ``message``, ``param`` at its top: OpenAI's
+reference and the SDK's ``ResponseErrorEvent``; OpenAI's servers have been seen nesting
+them under ``error``, which makes the Python SDK raise before it reads
+``response.failed``) then ``response.failed``, whose ``error.code`` is one of the codes a
+Response may carry (``server_error`` for any other). ``delta``, ``finish`` and ``failed``
+write the start first if it was not written: the SDK reads nothing before
+``response.created``. A fragment of a
 call that arrives after a later item began (providers send calls one after another, so
 this should not happen) still goes into that call: its delta is sent, and the final
 Response holds the whole arguments.
