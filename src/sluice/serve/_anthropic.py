@@ -16,22 +16,9 @@ from typing import Any
 from aiohttp import web
 
 from .. import _json
+from ..shapes._messages_errors import anthropic_error_body, error_type_for
 
-__all__ = ["ANTHROPIC_STATUS", "anthropic_error", "anthropic_model", "anthropic_shaped", "from_anthropic_client"]
-
-#: Anthropic's documented error types by status (docs.anthropic.com, "Errors").
-ANTHROPIC_STATUS = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    402: "billing_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
+__all__ = ["anthropic_error", "anthropic_model", "anthropic_shaped", "from_anthropic_client"]
 
 #: Headers kept when an error is rewritten (Retry-After tells the SDK when to retry).
 _KEPT = ("retry-after", "retry-after-ms", "x-request-id")
@@ -45,8 +32,7 @@ def anthropic_error(
     status: int, message: str, *, kind: str | None = None, headers: Mapping[str, str] | None = None
 ) -> web.Response:
     """An Anthropic-shaped error response; ``kind`` defaults to the status's type."""
-    kind = kind or ANTHROPIC_STATUS.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
-    body = {"type": "error", "error": {"type": kind, "message": message}}
+    body = anthropic_error_body(kind or error_type_for(status), message)
     return web.Response(body=_json.dumps(body), status=status, content_type="application/json", headers=headers)
 
 

@@ -24,8 +24,11 @@ from .._errors import ProviderError
 from .._models import Native, Request, Result
 from .._streaming import Delta
 from .._tokens import estimate_message_tokens
-from ..shapes import MessagesEvents, ShapeError, chat_from_messages, check_count_tokens, message_from_chat
-from ._anthropic import ANTHROPIC_STATUS
+from ..shapes._common import ShapeError
+from ..shapes._messages_errors import error_type_for
+from ..shapes._messages_events import MessagesEvents
+from ..shapes._messages_in import chat_from_messages, check_count_tokens
+from ..shapes._messages_out import message_from_chat
 from ._chat import cached, completion_of, parse_chat
 from ._context import CONTEXT, JSON_BODY, BadBody, client_of
 from ._relay import complete, open_stream, relay
@@ -65,7 +68,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
             return ctx.failure(client, result.error)
         return web.Response(body=_json.dumps(message_of(result, body["model"])), content_type="application/json")
     opened = await open_stream(ctx, client, request, asked)
-    return await relay(ctx, client, request, opened, _Events(MessagesEvents(body["model"])))
+    return await relay(ctx, client, request, opened, _Events(MessagesEvents(), body["model"]))
 
 
 def message_of(result: Result, model: str) -> dict[str, Any]:
@@ -75,19 +78,20 @@ def message_of(result: Result, model: str) -> dict[str, Any]:
     own = raw.get("provider_response") if raw is not None else None
     if isinstance(own, Mapping) and own.get("type") == "message":
         return dict(own)
-    return message_from_chat(completion_of(result, model), model=model)
+    return message_from_chat(completion_of(result, model), model=model, usage=result.usage)
 
 
 class _Events:
     """Anthropic's stream events as the relay's :class:`~._relay.Encoder`."""
 
-    __slots__ = ("_events",)
+    __slots__ = ("_events", "_model")
 
-    def __init__(self, events: MessagesEvents) -> None:
+    def __init__(self, events: MessagesEvents, model: str) -> None:
         self._events = events
+        self._model = model
 
     def begin(self) -> bytes:
-        return self._events.start() + self._events.ping()
+        return self._events.start(self._model) + self._events.ping()
 
     def delta(self, delta: Delta) -> bytes:
         return self._events.delta(delta)
@@ -98,8 +102,7 @@ class _Events:
     def failed(self, error: web.Response) -> bytes:
         assert isinstance(error.body, bytes)
         message = _json.loads(error.body)["error"]["message"]
-        kind = ANTHROPIC_STATUS.get(error.status) or ("api_error" if error.status >= 500 else "invalid_request_error")
-        return self._events.error(kind, message)
+        return self._events.error(error_type_for(error.status), message)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

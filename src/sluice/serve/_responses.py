@@ -28,7 +28,8 @@ from aiohttp import web
 from .. import _json
 from .._models import Native, Request, Result
 from .._streaming import Delta
-from ..shapes import ResponsesEvents, ShapeError, chat_from_responses, response_from_chat
+from ..shapes._common import ShapeError
+from ..shapes._responses_api import ResponsesEvents, chat_from_responses, conversation_items, response_from_chat
 from ._chat import cached, completion_of, parse_chat
 from ._context import CONTEXT, JSON_BODY, BadBody, client_of
 from ._errors import openai_error
@@ -98,15 +99,20 @@ class _Asked:
             response = dict(raw)
         else:
             response = response_from_chat(
-                completion_of(result, model), response_id=self.id, request=self.body, created_at=self.created_at
+                completion_of(result, model),
+                response_id=self.id,
+                request=self.body,
+                created_at=self.created_at,
+                usage=result.usage,
             )
         response.update(id=self.id, created_at=self.created_at, previous_response_id=self.previous, store=self.store)
         return response
 
     async def keep(self, db: ResponsesDB, client: str, response: Mapping[str, Any]) -> None:
         if self.store:
+            asked = conversation_items(self.body, {"output": []})
             answered = response.get("output") or []
-            await asyncio.to_thread(db.put, client, response, _input_items(self.body), answered, self.previous)
+            await asyncio.to_thread(db.put, client, response, asked, answered, self.previous)
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -147,7 +153,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         await asked.keep(db, client.name, response)
         return web.Response(body=_json.dumps(response), content_type="application/json")
     opened = await open_stream(ctx, client, request, chat)
-    encoder = _Events(ResponsesEvents(response_id=asked.id, request=body, created_at=asked.created_at), asked)
+    events = ResponsesEvents(body, response_id=asked.id, created_at=asked.created_at, model=body["model"])
+    encoder = _Events(events, asked)
     answer = await relay(ctx, client, request, opened, encoder)
     if encoder.final is not None:
         await asked.keep(db, client.name, encoder.final)
@@ -172,9 +179,8 @@ class _Events:
         return self._events.delta(delta)
 
     def end(self, result: Result) -> bytes:
-        data, response = self._events.finish(result.finish_reason, result.usage)
-        response.update(previous_response_id=self._asked.previous, store=self._asked.store)
-        self.final = response
+        data = self._events.finish(result.finish_reason, result.usage)
+        self.final = self._events.response
         return data
 
     def failed(self, error: web.Response) -> bytes:

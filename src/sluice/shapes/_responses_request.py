@@ -137,11 +137,11 @@ def chat_from_responses(body: Any, history: Sequence[Mapping[str, Any]] = ()) ->
     if not isinstance(body, Mapping):
         raise ShapeError("The request body must be a JSON object.", None, "invalid_type")
     check_json(body)
-    for key in body:
+    lost: list[str] = []
+    for key in body:  # newer than sluice: a Responses deployment is sent it, any other refuses it
         if key not in KNOWN_FIELDS:
             name = key if isinstance(key, str) else repr(key)
-            raise ShapeError(f"Unknown parameter: '{name}'.", name, "unknown_parameter")
-    lost: list[str] = []
+            lost.append(f"{name} (a parameter sluice does not know, so cannot translate)")
     model = read_str(body, "model", "", required=True, nonempty=True)
     chat: dict[str, Any] = {"model": model, "messages": _messages(body, history, lost)}
     _sampling(body, chat)
