@@ -559,6 +559,9 @@ def _deployment_problem(d: Deployment) -> str | None:
     structured = d.options.get("structured") if isinstance(d.options, Mapping) else None
     if structured is not None and structured not in ASK_MODES:
         return f"options.structured must be one of {', '.join(ASK_MODES)}, got {structured!r}"
+    responses = d.options.get("responses") if isinstance(d.options, Mapping) else None
+    if responses is not None and not isinstance(responses, bool):
+        return f"options.responses must be true or false (whether it serves OpenAI's Responses API), got {responses!r}"
     for name in ("flex_discount", "batch_discount"):
         share = d.options.get(name) if isinstance(d.options, Mapping) else None
         if share is not None and not (_number(share) and 0 < share <= 1):

@@ -31,7 +31,9 @@ hold, durable intent), settled exactly once.
   a stream that reports none is charged its worst case.
 - **Tool calls** are carried: :meth:`Stream.events` yields their deltas as they come,
   :attr:`Stream.tool_calls` holds them assembled, and ``Result.raw`` is an OpenAI
-  ``chat.completion`` holding them (whatever the provider; ``finish_reason`` is OpenAI's).
+  ``chat.completion`` holding them (whatever the provider; ``finish_reason`` is OpenAI's),
+  or the whole answer a stream ended with (a Response, from a deployment of the Responses
+  API: its client is handed it as it is).
 - **The store.** With one, the intent is noted before each attempt and the final Result
   put before anyone is told, as for ``complete()``. A request with a stored answer is not
   sent again: it is replayed as one delta (``result.cached``), because the store's promise
@@ -101,6 +103,7 @@ class Stream:
         "_attempts",
         "_calls",
         "_deadline",
+        "_ended_with",
         "_entered",
         "_events",
         "_finish",
@@ -136,6 +139,7 @@ class Stream:
         self._calls: dict[int, _ToolCall] = {}
         self._usage: Usage | None = None
         self._finish: str | None = None
+        self._ended_with: Mapping[str, Any] | None = None  # the whole answer, if the stream's end gave it
         self._start = StreamStart()
 
     # -- the public surface ----------------------------------------------------------------
@@ -325,6 +329,8 @@ class Stream:
             self._usage = event.usage
         elif isinstance(event, Finish):
             self._finish = event.reason
+            if event.raw is not None:
+                self._ended_with = event.raw
         elif isinstance(event, StreamStart):
             self._started(event)
         return None
@@ -373,7 +379,9 @@ class Stream:
         attempts.router.succeeded(route, latency, output, slot.placed_at)
         slot.settle(charge, answered=True, cut_off=False, usage=usage)
         text = "".join(self._text) if self._text or not self._calls else None
-        raw = self._raw(text, usage or Usage(), route.deployment.model_name)
+        raw = self._ended_with
+        if raw is None:
+            raw = self._raw(text, usage or Usage(), route.deployment.model_name)
         await self._end(
             reply=Reply(text, usage or Usage(), raw, self._finish, self._start.request_id, self._start.ratelimit)
         )
@@ -525,7 +533,15 @@ async def _raising(error: Exception) -> AsyncIterator[StreamEvent]:
 
 
 def _stored_calls(raw: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
-    """The tool calls of a stored chat.completion, if it has any."""
+    """The tool calls of a stored answer, in chat.completion's shape: a chat.completion's,
+    or a Response's ``function_call`` items."""
+    if raw is not None and raw.get("object") == "response":
+        output = raw.get("output")
+        return [
+            {"id": item.get("call_id"), "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
+            for item in (output if isinstance(output, list) else ())
+            if isinstance(item, Mapping) and item.get("type") == "function_call"
+        ]
     try:
         calls = raw["choices"][0]["message"].get("tool_calls") if raw else None
     except (KeyError, IndexError, TypeError, AttributeError):

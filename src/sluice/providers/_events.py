@@ -9,9 +9,9 @@ engine assembles one way for all.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request, Usage
@@ -71,6 +71,9 @@ class Finish:
     """Why the answer ended, in the provider's own words (``stop``, ``end_turn``, ...)."""
 
     reason: str | None
+    #: The whole answer, when the stream's last event holds it (a Response, whose client
+    #: is handed it as it is): then ``Result.raw``, not the engine's chat.completion.
+    raw: Mapping[str, Any] | None = None
 
 
 StreamEvent = StreamStart | TextDelta | ToolCallDelta | UsageUpdate | Finish

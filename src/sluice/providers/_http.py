@@ -15,7 +15,7 @@ import io
 import json
 import os
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
@@ -243,6 +243,26 @@ class HttpProvider(ABC):
         """The API (``Native.api``) whose bodies ``deployment`` is sent as they are, if any."""
         return None
 
+    def api_of(self, request: Request, deployment: Deployment) -> str | None:
+        """The API ``request`` goes to ``deployment`` in: its native one when the deployment
+        speaks it (the body as the client wrote it), else None (this provider's own)."""
+        native = request.native
+        return native.api if native is not None and native.api == self.speaks(deployment) else None
+
+    # -- what a native API changes (the URL, the reply's parse, the stream's decoder) --------
+
+    def url_of(self, request: Request, deployment: Deployment) -> str:
+        """The URL ``request`` is sent to: the deployment's endpoint, unless its API has another."""
+        return self._endpoint_for(deployment)[0]
+
+    def reply_parser(self, request: Request, deployment: Deployment) -> Callable[[Mapping[str, Any]], Reply]:
+        """How the 200 body of ``request`` reads: :meth:`parse_reply`, unless its API answers in another shape."""
+        return self.parse_reply
+
+    def decoder_of(self, request: Request, deployment: Deployment, request_id: str | None) -> StreamDecoder:
+        """The decoder of ``request``'s stream: :meth:`stream_decoder`, unless its API streams another way."""
+        return self.stream_decoder(deployment, request_id)
+
     def native_body(self, request: Request, deployment: Deployment) -> dict[str, Any]:
         """A native body as the deployment is sent it: its own model name put in (the
         client named sluice's), ``stream`` left to :meth:`stream_body`, and the request's
@@ -263,7 +283,7 @@ class HttpProvider(ABC):
         refused here, before anything is sent, when the translation lost something)."""
         native = request.native
         if native is not None:
-            if native.api == self.speaks(deployment):
+            if self.api_of(request, deployment) is not None:
                 return self.native_body(request, deployment)
             if native.lost:
                 raise InvalidRequestError(untranslatable(native, deployment))
@@ -347,13 +367,21 @@ class HttpProvider(ABC):
 
     async def send(self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None) -> Reply:
         data = self._encode(self.body_of(request, deployment))  # a translation error stays as it is
-        payload, request_id, ratelimit = await self.post(deployment, data, idempotency_key=idempotency_key)
-        return self.reply_of(payload, request_id, ratelimit, deployment)
+        url = self.url_of(request, deployment)
+        payload, request_id, ratelimit = await self.post(deployment, data, url=url, idempotency_key=idempotency_key)
+        return self.reply_of(payload, request_id, ratelimit, deployment, parse=self.reply_parser(request, deployment))
 
     def reply_of(
-        self, payload: bytes, request_id: str | None, ratelimit: RateLimitSnapshot | None, deployment: Deployment
+        self,
+        payload: bytes,
+        request_id: str | None,
+        ratelimit: RateLimitSnapshot | None,
+        deployment: Deployment,
+        *,
+        parse: Callable[[Mapping[str, Any]], Reply] | None = None,
     ) -> Reply:
-        """The Reply in a 200 body (from a response, or a Batch API's result line)."""
+        """The Reply in a 200 body (from a response, or a Batch API's result line), read by
+        ``parse`` (the request's :meth:`reply_parser`; :meth:`parse_reply` by default)."""
         try:
             body = _json.loads(payload)
         except ValueError:
@@ -364,7 +392,7 @@ class HttpProvider(ABC):
         if not isinstance(body, Mapping):
             raise MalformedResponseError(f"{deployment.label} answered 200 with JSON that is not an object")
         try:
-            reply = self.parse_reply(body)
+            reply = (parse or self.parse_reply)(body)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a body of the wrong shape
             raise MalformedResponseError(
                 f"{deployment.label} answered 200 with an unexpected body ({type(exc).__name__}: {exc})",
@@ -403,8 +431,8 @@ class HttpProvider(ABC):
         """
         import aiohttp
 
-        url, headers = self._endpoint_for(deployment)
-        headers = {**headers, "accept": "text/event-stream"}
+        url = self.url_of(request, deployment)
+        headers = {**self._endpoint_for(deployment)[1], "accept": "text/event-stream"}
         if idempotency_key is not None:
             headers["idempotency-key"] = idempotency_key
         data = self._encode(self.stream_body(request, deployment))
@@ -421,12 +449,13 @@ class HttpProvider(ABC):
                 payload = await response.read()
                 raise self.error_of(response.status, payload, response.headers, request_id, ratelimit, deployment)
             if not response.content_type.startswith("text/event-stream"):  # a server that ignored "stream"
-                for item in self._unstreamed(await response.read(), request_id, ratelimit, deployment):
+                parse = self.reply_parser(request, deployment)
+                for item in self._unstreamed(await response.read(), request_id, ratelimit, deployment, parse):
                     yield item
                 whole = True
                 return
             yield StreamStart(request_id, ratelimit)
-            decoder = self.stream_decoder(deployment, request_id)
+            decoder = self.decoder_of(request, deployment, request_id)
             sse = SseDecoder()
             async for chunk in response.content.iter_any():
                 for event in sse.feed(chunk):
@@ -464,14 +493,19 @@ class HttpProvider(ABC):
             raise InvalidRequestError(f"the request cannot be sent as JSON: {exc}") from None
 
     def _unstreamed(
-        self, payload: bytes, request_id: str | None, ratelimit: RateLimitSnapshot | None, deployment: Deployment
+        self,
+        payload: bytes,
+        request_id: str | None,
+        ratelimit: RateLimitSnapshot | None,
+        deployment: Deployment,
+        parse: Callable[[Mapping[str, Any]], Reply],
     ) -> list[StreamEvent]:
         """A whole JSON answer to a streamed request, as the events of a one-chunk stream."""
         try:
             body = _json.loads(payload)
             if not isinstance(body, Mapping):
                 raise TypeError("not a JSON object")
-            reply = self.parse_reply(body)
+            reply = parse(body)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise MalformedResponseError(
                 f"{deployment.label} answered a stream request with neither events nor an answer "

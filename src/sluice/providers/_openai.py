@@ -3,13 +3,17 @@ Together, Groq, DeepSeek — anything that speaks ``POST {base_url}/chat/complet
 
 Like the official SDK, the base URL and key default to ``OPENAI_BASE_URL`` and
 ``OPENAI_API_KEY``.
+
+OpenAI and Azure also serve the Responses API (``POST {base_url}/responses``): a request
+whose ``native`` body was written for it goes there as it is, to a deployment that has it
+(see :meth:`OpenAIProvider.speaks`), and its answer is read by :mod:`._responses`.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,6 +24,7 @@ from ._base import Reply
 from ._embed import EmbedReply, post_embeddings
 from ._http import HttpProvider, HttpTransport, StreamDecoder, header_number, missing_key_message, resolve_key
 from ._openai_stream import OpenAIStreamDecoder, openai_usage
+from ._responses import ResponsesStreamDecoder, responses_reply
 
 __all__ = ["AzureOpenAIProvider", "OpenAIProvider", "parse_openai_duration"]
 
@@ -93,7 +98,49 @@ class OpenAIProvider(HttpProvider):
             body["service_tier"] = "flex"
         return body
 
+    # -- the Responses API ----------------------------------------------------------------
+
+    def speaks(self, deployment: Deployment) -> str | None:
+        """``"responses"`` for a deployment that serves OpenAI's Responses API: as its
+        ``options.responses`` says; by default one written ``openai/...`` or ``azure/...``
+        (both serve it), not a bare model name (on a base_url: vLLM and the other
+        compatible servers, most of which have Chat Completions only)."""
+        configured = deployment.options.get("responses")
+        if configured is None:
+            configured = deployment.model.startswith(("openai/", "azure/"))
+        return "responses" if configured else None
+
+    def responses_url(self, deployment: Deployment) -> str:
+        """``{base_url}/responses``."""
+        return self._endpoint_for(deployment)[0].removesuffix("/chat/completions") + "/responses"
+
+    def native_body(self, request: Request, deployment: Deployment) -> dict[str, Any]:
+        body = super().native_body(request, deployment)
+        if deployment.tier == "flex":  # as build_body asks for it
+            body["service_tier"] = "flex"
+        return body
+
+    def url_of(self, request: Request, deployment: Deployment) -> str:
+        if self.api_of(request, deployment) == "responses":
+            return self.responses_url(deployment)
+        return super().url_of(request, deployment)
+
+    def reply_parser(self, request: Request, deployment: Deployment) -> Callable[[Mapping[str, Any]], Reply]:
+        if self.api_of(request, deployment) == "responses":
+            return responses_reply
+        return self.parse_reply
+
+    def decoder_of(self, request: Request, deployment: Deployment, request_id: str | None) -> StreamDecoder:
+        if self.api_of(request, deployment) == "responses":
+            return ResponsesStreamDecoder(deployment.label, request_id)
+        return self.stream_decoder(deployment, request_id)
+
+    # -- Chat Completions -------------------------------------------------------------------
+
     def parse_reply(self, body: Mapping[str, Any]) -> Reply:
+        """A chat completion; or a Response (a ``/v1/responses`` batch line's result)."""
+        if body.get("object") == "response":
+            return responses_reply(body)
         choices = body.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
             raise MalformedResponseError("response has no choices")
@@ -111,6 +158,8 @@ class OpenAIProvider(HttpProvider):
 
     def stream_body(self, request: Request, deployment: Deployment) -> dict[str, Any]:
         body = super().stream_body(request, deployment)
+        if self.api_of(request, deployment) == "responses":
+            return body  # its stream always ends with the usage
         # without it the stream carries no usage, and the cost could only be guessed
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         return body
@@ -199,6 +248,12 @@ class AzureOpenAIProvider(OpenAIProvider):
     def _max_tokens_field(self, deployment: Deployment) -> str:
         configured = deployment.options.get("max_tokens_field")
         return configured if isinstance(configured, str) else "max_tokens"
+
+    def responses_url(self, deployment: Deployment) -> str:
+        """``{endpoint}/openai/v1/responses``: Azure serves the Responses API in its v1 API,
+        which takes no api-version (the body's model names the Azure deployment)."""
+        chat_url, _ = self._endpoint_for(deployment)
+        return f"{chat_url.partition('/openai/deployments/')[0]}/openai/v1/responses"
 
     def embeddings_url(self, deployment: Deployment) -> str:
         """``{endpoint}/openai/deployments/{model}/embeddings?api-version=``."""

@@ -1,9 +1,10 @@
 """A fake LLM provider on a real loopback socket, for tests and benchmarks.
 
-``FakeServer`` speaks OpenAI Chat Completions (``POST /v1/chat/completions``) and
-Anthropic Messages (``POST /v1/messages``) and enforces rate limits the way the real
-providers do, so a client can be tested end to end (limits, 429s with ``retry-after``,
-retries, faults, billing) without the internet or an API key::
+``FakeServer`` speaks OpenAI Chat Completions (``POST /v1/chat/completions``), OpenAI
+Responses (``POST /v1/responses``) and Anthropic Messages (``POST /v1/messages``) and
+enforces rate limits the way the real providers do, so a client can be tested end to end
+(limits, 429s with ``retry-after``, retries, faults, billing) without the internet or an
+API key::
 
     from sluice.testing import FakeServer
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import BodyPartReader, web
 
 from ._formats import AnthropicFormat, ApiError, Call, ErrorKind, Format, OpenAIFormat, dumps, loads
+from ._responses import ResponsesFormat
 from ._structured import render
 
 if TYPE_CHECKING:
@@ -372,7 +373,7 @@ class BatchDesk:
 
     def _answer(self, batch: _Batch, line: _Line) -> None:
         server = self._server
-        fmt: Format = AnthropicFormat() if batch.anthropic else OpenAIFormat()
+        fmt = _format_of(batch.endpoint, server)
         if line.problem is not None:
             error = fmt.error(line.problem.kind, line.problem.message, line.problem.param)
             batch.failed[line.custom_id] = _result_line(batch, line.custom_id, line.problem.status, error)
@@ -387,7 +388,7 @@ class BatchDesk:
         assert call is not None
         completion = min(call.max_tokens, server.output_tokens)
         n, created = server.next_number(), int(time.time())
-        ask = server.structured.ask_of(line.body, batch.anthropic)
+        ask = server.structured.ask_of(line.body, fmt.api)
         if ask is not None:  # a line asking for JSON: answered as a synchronous request would be
             body = render(fmt, n, call, completion, server.structured.answer(ask)[0], ask, created)
         else:
@@ -536,7 +537,7 @@ def _openai_lines(content: bytes, endpoint: str, server: FakeServer) -> tuple[li
         if not isinstance(item.get("body"), dict):
             problem("missing_required_parameter", f"Line {number}: body is required.", number)
             continue
-        lines.append(_parsed(custom_id, item["body"], server, anthropic=False))
+        lines.append(_parsed(custom_id, item["body"], server, endpoint))
     if not lines and not errors:
         errors.append({"code": "empty_file", "message": "The input file has no requests.", "param": None, "line": None})
     return lines, errors
@@ -555,12 +556,19 @@ def _anthropic_lines(requests: list[Any], server: FakeServer) -> list[_Line]:
         if item["custom_id"] in seen:
             raise ApiError(400, "invalid_request", f"requests.{index}: custom_id {item['custom_id']!r} is not unique.")
         seen.add(item["custom_id"])
-        lines.append(_parsed(item["custom_id"], item["params"], server, anthropic=True))
+        lines.append(_parsed(item["custom_id"], item["params"], server, "/v1/messages"))
     return lines
 
 
-def _parsed(custom_id: str, body: Any, server: FakeServer, *, anthropic: bool) -> _Line:
-    fmt: Format = AnthropicFormat(server.counter) if anthropic else OpenAIFormat(server.counter)
+def _format_of(endpoint: str, server: FakeServer) -> Format:
+    """How the lines of a batch for ``endpoint`` read and are answered."""
+    if endpoint == "/v1/messages":
+        return AnthropicFormat(server.counter)
+    return ResponsesFormat(server.counter) if endpoint == "/v1/responses" else OpenAIFormat(server.counter)
+
+
+def _parsed(custom_id: str, body: Any, server: FakeServer, endpoint: str) -> _Line:
+    fmt = _format_of(endpoint, server)
     line = _Line(custom_id, body)
     try:
         line.call = fmt.parse(body, {"anthropic-version": "2023-06-01"})  # the batch request carried it

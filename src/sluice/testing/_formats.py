@@ -1,7 +1,8 @@
-"""Request checks and response bodies for the two wire formats the fake speaks.
+"""Request checks and response bodies for the wire formats the fake speaks.
 
 ``OpenAIFormat`` is ``POST /v1/chat/completions``; ``AnthropicFormat`` is
-``POST /v1/messages``. Both produce the same deterministic reply from the same prompt,
+``POST /v1/messages`` (``ResponsesFormat``, in :mod:`._responses`, is
+``POST /v1/responses``). All produce the same deterministic reply from the same prompt,
 and count its prompt tokens with the fake's own :class:`PromptCounter`, never with
 sluice's estimator.
 """
@@ -29,9 +30,24 @@ __all__ = [
     "OpenAIFormat",
     "dumps",
     "loads",
+    "reply_text",
 ]
 
-ErrorKind = Literal["invalid_request", "authentication", "not_found", "server", "overloaded", "context_length"]
+ErrorKind = Literal[
+    "invalid_request",
+    "authentication",
+    "not_found",
+    "server",
+    "overloaded",
+    "context_length",
+    # finer kinds of invalid request, as OpenAI's codes tell them apart (the Responses API's checks)
+    "missing",
+    "invalid_type",
+    "invalid_value",
+    "unknown",
+    "below_minimum",
+    "not_stored",
+]
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"))  # built once: json.dumps(...) is slower
@@ -164,9 +180,11 @@ def _check_common(body: Any) -> Mapping[str, Any]:
 
 
 class Format(ABC):
-    """What differs between the two APIs: checks, bodies, headers."""
+    """What differs between the APIs: checks, bodies, headers."""
 
     request_id_header = "x-request-id"
+    #: Which API it is (how its streams, structured asks and tool choices read).
+    api = "chat"
 
     def __init__(self, counter: PromptCounter | None = None) -> None:
         #: How the fake counts a prompt's tokens (its own tokenizer, not sluice's).
@@ -201,6 +219,15 @@ class Format(ABC):
     def limit_headers(self, snapshot: LimitSnapshot, wall_now: float) -> dict[str, str]:
         """This API's rate-limit headers for ``snapshot``."""
 
+    def too_long(self, prompt: int, limit: int, window: int) -> tuple[str, str]:
+        """(message, param) of the 400 for a prompt and output limit past the context window."""
+        return (
+            f"This model's maximum context length is {window} tokens. However, you requested {prompt + limit} tokens "
+            f"({prompt} in the messages, {limit} in the completion). Please reduce the length of the messages or "
+            "completion.",
+            "messages",
+        )
+
     def fault_error(self, fault: Fault) -> bytes:
         """The error body for a status-code fault (not 429)."""
         kind, message = _FAULT_ERRORS[fault]
@@ -214,6 +241,12 @@ _OPENAI_ERRORS: dict[ErrorKind, tuple[str, str | None]] = {
     "server": ("server_error", None),
     "overloaded": ("server_error", "overloaded"),
     "context_length": ("invalid_request_error", "context_length_exceeded"),
+    "missing": ("invalid_request_error", "missing_required_parameter"),
+    "invalid_type": ("invalid_request_error", "invalid_type"),
+    "invalid_value": ("invalid_request_error", "invalid_value"),
+    "unknown": ("invalid_request_error", "unknown_parameter"),
+    "below_minimum": ("invalid_request_error", "integer_below_min_value"),
+    "not_stored": ("invalid_request_error", "previous_response_not_found"),
 }
 
 
@@ -287,6 +320,12 @@ _ANTHROPIC_ERRORS: dict[ErrorKind, str] = {
     "server": "api_error",
     "overloaded": "overloaded_error",
     "context_length": "invalid_request_error",
+    "missing": "invalid_request_error",
+    "invalid_type": "invalid_request_error",
+    "invalid_value": "invalid_request_error",
+    "unknown": "invalid_request_error",
+    "below_minimum": "invalid_request_error",
+    "not_stored": "invalid_request_error",
 }
 
 
@@ -294,6 +333,10 @@ class AnthropicFormat(Format):
     """Anthropic Messages."""
 
     request_id_header = "request-id"
+    api = "anthropic"
+
+    def too_long(self, prompt: int, limit: int, window: int) -> tuple[str, str]:
+        return f"prompt is too long: {prompt + limit} tokens > {window} maximum", "messages"
 
     def check_auth(self, headers: Mapping[str, str], api_key: str | None, *, echo: bool = False) -> None:
         given = headers.get("x-api-key")

@@ -33,6 +33,7 @@ from ._formats import (
 )
 from ._lifecycle import LoopbackServer
 from ._limits import Entry, Limiter, Rejection, retry_after_headers
+from ._responses import ResponsesFormat
 from ._stats import LedgerEntry, LedgerKind, ServerStats, Tier, cost_usd
 from ._streams import StreamMode, error_frame, stream_frames, stream_mode
 from ._structured import StructuredAnswers, render, streamed_text
@@ -46,9 +47,10 @@ _JSON = "application/json"
 
 
 class FakeServer(LoopbackServer):
-    """An OpenAI- and Anthropic-compatible HTTP server on loopback, with real limits.
+    """An OpenAI- and Anthropic-compatible HTTP server on loopback, with real limits:
+    Chat Completions, Anthropic's Messages and OpenAI's Responses (see :mod:`._responses`).
 
-    Limits (one state shared by both endpoints): at most ``rpm`` requests and ``tpm``
+    Limits (one state shared by every endpoint): at most ``rpm`` requests and ``tpm``
     tokens in any sliding ``window`` seconds. With ``slice`` seconds set, requests are
     also spread evenly, as OpenAI may enforce 60,000/min as 1,000/s: a bucket refilling
     at ``rpm / window`` per second holding ``max(1, rpm * slice / window)``, forgiving
@@ -131,6 +133,7 @@ class FakeServer(LoopbackServer):
         self._routes: dict[str, Format] = {
             "/v1/chat/completions": OpenAIFormat(counter),
             "/v1/messages": AnthropicFormat(counter),
+            "/v1/responses": ResponsesFormat(counter),
             "/v1/embeddings": EmbeddingsFormat(counter),
         }
         self.stats = ServerStats()
@@ -266,6 +269,7 @@ class FakeServer(LoopbackServer):
     async def _serve(self, request: web.BaseRequest, fmt: Format) -> web.StreamResponse:
         stats = self.stats
         stats.received += 1
+        stats.by_path[request.path] += 1
         self._seq += 1
         n = self._seq
         fault = self._faults.draw()
@@ -304,7 +308,7 @@ class FakeServer(LoopbackServer):
             self._flex_refusals -= 1
             message = "Resource unavailable: no capacity for flex processing now. Please retry later."
             return self._respond(fmt, n, 429, openai_error_body(message, "resource_unavailable"))
-        mode = stream_mode(body, isinstance(fmt, AnthropicFormat))
+        mode = stream_mode(body, fmt.api)
         if fault is not None and mode is None:  # a stream fault for an answer that is not streamed
             return await self._fault(request, fmt, _unstreamed(fault), n, raw, key)
         cost = call.prompt_tokens + call.max_tokens
@@ -324,7 +328,7 @@ class FakeServer(LoopbackServer):
         if self.latency_jitter > 0:
             delay += self._rng.uniform(0.0, self.latency_jitter)
         completion = min(call.max_tokens, self.output_tokens)
-        ask = self.structured.ask_of(body, isinstance(fmt, AnthropicFormat))
+        ask = self.structured.ask_of(body, fmt.api)
         structured = self.structured.answer(ask)[0] if ask is not None else None
         if ask is not None and mode is not None and ask.tool is None:  # Anthropic streams a tool's input itself
             call = call._replace(text=streamed_text(structured))
@@ -370,10 +374,9 @@ class FakeServer(LoopbackServer):
         connection drops (``stream_cut``) or an ``error`` event ends it (``stream_error``).
         Billed as a provider bills: delivered; ``abandoned`` when the client left part-way
         (closed the connection); ``truncated`` when the fault broke it."""
-        anthropic = isinstance(fmt, AnthropicFormat)
         call, completion = answer.call, answer.completion
         frames = stream_frames(
-            anthropic,
+            fmt.api,
             n,
             call,
             completion,
@@ -405,7 +408,9 @@ class FakeServer(LoopbackServer):
                 else:
                     kind = "truncated"
                     if fault.kind is Fault.STREAM_ERROR:
-                        await response.write(error_frame(anthropic))
+                        await response.write(
+                            error_frame(fmt.api, len(frames.head) + min(fault.after, len(frames.body)))
+                        )
                     elif request.transport is not None:
                         request.transport.close()  # mid-body: the client sees the payload end early
         except ConnectionError:  # the client left while we wrote
@@ -489,16 +494,9 @@ class FakeServer(LoopbackServer):
     def _too_long(self, fmt: Format, n: int, call: Call) -> web.Response:
         """The prompt and its max_tokens exceed the model's context window: a 400, worded
         the way each API words it."""
-        wanted, window = call.prompt_tokens + call.max_tokens, self.context_window
-        if isinstance(fmt, AnthropicFormat):
-            message = f"prompt is too long: {wanted} tokens > {window} maximum"
-        else:
-            message = (
-                f"This model's maximum context length is {window} tokens. However, you requested {wanted} tokens "
-                f"({call.prompt_tokens} in the messages, {call.max_tokens} in the completion). Please reduce the "
-                "length of the messages or completion."
-            )
-        return self._respond(fmt, n, 400, fmt.error("context_length", message, "messages"))
+        assert self.context_window is not None
+        message, param = fmt.too_long(call.prompt_tokens, call.max_tokens, self.context_window)
+        return self._respond(fmt, n, 400, fmt.error("context_length", message, param))
 
     def _reject(self, fmt: Format, n: int, rejection: Rejection) -> web.Response:
         extra = None

@@ -31,6 +31,8 @@ class ServerStats:
     by_status: Counter[int] = field(default_factory=Counter)
     #: Requests per key.
     by_key: Counter[str] = field(default_factory=Counter)
+    #: Requests per endpoint (``/v1/chat/completions``, ``/v1/responses``...).
+    by_path: Counter[str] = field(default_factory=Counter)
     #: Real completions per key (as :attr:`accepted` counts them).
     succeeded_keys: Counter[str] = field(default_factory=Counter)
     #: Completions for a key that had already succeeded: a client re-sent finished work
@@ -54,6 +56,7 @@ class ServerStats:
             "accepted": self.accepted,
             "rate_limited": self.rate_limited,
             "by_status": {str(code): n for code, n in sorted(self.by_status.items())},
+            "by_path": dict(sorted(self.by_path.items())),
             "distinct_keys": len(self.by_key),
             "duplicate_successes": self.duplicate_successes,
             "undelivered": self.undelivered,

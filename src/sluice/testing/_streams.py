@@ -1,9 +1,14 @@
-"""Streamed answers as the two APIs send them: the SSE frames the fake writes.
+"""Streamed answers as the APIs send them: the SSE frames the fake writes.
 
 OpenAI: ``chat.completion.chunk`` objects in ``data:`` lines, a last chunk with the usage
 when ``stream_options.include_usage`` is set, then ``data: [DONE]``. Anthropic:
 ``message_start``, ``content_block_start``, ``ping``, ``content_block_delta``\\ s,
 ``content_block_stop``, ``message_delta`` (stop reason, output usage), ``message_stop``.
+Responses: typed events each with its ``sequence_number``, ``response.created``,
+``response.in_progress``, ``response.output_item.added``, ``response.content_part.added``,
+``response.output_text.delta``\\ s, ``response.output_text.done``,
+``response.content_part.done``, ``response.output_item.done``, then
+``response.completed`` (``response.incomplete`` when ``max_output_tokens`` cut it).
 
 A streamed request whose ``tool_choice`` forces a tool (OpenAI ``"required"`` or a named
 function; Anthropic ``any`` or a named tool) is answered with a call of that tool (the
@@ -19,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from ._formats import Call, dumps
+from ._responses import forced_function, output_item, output_text, response_object, response_skeleton
 
 __all__ = ["Frames", "StreamMode", "error_frame", "pieces", "stream_frames", "stream_mode"]
 
@@ -42,11 +48,14 @@ class Frames(NamedTuple):
     tail: list[bytes]
 
 
-def stream_mode(body: Any, anthropic: bool) -> StreamMode | None:
-    """The request's stream mode, or None when it is not a streamed request."""
+def stream_mode(body: Any, api: str) -> StreamMode | None:
+    """The request's stream mode (``api``: a Format's), or None when it is not a streamed request."""
     if not isinstance(body, Mapping) or body.get("stream") is not True:
         return None
+    if api == "responses":  # its stream always ends with the usage
+        return StreamMode(True, forced_function(body))
     options = body.get("stream_options")
+    anthropic = api == "anthropic"
     usage = anthropic or (isinstance(options, Mapping) and options.get("include_usage") is True)
     return StreamMode(usage, _forced_tool(body, anthropic))
 
@@ -84,11 +93,13 @@ def _chop(text: str, most: int) -> list[str]:
 
 
 def stream_frames(
-    anthropic: bool, n: int, call: Call, completion: int, cut: bool, created: int, mode: StreamMode, most: int
+    api: str, n: int, call: Call, completion: int, cut: bool, created: int, mode: StreamMode, most: int
 ) -> Frames:
     """The frames of answer ``n`` (``cut``: ``max_tokens`` stopped it)."""
-    if anthropic:
+    if api == "anthropic":
         return _anthropic(n, call, completion, cut, mode, most)
+    if api == "responses":
+        return _responses(n, call, completion, cut, created, most)
     return _openai(n, call, completion, cut, created, mode, most)
 
 
@@ -153,9 +164,47 @@ def _anthropic(n: int, call: Call, completion: int, cut: bool, mode: StreamMode,
     return Frames(head, body, tail)
 
 
-def error_frame(anthropic: bool) -> bytes:
-    """The error an API sends mid-stream when the server fails (Anthropic: overloaded)."""
-    if anthropic:
+def error_frame(api: str, sequence_number: int = 0) -> bytes:
+    """The error an API sends mid-stream when the server fails (Anthropic: overloaded;
+    Responses: an ``error`` event, its details nested as OpenAI sends them, numbered
+    ``sequence_number``)."""
+    if api == "anthropic":
         return _sse({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error")
     message = "The server had an error while processing your request. Sorry about that!"
-    return _sse({"error": {"message": message, "type": "server_error", "param": None, "code": None}})
+    error = {"message": message, "type": "server_error", "param": None, "code": None}
+    if api == "responses":
+        error["code"] = "server_error"
+        return _sse({"type": "error", "sequence_number": sequence_number, "error": error}, "error")
+    return _sse({"error": error})
+
+
+def _responses(n: int, call: Call, completion: int, cut: bool, created: int, most: int) -> Frames:
+    item = output_item(n, call, cut)
+    place: dict[str, Any] = {"item_id": item["id"], "output_index": 0}
+    text = {**place, "content_index": 0}
+    head: list[dict[str, Any]] = [
+        {"type": "response.created", "response": response_skeleton(n, call, created, "in_progress")},
+        {"type": "response.in_progress", "response": response_skeleton(n, call, created, "in_progress")},
+        {"type": "response.output_item.added", "output_index": 0, "item": output_item(n, call, cut, done=False)},
+    ]
+    if item["type"] == "function_call":
+        arguments = item["arguments"]
+        body = [{"type": "response.function_call_arguments.delta", **place, "delta": p} for p in _chop(arguments, most)]
+        tail = [{"type": "response.function_call_arguments.done", **place, "arguments": arguments}]
+    else:
+        head.append({"type": "response.content_part.added", **text, "part": output_text("")})
+        body = [
+            {"type": "response.output_text.delta", **text, "delta": piece, "logprobs": []}
+            for piece in pieces(call.text, most)
+        ]
+        tail = [
+            {"type": "response.output_text.done", **text, "text": call.text, "logprobs": []},
+            {"type": "response.content_part.done", **text, "part": output_text(call.text)},
+        ]
+    tail.append({"type": "response.output_item.done", "output_index": 0, "item": item})
+    end = "response.incomplete" if cut else "response.completed"
+    tail.append({"type": end, "response": response_object(n, call, completion, cut, created)})
+    events = [*head, *body, *tail]
+    frames = [_sse({**event, "sequence_number": number}, event["type"]) for number, event in enumerate(events)]
+    middle = len(head) + len(body)
+    return Frames(frames[: len(head)], frames[len(head) : middle], frames[middle:])

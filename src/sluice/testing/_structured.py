@@ -1,7 +1,8 @@
 """Structured answers: JSON made from the request's own schema, and the invalid ones models give.
 
-A request that asks for JSON (OpenAI ``response_format`` ``json_schema`` / ``json_object``;
-Anthropic a forced tool, ``tool_choice: {"type": "tool", "name": ...}``) is answered
+A request that asks for JSON (OpenAI ``response_format`` ``json_schema`` / ``json_object``,
+or ``text.format`` in the Responses API; Anthropic a forced tool, ``tool_choice:
+{"type": "tool", "name": ...}``) is answered
 with an instance of its schema, built here from the schema alone (the fake shares no
 code with sluice's validator, so a wrong assumption in either shows). It can be told to
 answer invalidly, as real models do, at a rate or for the first N asks of each prompt
@@ -68,12 +69,12 @@ class StructuredAnswers:
         self.invalid_rate, self.invalid_first = rate, first
         self.kinds = tuple(kinds) if kinds else INVALID_KINDS
 
-    def ask_of(self, body: Any, anthropic: bool) -> StructuredAsk | None:
-        """The structured ask a request body makes, or None."""
+    def ask_of(self, body: Any, api: str) -> StructuredAsk | None:
+        """The structured ask a request body makes (``api``: a Format's), or None."""
         if not isinstance(body, Mapping):
             return None
         prompt = _prompt_key(body)
-        if anthropic:
+        if api == "anthropic":
             choice, tools = body.get("tool_choice"), body.get("tools")
             if not (isinstance(choice, Mapping) and choice.get("type") == "tool" and isinstance(tools, list)):
                 return None
@@ -83,11 +84,14 @@ class StructuredAnswers:
                     return StructuredAsk(schema if isinstance(schema, Mapping) else {}, str(tool["name"]), prompt, body)
             return None
         fmt = body.get("response_format")
+        if api == "responses":
+            text = body.get("text")
+            fmt = text.get("format") if isinstance(text, Mapping) else None
         if not isinstance(fmt, Mapping):
             return None
         if fmt.get("type") == "json_object":
             return StructuredAsk({"type": "object", "properties": {"answer": {"type": "string"}}}, None, prompt, body)
-        spec = fmt.get("json_schema")
+        spec = fmt if api == "responses" else fmt.get("json_schema")  # Responses' text.format is flat
         if fmt.get("type") == "json_schema" and isinstance(spec, Mapping) and isinstance(spec.get("schema"), Mapping):
             return StructuredAsk(spec["schema"], None, prompt, body)
         return None
@@ -111,7 +115,8 @@ class StructuredAnswers:
 
 
 def _prompt_key(body: Mapping[str, Any]) -> str:
-    messages = body.get("messages")
+    given = body.get("input")  # Responses: a string (a user message) or items
+    messages = [{"role": "user", "content": given}] if isinstance(given, str) else given or body.get("messages")
     first = next(
         (m.get("content") for m in messages or () if isinstance(m, Mapping) and m.get("role") == "user"),
         None,

@@ -102,6 +102,42 @@ class PromptCounter:
             total += self.text(_COMPACT(body["tool_choice"]))
         return total
 
+    def responses(self, body: Mapping[str, Any]) -> int:
+        """``POST /v1/responses``: counted as its Chat Completions translation would be
+        (``instructions`` a system message, a string input one user message, a function
+        call and its output one message each), plus the tools and the text format."""
+        total = REPLY_PRIMER
+        instructions = body.get("instructions")
+        if isinstance(instructions, str) and instructions:
+            total += PER_MESSAGE + self.text("system") + self.text(instructions)
+        given = body["input"]
+        for item in [{"role": "user", "content": given}] if isinstance(given, str) else given:
+            kind = item.get("type", "message")
+            if kind == "message":
+                total += (
+                    PER_MESSAGE
+                    + self.text(str(item.get("role", "")))
+                    + self._content(item.get("content"), _openai_image)
+                )
+            elif kind == "function_call":
+                total += PER_MESSAGE + sum(self.text(str(item.get(k, ""))) for k in ("call_id", "name", "arguments"))
+            elif kind == "function_call_output":
+                total += (
+                    PER_MESSAGE
+                    + self.text(str(item.get("call_id", "")))
+                    + self._content(item.get("output"), _openai_image)
+                )
+            else:  # reasoning items, tool calls of other kinds: their JSON
+                total += self.text(_COMPACT(item))
+        if body.get("tools"):
+            total += self.text(_COMPACT(body["tools"])) + OPENAI_TOOLS
+        spec = (body.get("text") or {}).get("format")
+        if spec and spec.get("type") != "text":
+            total += self.text(_COMPACT(spec))
+        if body.get("tool_choice"):
+            total += self.text(_COMPACT(body["tool_choice"]))
+        return total
+
     # -- parts ---------------------------------------------------------------------------
 
     def _messages(self, messages: list[Mapping[str, Any]], image: _ImageRule) -> int:
@@ -135,7 +171,7 @@ class PromptCounter:
         if not isinstance(part, dict):
             return self.text(str(part))
         kind = part.get("type")
-        if kind in ("text", "input_text") and isinstance(part.get("text"), str):
+        if kind in ("text", "input_text", "output_text") and isinstance(part.get("text"), str):
             return self.text(part["text"])
         if kind in ("image_url", "input_image", "image"):
             return image(*_image_of(part))

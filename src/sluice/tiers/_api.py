@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _json
 from .._errors import MalformedResponseError, ProviderError, RetryableError
-from .._models import Deployment
+from .._models import Deployment, Request
 
 if TYPE_CHECKING:
     import aiohttp
@@ -53,6 +53,10 @@ class BatchAPI(ABC):
         headers = provider.headers_for(deployment)
         headers.pop("content-type", None)
         self.headers = headers
+
+    def body_of(self, request: Request) -> dict[str, Any]:
+        """A line's body: the request as the provider would send it."""
+        return self.provider.body_of(request, self.deployment)
 
     @abstractmethod
     def line(self, custom_id: str, body: Mapping[str, Any]) -> bytes:

@@ -199,7 +199,7 @@ class BatchTier:
 
     def _add(self, custom_id: str, request: Request) -> _Answer:
         api = self._api_ready()
-        line = api.line(custom_id, self._inner.body_of(request, self._real))
+        line = api.line(custom_id, api.body_of(request))
         filling = self._filling
         if filling.lines and (len(filling.lines) >= self._max_lines or filling.size + len(line) > self._max_bytes):
             self._submit_filling()

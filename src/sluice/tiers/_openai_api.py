@@ -5,12 +5,14 @@ come as an output file and an error file."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import _json
-from .._errors import BatchIncompleteError, MalformedResponseError
-from .._models import Deployment
+from .._errors import BatchIncompleteError, InvalidRequestError, MalformedResponseError
+from .._models import Deployment, Request
+from ..providers._http import untranslatable
 from ._api import BatchAPI, Outcome
 
 if TYPE_CHECKING:
@@ -37,6 +39,17 @@ class OpenAIBatches(BatchAPI):
         self._base = str(base(deployment))
         #: Each chunk's uploaded file, until its batch is created.
         self._uploaded: dict[str, str] = {}
+
+    def body_of(self, request: Request) -> dict[str, Any]:
+        """A line's body for ``/v1/chat/completions``, every line's URL: a request written for
+        the Responses API goes as its translation (refused if that lost something), as to a
+        deployment that does not speak it."""
+        native = request.native
+        if native is not None and native.api == "responses":
+            if native.lost:
+                raise InvalidRequestError(untranslatable(native, self.deployment))
+            request = dataclasses.replace(request, native=None)
+        return super().body_of(request)
 
     def line(self, custom_id: str, body: Mapping[str, Any]) -> bytes:
         return _json.dumps({"custom_id": custom_id, "method": "POST", "url": self.endpoint, "body": body}) + b"\n"
