@@ -251,6 +251,31 @@ def test_tool_results_open_their_turn_whatever_the_order() -> None:
     assert kinds == ["tool_result", "text"]
 
 
+def test_whitespace_only_text_is_dropped_as_anthropic_refuses_it() -> None:
+    """ "text content blocks must contain non-whitespace text" (the API's 400)."""
+    messages = [user([{"type": "text", "text": " \n"}, {"type": "text", "text": "hi"}])]
+    assert body(messages)["messages"] == [user([{"type": "text", "text": "hi"}])]
+    tool = [
+        user("q"),
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "  "},
+    ]
+    assert body(tool)["messages"][2]["content"] == [{"type": "tool_result", "tool_use_id": "call_1"}]
+    with pytest.raises(InvalidRequestError, match="empty"):
+        body([user("   ")])
+
+
+def test_a_tool_message_may_hold_an_image_as_an_anthropic_tool_result_does() -> None:
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}
+    messages = [
+        user("q"),
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": [image]},
+    ]
+    (block,) = body(messages)["messages"][2]["content"]
+    assert block["content"] == [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]
+
+
 def test_already_anthropic_messages_pass_through() -> None:
     messages = [
         user([{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]),

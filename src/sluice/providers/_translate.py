@@ -236,7 +236,7 @@ def _content_blocks(content: Any, where: str, role: str) -> list[dict[str, Any]]
     if content is None:
         return []
     if isinstance(content, str):
-        return [{"type": "text", "text": content}] if content else []
+        return [{"type": "text", "text": content}] if content.strip() else []
     if not isinstance(content, list):
         _refuse(f"{where}.content", "must be a string or a list of content parts")
     blocks = []
@@ -248,8 +248,10 @@ def _content_blocks(content: Any, where: str, role: str) -> list[dict[str, Any]]
 
 
 def _content_part(part: Any, where: str, role: str) -> dict[str, Any] | None:
-    """One OpenAI content part as an Anthropic block (None: an empty text, dropped:
-    Anthropic refuses empty text blocks)."""
+    """One OpenAI content part as an Anthropic block (None: an empty or whitespace-only
+    text, dropped: Anthropic refuses such text blocks, "text content blocks must contain
+    non-whitespace text"). A tool message may hold images and files too: Anthropic's
+    tool results do (tool_result_block_param.py)."""
     if isinstance(part, str):
         part = {"type": "text", "text": part}
     if not isinstance(part, Mapping):
@@ -260,15 +262,15 @@ def _content_part(part: Any, where: str, role: str) -> dict[str, Any] | None:
         if not isinstance(text, str):
             _refuse(where, "a text part needs a string 'text'")
         extra = {k: part[k] for k in ("cache_control", "citations") if part.get(k) is not None}
-        return {"type": "text", "text": text, **extra} if text else None
+        return {"type": "text", "text": text, **extra} if text.strip() else None
     if role == "system":
         _refuse(where, f"a system message may hold only text parts, not {kind!r}")
     if kind == "refusal" and role == "assistant":
         refusal = part.get("refusal")
         return {"type": "text", "text": refusal} if isinstance(refusal, str) and refusal else None
-    if kind == "image_url" and role == "user":
+    if kind == "image_url" and role in ("user", "tool"):
         return _image(part, where)
-    if kind == "file" and role == "user":
+    if kind == "file" and role in ("user", "tool"):
         return _file(part, where)
     if kind == "input_audio":
         _refuse(where, "Anthropic takes no audio input ('input_audio'); transcribe it or use another model")
@@ -387,7 +389,7 @@ def _tool_result(message: Mapping[str, Any], where: str) -> dict[str, Any]:
     block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id}
     content = message.get("content")
     if isinstance(content, str):
-        if content:
+        if content.strip():
             block["content"] = content
     else:
         parts = _content_blocks(content, where, "tool")
