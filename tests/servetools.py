@@ -75,6 +75,20 @@ async def listening(app: aiohttp.web.Application) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
+@contextlib.asynccontextmanager
+async def plain_server(app: aiohttp.web.Application) -> AsyncIterator[str]:
+    """An upstream of the test's own (a plain aiohttp app) on a free loopback port; yields its URL."""
+    runner = aiohttp.web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
 def sdk(url: str, key: str = "anything", **kwargs: Any) -> openai.AsyncOpenAI:
     kwargs.setdefault("max_retries", 0)
     return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, **kwargs)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import aiohttp
 import anthropic
 import pytest
-from servetools import ALICE_KEY, ENV, PRICE, UPSTREAM_KEY, deployment, fake, listening, serving
+from servetools import ALICE_KEY, PRICE, UPSTREAM_KEY, deployment, fake, plain_server, serving
 
 from sluice import Deployment
 from sluice.serve._settings import ClientSpec
@@ -29,9 +28,22 @@ def claude(upstream: Any, **kwargs: Any) -> Deployment:
     return Deployment("anthropic/claude-test", base_url=upstream.anthropic_url, api_key=UPSTREAM_KEY, **kwargs)
 
 
-def sdk(url: str, key: str = ALICE_KEY, **kwargs: Any) -> anthropic.AsyncAnthropic:
+_OPENED: list[anthropic.AsyncAnthropic] = []
+
+
+def sdk(url: str, key: str | None = ALICE_KEY, **kwargs: Any) -> anthropic.AsyncAnthropic:
+    """The official client (closed after the test, with its connections)."""
     kwargs.setdefault("max_retries", 0)
-    return anthropic.AsyncAnthropic(base_url=url, api_key=key, **kwargs)
+    client = anthropic.AsyncAnthropic(base_url=url, api_key=key, **kwargs)
+    _OPENED.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+async def _close_clients() -> AsyncIterator[None]:
+    yield
+    while _OPENED:
+        await _OPENED.pop().close()
 
 
 @contextlib.asynccontextmanager
@@ -48,10 +60,13 @@ async def test_messages_create_through_the_proxy(tmp_path: Path, model: str) -> 
     async with both(tmp_path) as (upstream, url):
         client = sdk(url)
         message = await client.messages.create(model=model, max_tokens=50, messages=HELLO, system="be brief")
-        assert message.type == "message" and message.role == "assistant"
-        assert message.content[0].type == "text" and message.content[0].text == "echo: Say hello to the proxy"
+        assert message.type == "message"
+        assert message.role == "assistant"
+        assert message.content[0].type == "text"
+        assert message.content[0].text == "echo: Say hello to the proxy"
         assert message.stop_reason == "end_turn"
-        assert message.usage.input_tokens > 0 and message.usage.output_tokens > 0
+        assert message.usage.input_tokens > 0
+        assert message.usage.output_tokens > 0
         assert upstream.stats.received == 1
 
 
@@ -65,9 +80,11 @@ async def test_messages_stream_through_the_proxy(tmp_path: Path, model: str) -> 
                 pieces.append(text)
             final = await stream.get_final_message()
         assert "".join(pieces) == "echo: Say hello to the proxy"
-        assert final.content[0].type == "text" and final.content[0].text == "".join(pieces)
+        assert final.content[0].type == "text"
+        assert final.content[0].text == "".join(pieces)
         assert final.stop_reason == "end_turn"
-        assert final.usage.output_tokens > 0 and final.usage.input_tokens > 0
+        assert final.usage.output_tokens > 0
+        assert final.usage.input_tokens > 0
 
 
 @pytest.mark.parametrize("model", ["gpt-test", "claude-test"])
@@ -102,7 +119,7 @@ async def test_a_wrong_key_is_an_anthropic_401(tmp_path: Path) -> None:
 
 async def test_the_key_may_come_as_a_bearer_token(tmp_path: Path) -> None:
     async with both(tmp_path) as (_, url):
-        client = anthropic.AsyncAnthropic(base_url=url, auth_token=ALICE_KEY, api_key=None, max_retries=0)
+        client = sdk(url, key=None, auth_token=ALICE_KEY)
         message = await client.messages.create(model="claude-test", max_tokens=20, messages=HELLO)
         assert message.content[0].text.startswith("echo:")
 
@@ -125,7 +142,8 @@ async def test_a_malformed_body_is_an_anthropic_400_naming_the_field(tmp_path: P
             async with http.post(f"{url}/v1/messages", json=body, headers=headers) as response:
                 assert response.status == 400
                 payload = await response.json()
-                assert payload["type"] == "error" and payload["error"]["type"] == "invalid_request_error"
+                assert payload["type"] == "error"
+                assert payload["error"]["type"] == "invalid_request_error"
                 assert field in payload["error"]["message"]
         async with http.post(f"{url}/v1/messages", data=b"{not json", headers=headers) as response:
             assert response.status == 400
@@ -203,7 +221,7 @@ async def test_an_anthropic_deployment_is_sent_the_body_as_the_client_wrote_it(t
     recorder = Recorder()
     app = aiohttp.web.Application()
     app.router.add_post("/v1/messages", recorder.handle)
-    async with listening(app) as upstream_url:
+    async with plain_server(app) as upstream_url:
         claude_there = Deployment("anthropic/claude-real", base_url=upstream_url, api_key=UPSTREAM_KEY)
         async with serving([claude_there], tmp_path, clients=(ALICE,)) as url:
             body: dict[str, Any] = {
@@ -260,14 +278,22 @@ async def test_tool_use_round_trip_through_a_chat_deployment(tmp_path: Path) -> 
 
 
 async def test_an_error_mid_stream_is_an_anthropic_error_event(tmp_path: Path) -> None:
-    async with fake() as upstream:
-        async with serving([claude(upstream)], tmp_path, clients=(ALICE,)) as url:
-            upstream.inject("stream_cut", times=5)
-            client = sdk(url)
-            with pytest.raises(anthropic.APIStatusError):
-                async with client.messages.stream(model="claude-test", max_tokens=50, messages=HELLO) as stream:
-                    async for _ in stream.text_stream:
-                        pass
+    """The upstream's stream breaks after its first piece (text already sent on): the
+    client reads that text, then Anthropic's ``error`` event, which the SDK raises."""
+    async with fake() as upstream, serving([claude(upstream)], tmp_path, clients=(ALICE,)) as url:
+        upstream.inject("stream_cut", times=5)
+        pieces: list[str] = []
+        with pytest.raises(anthropic.APIStatusError) as caught:
+            await _read_all(sdk(url), pieces)
+        assert pieces  # the error came after text, as an event, not as a status
+        assert "echo: Say hello to the proxy".startswith("".join(pieces))
+        assert caught.value.body["type"] == "error"
+
+
+async def _read_all(client: anthropic.AsyncAnthropic, pieces: list[str]) -> None:
+    async with client.messages.stream(model="claude-test", max_tokens=50, messages=HELLO) as stream:
+        async for text in stream.text_stream:
+            pieces.append(text)
 
 
 async def test_concurrent_anthropic_and_openai_clients_share_one_limit(tmp_path: Path) -> None:
@@ -285,7 +311,3 @@ async def test_concurrent_anthropic_and_openai_clients_share_one_limit(tmp_path:
             )
         assert len(replies) == 24
         assert upstream.stats.rate_limited == 0
-
-
-def test_env_is_shared_with_servetools() -> None:
-    assert ENV["ALICE_KEY"] == ALICE_KEY and json.dumps(ENV)

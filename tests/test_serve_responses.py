@@ -12,10 +12,28 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from servetools import ALICE_KEY, BOB_KEY, PRICE, UPSTREAM_KEY, fake, listening, sdk, serving
+import servetools
+from servetools import ALICE_KEY, BOB_KEY, PRICE, UPSTREAM_KEY, fake, plain_server, serving
 
 from sluice import Deployment
 from sluice.serve._settings import ClientSpec
+
+_OPENED: list[openai.AsyncOpenAI] = []
+
+
+def sdk(url: str, key: str) -> openai.AsyncOpenAI:
+    """The official client (closed after the test, with its connections)."""
+    client = servetools.sdk(url, key)
+    _OPENED.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+async def _close_clients() -> AsyncIterator[None]:
+    yield
+    while _OPENED:
+        await _OPENED.pop().close()
+
 
 CLIENTS = (ClientSpec("alice", key_env="ALICE_KEY"), ClientSpec("bob", key_env="BOB_KEY"))
 MODELS = ["gpt-test", "chat-test", "claude-test"]
@@ -43,7 +61,8 @@ async def test_responses_create(tmp_path: Path, model: str) -> None:
         response = await sdk(url, ALICE_KEY).responses.create(
             model=model, input="Say hello to the proxy", instructions="be brief", max_output_tokens=50
         )
-        assert response.object == "response" and response.status == "completed"
+        assert response.object == "response"
+        assert response.status == "completed"
         assert response.output_text == "echo: Say hello to the proxy"
         assert response.usage is not None
         billed = upstream.ledger[-1]
@@ -63,7 +82,9 @@ async def test_responses_stream(tmp_path: Path, model: str) -> None:
                     pieces.append(event.delta)
             final = await stream.get_final_response()
         assert "".join(pieces) == "echo: Say hello to the proxy" == final.output_text
-        assert final.status == "completed" and final.usage is not None and final.usage.output_tokens > 0
+        assert final.status == "completed"
+        assert final.usage is not None
+        assert final.usage.output_tokens > 0
         stored = await client.responses.retrieve(final.id)
         assert stored.output_text == final.output_text
 
@@ -73,9 +94,8 @@ async def test_the_responses_deployment_is_sent_a_responses_request(tmp_path: Pa
         client = sdk(url, ALICE_KEY)
         await client.responses.create(model="gpt-test", input="one")
         await client.responses.create(model="chat-test", input="two")
-        routes = upstream.stats.by_route if hasattr(upstream.stats, "by_route") else None
-        if routes is not None:
-            assert routes.get("/v1/responses") == 1 and routes.get("/v1/chat/completions") == 1
+        assert upstream.stats.by_path["/v1/responses"] == 1
+        assert upstream.stats.by_path["/v1/chat/completions"] == 1
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -209,7 +229,7 @@ async def test_a_chat_deployment_is_sent_the_conversation_in_order(tmp_path: Pat
     recorder = Recorder()
     app = aiohttp.web.Application()
     app.router.add_post("/v1/chat/completions", recorder.handle)
-    async with listening(app) as upstream_url:
+    async with plain_server(app) as upstream_url:
         chat = Deployment("chat-real", base_url=f"{upstream_url}/v1", api_key=UPSTREAM_KEY)
         async with serving([chat], tmp_path, clients=CLIENTS) as url:
             client = sdk(url, ALICE_KEY)
@@ -219,4 +239,5 @@ async def test_a_chat_deployment_is_sent_the_conversation_in_order(tmp_path: Pat
     assert [(m["role"], m["content"] if isinstance(m["content"], str) else m["content"][0]["text"]) for m in sent][
         -3:
     ] == [("user", "one"), ("assistant", "ok"), ("user", "two")]
-    assert "previous_response_id" not in recorder.bodies[1] and "store" not in recorder.bodies[1]
+    assert "previous_response_id" not in recorder.bodies[1]
+    assert "store" not in recorder.bodies[1]

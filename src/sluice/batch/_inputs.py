@@ -324,7 +324,7 @@ def _from_native(
     body: Mapping[str, Any], api: str, where: str, options: InputOptions, *, request_id: str | None
 ) -> Request:
     """A line written for Anthropic's Messages or OpenAI's Responses (see ``_native_inputs``)."""
-    view = native_view(body, api, where, schema=options.schema is not None)
+    view = native_view(body, api, where, schema=options.schema is not None, max_tokens=options.max_tokens)
     chat = {**view.body, "model": body.get("model")}
     if "metadata" in body and isinstance(body["metadata"], dict) and api == "responses":
         chat["metadata"] = body["metadata"]

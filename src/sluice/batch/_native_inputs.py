@@ -57,8 +57,12 @@ def native_api_of(record: Mapping[str, Any]) -> str | None:
     return None
 
 
-def native_view(body: Mapping[str, Any], api: str, where: str, *, schema: bool) -> ChatView:
-    """The body in the common shape; an InvalidInputError naming the line and field."""
+def native_view(
+    body: Mapping[str, Any], api: str, where: str, *, schema: bool, max_tokens: int | None = None
+) -> ChatView:
+    """The body in the common shape (``--max-tokens`` set in it); an InvalidInputError
+    naming the line and field (a Messages body without ``max_tokens`` and no
+    ``--max-tokens`` is one, as Anthropic refuses it)."""
     if schema:
         raise InvalidInputError(
             f"{where}: --schema cannot go with a line written for another API; "
@@ -66,6 +70,8 @@ def native_view(body: Mapping[str, Any], api: str, where: str, *, schema: bool) 
         )
     if body.get("stream"):
         raise InvalidInputError(f"{where}: 'stream' is not supported in a batch job; remove it")
+    if max_tokens is not None:
+        body = {**body, _CAP[api]: max_tokens}
     try:
         return chat_from_messages(body) if api == "anthropic" else chat_from_responses(body)
     except ShapeError as exc:

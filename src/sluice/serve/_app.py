@@ -56,11 +56,11 @@ from ._errors import openai_error
 from ._keys import BATCH_ENGINE, CLIENT, ENGINE, STATE_DIR, ClientLike
 from ._live import RECENT, Live, Recent
 from ._messages import count_tokens, messages
-from ._responses import add_responses_routes
-from ._responses_db import ResponsesDB
 from ._metrics import CONTENT_TYPE, Metrics
 from ._queue import Admission, serve_limiter
 from ._replicas import REPLICAS, Replicas, forward_middleware
+from ._responses import add_responses_routes
+from ._responses_db import ResponsesDB
 from ._settings import ClientSpec, ServeSettings
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from ._context import CONTEXT, JSON_BODY, BadBody, ServeContext, client_of
 from ._relay import complete, open_stream, relay
 from ._settings import cached_request
 
-__all__ = ["cached", "chat_completions", "completion_of", "parse_chat", "usage_of"]
+__all__ = ["cached", "chat_completions", "completion_of", "parse_chat", "unstreamed", "usage_of"]
 
 #: Fields of the body that are the Request's own; the rest goes to the provider as ``params``.
 _OWN = frozenset({"model", "messages", "max_tokens", "temperature", "stream", "stream_options"})
@@ -100,6 +100,11 @@ def parse_chat(body: Any, model: str, *, unique: bool, validate: bool = False) -
     if unique:  # its own key: never answered from the state, nor shared with a twin in flight
         request = dataclasses.replace(request, id=f"serve-{uuid.uuid4().hex}")
     return request, stream, include_usage
+
+
+def unstreamed(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat body without what asks for a stream (a translated one says it; the handler streams)."""
+    return {key: value for key, value in body.items() if key not in ("stream", "stream_options")}
 
 
 def _kind(value: Any) -> str:

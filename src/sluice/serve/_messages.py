@@ -24,12 +24,13 @@ from .._errors import ProviderError
 from .._models import Native, Request, Result
 from .._streaming import Delta
 from .._tokens import estimate_message_tokens
+from ..providers._anthropic import AnthropicProvider
 from ..shapes._common import ShapeError
 from ..shapes._messages_errors import error_type_for
 from ..shapes._messages_events import MessagesEvents
 from ..shapes._messages_in import chat_from_messages, check_count_tokens
 from ..shapes._messages_out import message_from_chat
-from ._chat import cached, completion_of, parse_chat
+from ._chat import cached, completion_of, parse_chat, unstreamed
 from ._context import CONTEXT, JSON_BODY, BadBody, client_of
 from ._relay import complete, open_stream, relay
 
@@ -49,7 +50,7 @@ def request_of(body: Mapping[str, Any], model: str, *, unique: bool) -> Request:
         view = chat_from_messages(body)
     except ShapeError as exc:
         raise BadBody(exc.message, exc.param) from None
-    chat, _, _ = parse_chat({**view.body, "stream": False}, model, unique=unique)
+    chat, _, _ = parse_chat(unstreamed(view.body), model, unique=unique)
     return dataclasses.replace(chat, native=Native("anthropic", dict(body), view.lost))
 
 
@@ -72,12 +73,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 
 def message_of(result: Result, model: str) -> dict[str, Any]:
-    """The answer as an Anthropic Message: an Anthropic deployment's own body, else the
-    chat completion translated."""
-    raw = result.raw
-    own = raw.get("provider_response") if raw is not None else None
-    if isinstance(own, Mapping) and own.get("type") == "message":
-        return dict(own)
+    """The answer as an Anthropic Message: an Anthropic deployment's own body (kept in the
+    completion as ``provider_response``), else the chat completion translated."""
     return message_from_chat(completion_of(result, model), model=model, usage=result.usage)
 
 
@@ -117,10 +114,9 @@ async def count_tokens(request: web.Request) -> web.Response:
         raise BadBody(exc.message, exc.param) from None
     model = ctx.resolve(client, body.get("model"))
     routes = [route for group in ctx.engine.router.chain(model)[:1] for route in group.routes]
-    counter = getattr(routes[0].provider, "count_tokens", None) if routes else None
-    if counter is not None and routes[0].provider.speaks(routes[0].deployment) == "anthropic":
+    if routes and isinstance(routes[0].provider, AnthropicProvider):
         try:
-            tokens = await counter(body, routes[0].deployment)
+            tokens = await routes[0].provider.count_tokens(body, routes[0].deployment)
         except ProviderError as exc:
             return ctx.failure(client, exc)
     else:

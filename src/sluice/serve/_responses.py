@@ -30,7 +30,7 @@ from .._models import Native, Request, Result
 from .._streaming import Delta
 from ..shapes._common import ShapeError
 from ..shapes._responses_api import ResponsesEvents, chat_from_responses, conversation_items, response_from_chat
-from ._chat import cached, completion_of, parse_chat
+from ._chat import cached, completion_of, parse_chat, unstreamed
 from ._context import CONTEXT, JSON_BODY, BadBody, client_of
 from ._errors import openai_error
 from ._relay import complete, open_stream, relay
@@ -84,7 +84,7 @@ class _Asked:
             view = chat_from_responses(self.body, self.history)
         except ShapeError as exc:
             raise BadBody(exc.message, exc.param) from None
-        chat, _, _ = parse_chat({**view.body, "stream": False}, model, unique=unique)
+        chat, _, _ = parse_chat(unstreamed(view.body), model, unique=unique)
         upstream = {key: value for key, value in self.body.items() if key not in _OURS}
         upstream["input"] = [*_replayable(self.history), *_input_items(self.body)]
         upstream["store"] = False
