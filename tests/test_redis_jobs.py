@@ -414,3 +414,27 @@ def test_an_always_invalid_line_is_final_for_its_delivery_and_billed_in_its_reco
     assert all(r["reasks"] == 2 and r["attempts"] == 3 for r in records)
     assert server.stats.received == 18
     assert sum(r["cost_usd"] for r in records) == pytest.approx(server.total_billed_usd, rel=1e-9)
+
+
+def test_workers_send_a_responses_line_as_written(
+    server: FakeServer, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The native body travels with each request: a worker sends a /v1/responses line to a
+    deployment that speaks Responses as it is, not as its chat translation."""
+    lines = [
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/responses",
+            "body": {"model": "openai/gpt-test", "input": f"question {i}", "max_output_tokens": 30},
+        }
+        for i in range(12)
+    ]
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    out = tmp_path / "out.jsonl"
+    run = _one_worker_runs(server, redis_server, source, out)
+    assert run.returncode == 0, run.stdout + run.stderr
+    records = read_output(out)
+    assert sorted(r["text"] for r in records) == sorted(f"echo: question {i}" for i in range(12))
+    assert server.stats.by_path["/v1/responses"] == 12
+    assert server.stats.by_path.get("/v1/chat/completions", 0) == 0

@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import _json
 from .._errors import SluiceError
-from .._models import Deployment, Price, Request
+from .._models import Deployment, Native, Price, Request
 from .._records import error_from_record
 from ..structured import schema_from_response_format
 
@@ -56,8 +56,16 @@ def request_fields(request: Request) -> str:
             "metadata": request.metadata,
             # a model class cannot travel: its JSON Schema does (the same digest, so the same key)
             "schema": request.schema.response_format() if request.schema is not None else None,
+            # a body written for another API: a deployment of that API is sent it as it is
+            "native": _native_fields(request.native),
         }
     )
+
+
+def _native_fields(native: Native | None) -> dict[str, Any] | None:
+    if native is None:
+        return None
+    return {"api": native.api, "body": native.body, "lost": list(native.lost)}
 
 
 def request_from_fields(body: str | bytes) -> Request:
@@ -71,6 +79,7 @@ def request_from_fields(body: str | bytes) -> Request:
         id=data.get("id"),
         metadata=data.get("metadata") or {},
         schema=schema_from_response_format(data.get("schema")),
+        native=Native(native["api"], native["body"], tuple(native["lost"])) if (native := data.get("native")) else None,
     )
 
 
