@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -311,3 +312,32 @@ async def test_concurrent_anthropic_and_openai_clients_share_one_limit(tmp_path:
             )
         assert len(replies) == 24
         assert upstream.stats.rate_limited == 0
+
+
+async def test_the_servers_own_refusals_are_anthropic_shaped(tmp_path: Path) -> None:
+    """An unknown route, a wrong method, a body over the cap: Anthropic's shape and type."""
+    async with fake() as upstream, serving([claude(upstream)], tmp_path, clients=(ALICE,), max_body_mb=0.01) as url:
+        headers = {"x-api-key": ALICE_KEY, "anthropic-version": "2023-06-01"}
+        async with aiohttp.ClientSession() as http:
+            for method, path, data, status, kind in (
+                ("POST", "/v1/messages/nope", b"{}", 404, "not_found_error"),
+                ("GET", "/v1/messages", None, 405, "invalid_request_error"),
+                ("POST", "/v1/messages", b"x" * 20_000, 413, "request_too_large"),
+            ):
+                async with http.request(method, f"{url}{path}", data=data, headers=headers) as response:
+                    assert response.status == status
+                    payload = await response.json()
+                    assert payload["type"] == "error"
+                    assert payload["error"]["type"] == kind
+
+
+def test_unavailable_is_overloaded_for_an_anthropic_client() -> None:
+    """sluice's 503 (it cannot take the request now: Redis down, shutting down) is the 529
+    an Anthropic client retries; its Retry-After stays."""
+    from sluice.serve._anthropic import anthropic_shaped
+    from sluice.serve._errors import openai_error
+
+    shaped = anthropic_shaped(openai_error(503, "later", type="server_error", headers={"retry-after": "2"}))
+    assert shaped.status == 529
+    assert json.loads(shaped.body)["error"]["type"] == "overloaded_error"  # type: ignore[arg-type]
+    assert shaped.headers["retry-after"] == "2"
