@@ -367,3 +367,35 @@ async def test_a_stopped_holders_old_address_never_gets_the_clients_key(
             await runner.cleanup()
     assert down.value.status_code == 503
     assert seen == []
+
+
+# -- stored responses across replicas ----------------------------------------------------------------
+
+
+async def test_a_conversation_continues_and_is_read_through_either_replica(
+    tmp_path: Path, redis_server: RedisServer, upstream: FakeServer
+) -> None:
+    """A response stored by A is continued through B (B forwards the create to A, which
+    holds the earlier turns), read and deleted through B; another client finds nothing."""
+    async with (
+        replica([deployment(upstream)], tmp_path / "a", redis_server.url) as a,
+        replica([deployment(upstream)], tmp_path / "b", redis_server.url) as b,
+    ):
+        on_a, on_b, bob_b = sdk(a.url, key=ALICE_KEY), sdk(b.url, key=ALICE_KEY), sdk(b.url, key=BOB_KEY)
+        try:
+            first = await on_a.responses.create(model="gpt-test", input="My name is Ada.")
+            second = await on_b.responses.create(model="gpt-test", input="Who am I?", previous_response_id=first.id)
+            assert second.output_text == "echo: Who am I?"
+            assert (await on_b.responses.retrieve(first.id)).output_text == first.output_text
+            assert (await on_b.responses.retrieve(second.id)).previous_response_id == first.id
+            with pytest.raises(openai.NotFoundError):
+                await bob_b.responses.retrieve(first.id)
+            with pytest.raises(openai.NotFoundError):
+                await bob_b.responses.create(model="gpt-test", input="x", previous_response_id=first.id)
+            await on_b.responses.delete(first.id)
+            with pytest.raises(openai.NotFoundError):
+                await on_a.responses.retrieve(first.id)
+        finally:
+            for client in (on_a, on_b, bob_b):
+                await client.close()
+    assert upstream.ledger[-1].input_tokens > upstream.ledger[0].input_tokens  # the first turn went again

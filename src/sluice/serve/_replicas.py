@@ -1,11 +1,12 @@
-"""``sluice serve --redis``: any replica answers for any file or batch.
+"""``sluice serve --redis``: any replica answers for any file, batch or stored response.
 
 A file or batch lives where it was made (its replica's state dir). Each replica records in
 Redis which replica holds each object it makes (``owner:<id>``: the replica's id, address
 and the client's name; no expiry, removed when a file is deleted) and keeps a heartbeat
 (``replica:<id>`` -> its address, with a TTL). A request for ``/v1/files/{id}...`` or
-``/v1/batches/{id}...`` (and a batch create naming another replica's file) that this
-replica does not hold is forwarded to the holder: same method, path, query, body and the
+``/v1/batches/{id}...`` or ``/v1/responses/{id}...`` (and a batch create naming another
+replica's file, a response continuing another replica's: its ``previous_response_id``)
+that this replica does not hold is forwarded to the holder: same method, path, query, body and the
 client's ``Authorization`` (the holder authenticates again), the answer streamed back.
 An unreachable holder is a 503 that says so, never a silent 404. A forwarded request
 carries ``x-sluice-forwarded: 1`` and is never forwarded again (no loops). Lists merge
@@ -36,6 +37,7 @@ from .. import _json
 from ._batch_ctx import BATCH_CTX, caller, derived_id
 from ._body import BodyTimeout, read_body, timed_out
 from ._errors import openai_error
+from ._responses_db import RESPONSES_DB
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -55,7 +57,10 @@ LIST_CAP = 10_000
 _CHUNK = 1 << 16
 _PASSED_HEADERS = ("authorization", "content-type", "accept")
 _RETURNED_HEADERS = ("content-type", "retry-after", "content-disposition", "x-request-id")
-_OBJECT_PATH = re.compile(r"^/v1/(files|batches)/([^/]+)(/.*)?$")
+_OBJECT_PATH = re.compile(r"^/v1/(files|batches|responses)/([^/]+)(/.*)?$")
+#: A create that names an object another replica may hold: its path -> the body's field.
+_NAMED_IN_BODY = {"/v1/batches": ("input_file_id", "files"), "/v1/responses": ("previous_response_id", "responses")}
+_WHAT = {"files": "file", "batches": "batch", "responses": "response"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -292,6 +297,14 @@ def merged_page(
 # -- the middleware ------------------------------------------------------------------------------
 
 
+async def _held_here(request: web.Request, kind: str, client: str, object_id: str) -> bool:
+    if kind == "responses":
+        stored = request.app[RESPONSES_DB]
+        return await asyncio.to_thread(stored.response, client, object_id) is not None
+    db = request.app[BATCH_CTX].db
+    return (db.file(client, object_id) if kind == "files" else db.batch(client, object_id)) is not None
+
+
 @web.middleware
 async def forward_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Send a request for an object held by another replica to that replica."""
@@ -302,26 +315,24 @@ async def forward_middleware(request: web.Request, handler: Handler) -> web.Stre
     body: bytes | None = None
     if match is not None:
         kind, object_id = match.group(1), match.group(2)
-    elif request.path == "/v1/batches" and request.method == "POST":
+    elif request.path in _NAMED_IN_BODY and request.method == "POST":
+        field, kind = _NAMED_IN_BODY[request.path]
         try:
             body = await read_body(request)  # within the body timeout (a 413 past the cap)
         except BodyTimeout:
             return timed_out(request)
         try:
-            object_id = _json.loads(body).get("input_file_id")  # orjson: a nesting bomb is a ValueError
+            object_id = _json.loads(body).get(field)  # orjson: a nesting bomb is a ValueError
         except (ValueError, AttributeError):  # the handler says what is wrong with it
             return await handler(request)
         if not isinstance(object_id, str):
             return await handler(request)
-        kind = "files"
     else:
         return await handler(request)
     client = caller(request).name
-    db = request.app[BATCH_CTX].db
-    local = db.file(client, object_id) if kind == "files" else db.batch(client, object_id)
-    if local is not None:
+    if await _held_here(request, kind, client, object_id):
         return await handler(request)
-    what = f"{'file' if kind == 'files' else 'batch'} {object_id[:80]}"
+    what = f"{_WHAT[kind]} {object_id[:80]}"
     try:
         owner = await replicas.owner(object_id)
     except Exception as exc:

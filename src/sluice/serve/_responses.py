@@ -34,12 +34,10 @@ from ._chat import cached, completion_of, parse_chat, unstreamed
 from ._context import CONTEXT, JSON_BODY, BadBody, client_of
 from ._errors import openai_error
 from ._relay import complete, open_stream, relay
-from ._responses_db import ResponsesDB
+from ._replicas import REPLICAS
+from ._responses_db import RESPONSES_DB, ResponsesDB
 
-__all__ = ["RESPONSES_DB", "add_responses_routes"]
-
-#: ``app[RESPONSES_DB]``: the stored responses.
-RESPONSES_DB: web.AppKey[ResponsesDB] = web.AppKey("sluice.serve.responses", ResponsesDB)
+__all__ = ["add_responses_routes"]
 
 #: What sluice answers itself and never forwards.
 _OURS = ("previous_response_id", "store", "stream")
@@ -108,11 +106,16 @@ class _Asked:
         response.update(id=self.id, created_at=self.created_at, previous_response_id=self.previous, store=self.store)
         return response
 
-    async def keep(self, db: ResponsesDB, client: str, response: Mapping[str, Any]) -> None:
-        if self.store:
-            asked = conversation_items(self.body, {"output": []})
-            answered = response.get("output") or []
-            await asyncio.to_thread(db.put, client, response, asked, answered, self.previous)
+    async def keep(self, app: web.Application, client: str, response: Mapping[str, Any]) -> None:
+        """Store the response (``store``), and with ``--redis`` say that this replica holds it."""
+        if not self.store:
+            return
+        asked = conversation_items(self.body, {"output": []})
+        answered = response.get("output") or []
+        await asyncio.to_thread(app[RESPONSES_DB].put, client, response, asked, answered, self.previous)
+        replicas = app.get(REPLICAS)
+        if replicas is not None:
+            await replicas.own([str(response["id"])], client)
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -150,14 +153,14 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         if result.error is not None:
             return ctx.failure(client, result.error)
         response = asked.response(result, body["model"])
-        await asked.keep(db, client.name, response)
+        await asked.keep(request.app, client.name, response)
         return web.Response(body=_json.dumps(response), content_type="application/json")
     opened = await open_stream(ctx, client, request, chat)
     events = ResponsesEvents(body, response_id=asked.id, created_at=asked.created_at, model=body["model"])
     encoder = _Events(events, asked)
     answer = await relay(ctx, client, request, opened, encoder)
     if encoder.final is not None:
-        await asked.keep(db, client.name, encoder.final)
+        await asked.keep(request.app, client.name, encoder.final)
     return answer
 
 

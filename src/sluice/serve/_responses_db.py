@@ -22,9 +22,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from .._errors import StoreError
 
-__all__ = ["MAX_TURNS", "ResponsesDB"]
+__all__ = ["MAX_TURNS", "RESPONSES_DB", "ResponsesDB"]
 
 #: The longest conversation followed back through ``previous_response_id``.
 MAX_TURNS = 10_000
@@ -121,3 +123,7 @@ class ResponsesDB:
                 return self._db.execute(sql, args)
             except sqlite3.Error as exc:
                 raise StoreError(f"cannot write the stored responses {self.path}: {exc}") from None
+
+
+#: ``app[RESPONSES_DB]``: the stored responses.
+RESPONSES_DB: web.AppKey[ResponsesDB] = web.AppKey("sluice.serve.responses", ResponsesDB)
