@@ -3,8 +3,9 @@
 A file or batch lives where it was made (its replica's state dir). Each replica records in
 Redis which replica holds each object it makes (``owner:<id>``: the replica's id, address
 and the client's name; no expiry, removed when a file is deleted) and keeps a heartbeat
-(``replica:<id>`` -> its address, with a TTL). A request for ``/v1/files/{id}...`` or
-``/v1/batches/{id}...`` (and a batch create naming another replica's file) that this
+(``replica:<id>`` -> its address, with a TTL). A request for ``/v1/files/{id}...``,
+``/v1/batches/{id}...`` or ``/v1/messages/batches/{id}...`` (Anthropic's Message
+Batches: batches too), and a batch create naming another replica's file, that this
 replica does not hold is forwarded to the holder: same method, path, query, body and the
 client's ``Authorization`` (the holder authenticates again), the answer streamed back.
 An unreachable holder is a 503 that says so, never a silent 404. A forwarded request
@@ -53,9 +54,10 @@ LIST_TIMEOUT = 3.0
 #: Per-replica cap of objects a merged list considers.
 LIST_CAP = 10_000
 _CHUNK = 1 << 16
-_PASSED_HEADERS = ("authorization", "content-type", "accept")
+#: An Anthropic client gives its key as ``x-api-key``, and its version (errors go in its shape).
+_PASSED_HEADERS = ("authorization", "x-api-key", "anthropic-version", "content-type", "accept")
 _RETURNED_HEADERS = ("content-type", "retry-after", "content-disposition", "x-request-id")
-_OBJECT_PATH = re.compile(r"^/v1/(files|batches)/([^/]+)(/.*)?$")
+_OBJECT_PATH = re.compile(r"^/v1/(files|batches|messages/batches)/([^/]+)(/.*)?$")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
