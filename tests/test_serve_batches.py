@@ -288,6 +288,56 @@ async def test_an_embeddings_batch(server: FakeServer, tmp_path: Path) -> None:
     assert done.usage.input_tokens > 0
 
 
+def responses_line(custom_id: str, model: str, text: str, **body: Any) -> dict[str, Any]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/responses",
+        "body": {"model": model, "input": text, "max_output_tokens": 16, **body},
+    }
+
+
+async def test_a_responses_batch_answers_with_response_objects(server: FakeServer, tmp_path: Path) -> None:
+    """OpenAI's Batch API takes ``endpoint: "/v1/responses"``: a deployment that speaks
+    Responses is sent each line as written (its own Response comes back), a chat-only one
+    the translation (its chat completion comes back as a Response), and a line a chat
+    deployment cannot be told (a tool OpenAI runs itself) fails alone."""
+    chat_only = Deployment("chat-mini", base_url=server.url, api_key="sk-test", price=Price(0.15, 0.60))
+    records = [
+        responses_line("native", CHAT_MODEL, "question 0", instructions="be brief"),
+        responses_line("translated", "chat-mini", "question 1", instructions="be brief"),
+        responses_line("lost", "chat-mini", "question 2", tools=[{"type": "web_search"}]),
+    ]
+    async with (
+        Engine([*deployments(server), chat_only], retry=FAST_RETRY) as engine,
+        serving(tmp_path, engine) as (url, _),
+        sdk(url) as client,
+    ):
+        batch = await submit(client, records, endpoint="/v1/responses")
+        assert batch.endpoint == "/v1/responses"
+        done = await finished(client, batch.id)
+        output = {line["custom_id"]: line for line in await lines_of(client, done.output_file_id)}
+        errors = await lines_of(client, done.error_file_id)
+        # a chat line in a Responses batch is not one of its requests: the batch fails
+        mixed = await finished(client, (await submit(client, [chat_line(0)], endpoint="/v1/responses")).id)
+    assert done.status == "completed"
+    assert (done.request_counts.completed, done.request_counts.failed) == (2, 1)
+    for custom_id, number in (("native", 0), ("translated", 1)):
+        body = output[custom_id]["response"]["body"]
+        assert body["object"] == "response"
+        assert body["status"] == "completed"
+        assert body["id"].startswith("resp_")
+        assert body["output"][-1]["content"][0]["text"] == f"echo: question {number}"
+        assert body["usage"]["output_tokens"] > 0
+    assert output["translated"]["response"]["body"]["instructions"] == "be brief"  # a Response echoes its request
+    assert [(e["custom_id"], "web_search" in e["error"]["message"]) for e in errors] == [("lost", True)]
+    assert server.stats.by_path["/v1/responses"] == 1
+    assert server.stats.by_path["/v1/chat/completions"] == 1
+    assert server.stats.received == 2
+    assert mixed.status == "failed"
+    assert {e.code for e in mixed.errors.data} == {"url_mismatch"}
+
+
 async def test_a_file_with_lines_that_are_not_requests_fails_the_batch_listing_each(
     server: FakeServer, tmp_path: Path
 ) -> None:

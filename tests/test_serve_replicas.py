@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import anthropic
 import openai
 import pytest
 import redis.asyncio as aioredis
 from click.testing import CliRunner
 from polling import until
 from redis_server import RedisServer
-from servetools import ALICE_KEY, BOB_KEY, ENV, deployment, fake, listening, sdk
+from servetools import ALICE_KEY, BOB_KEY, ENV, UPSTREAM_KEY, ask, deployment, fake, listening, sdk
 
 from sluice import Deployment, RetryPolicy
 from sluice.cli._config import JobConfig
@@ -143,6 +144,44 @@ async def test_upload_on_one_replica_create_and_poll_on_either_download_from_the
     assert upstream.stats.received == n  # each line sent once, by one replica
     assert batch.request_counts is not None
     assert batch.request_counts.completed == n
+
+
+async def test_a_message_batch_made_on_one_replica_is_answered_by_the_other(
+    tmp_path: Path, redis_server: RedisServer, upstream: FakeServer
+) -> None:
+    """Anthropic's Message Batches forward as OpenAI's batches do (its key as x-api-key)."""
+    n = 5
+    claude = Deployment("anthropic/claude-test", base_url=upstream.anthropic_url, api_key=UPSTREAM_KEY)
+    requests = [
+        {"custom_id": f"m-{i}", "params": {"model": "claude-test", "max_tokens": 9, "messages": ask(i)}}
+        for i in range(n)
+    ]
+    async with (
+        replica([claude], tmp_path / "a", redis_server.url) as a,
+        replica([claude], tmp_path / "b", redis_server.url) as b,
+        anthropic.AsyncAnthropic(base_url=a.url, api_key=ALICE_KEY, max_retries=0) as on_a,
+        anthropic.AsyncAnthropic(base_url=b.url, api_key=ALICE_KEY, max_retries=0) as on_b,
+        anthropic.AsyncAnthropic(base_url=b.url, api_key=BOB_KEY, max_retries=0) as bob_on_b,
+    ):
+        batch = await on_a.messages.batches.create(requests=requests)  # type: ignore[arg-type]
+        ended: list[Any] = []
+
+        async def done() -> bool:
+            ended[:] = [await on_b.messages.batches.retrieve(batch.id)]
+            return bool(ended[0].processing_status == "ended")
+
+        await until(done)
+        results = {line.custom_id: line.result.type async for line in await on_b.messages.batches.results(batch.id)}
+        listed = [x.id async for x in on_b.messages.batches.list()]
+        with pytest.raises(anthropic.NotFoundError):
+            await bob_on_b.messages.batches.retrieve(batch.id)
+        assert (await on_b.messages.batches.delete(batch.id)).type == "message_batch_deleted"
+        with pytest.raises(anthropic.NotFoundError):
+            await on_a.messages.batches.retrieve(batch.id)
+    assert results == {f"m-{i}": "succeeded" for i in range(n)}
+    assert ended[0].request_counts.succeeded == n
+    assert listed == [batch.id]
+    assert upstream.stats.received == n
 
 
 async def test_file_content_is_streamed_through_the_other_replica_and_delete_reaches_the_holder(

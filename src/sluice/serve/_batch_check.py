@@ -1,7 +1,8 @@
 """A batch's input file checked as OpenAI checks it while the batch is ``validating``.
 
-OpenAI accepts any JSONL upload, then fails the *batch* (``status: failed``, nothing
-sent, nothing billed) when a line is not a request it can run: not JSON, no
+OpenAI accepts any JSONL upload (of chat, embeddings or Responses requests), then fails
+the *batch* (``status: failed``, nothing sent, nothing billed) when a line is not a
+request it can run: not JSON, no
 ``custom_id``, a ``custom_id`` used twice, a ``url`` other than the batch's endpoint, no
 ``body`` or no ``body.model``. ``errors.data`` lists each such line with ``code``,
 ``line``, ``message`` and ``param`` (its documented codes: ``invalid_json_line``,
@@ -28,6 +29,8 @@ MAX_LISTED = 100
 _URLS = {
     "/v1/chat/completions": ("/v1/chat/completions", "/chat/completions"),
     "/v1/embeddings": ("/v1/embeddings", "/embeddings"),
+    "/v1/responses": ("/v1/responses", "/responses"),
+    "/v1/messages": ("/v1/messages",),  # a Message Batch's own file (see ``_message_batches``)
 }
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -23,12 +24,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BATCH_CTX",
+    "CHAT",
+    "EMBEDDINGS",
+    "MESSAGES",
+    "RESPONSES",
     "BatchContext",
     "Caller",
     "Limits",
     "ModelCheck",
     "caller",
     "derived_id",
+    "new_batch",
     "new_id",
     "query_int",
 ]
@@ -40,15 +46,30 @@ ModelCheck = Callable[[ClientLike, str], "str | None"]
 #: Where uploads and outputs live: ``STATE_DIR/files/<file id>``.
 FILES_DIR = "files"
 
+#: The endpoints a batch runs: OpenAI's Batch API takes the first three; ``MESSAGES`` is
+#: the internal batch behind an Anthropic Message Batch (see ``_message_batches``).
+CHAT = "/v1/chat/completions"
+EMBEDDINGS = "/v1/embeddings"
+RESPONSES = "/v1/responses"
+MESSAGES = "/v1/messages"
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What an upload may be. OpenAI's own: 200 MB and 50,000 requests per batch file."""
+    """What an upload may be. OpenAI's own: 200 MB and 50,000 requests per batch file;
+    Anthropic's for a Message Batch: 256 MB and 100,000 requests."""
 
     max_file_bytes: int = 200 * 1024 * 1024
     max_requests: int = 50_000
-    #: One request line (a long chat with images inlined as base64 can be large).
+    #: One request line (a long chat with images inlined as base64 can be large); also
+    #: one request of a Message Batch, as its line is written.
     max_line_bytes: int = 8 * 1024 * 1024
+    max_message_batch_bytes: int = 256 * 1024 * 1024
+    max_message_requests: int = 100_000
+
+    def requests_for(self, endpoint: str) -> int:
+        """The most requests one batch of ``endpoint`` may hold."""
+        return self.max_message_requests if endpoint == MESSAGES else self.max_requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +144,40 @@ def caller(request: web.Request) -> ClientLike:
 
 def new_id(prefix: str, nbytes: int = 12) -> str:
     return prefix + secrets.token_hex(nbytes)
+
+
+#: A batch's completion window, the only one OpenAI and Anthropic offer.
+WINDOW_S = 24 * 3600
+
+
+def new_batch(batch_id: str, endpoint: str, file_id: str, requests: int, metadata: Any = None) -> dict[str, Any]:
+    """A batch object as it is created (``validating``), in OpenAI's shape: every batch is
+    kept so, a Message Batch too (whose view is made from it)."""
+    now = int(time.time())
+    return {
+        "id": batch_id,
+        "object": "batch",
+        "endpoint": endpoint,
+        "model": None,
+        "errors": None,
+        "input_file_id": file_id,
+        "completion_window": "24h",
+        "status": "validating",
+        "output_file_id": None,
+        "error_file_id": None,
+        "created_at": now,
+        "in_progress_at": None,
+        "expires_at": now + WINDOW_S,
+        "finalizing_at": None,
+        "completed_at": None,
+        "failed_at": None,
+        "expired_at": None,
+        "cancelling_at": None,
+        "cancelled_at": None,
+        "request_counts": {"total": requests, "completed": 0, "failed": 0},
+        "usage": None,  # filled in when it ends, as OpenAI does
+        "metadata": metadata,
+    }
 
 
 def derived_id(prefix: str, *parts: str, nbytes: int = 12) -> str:

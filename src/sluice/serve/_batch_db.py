@@ -20,7 +20,7 @@ from typing import Any
 
 from .._errors import StoreError
 
-__all__ = ["BatchDB", "FileRow"]
+__all__ = ["INTERNAL_PURPOSES", "BatchDB", "FileRow"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -44,6 +44,9 @@ CREATE TABLE IF NOT EXISTS batches (
 
 #: Statuses of a batch that still has work to do (resumed at startup).
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+#: Files a Message Batch keeps for itself (its requests as a batch file, its results):
+#: never listed or served by ``/v1/files``, since the client did not make them there.
+INTERNAL_PURPOSES = ("message_batch", "message_batch_results")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +108,9 @@ class BatchDB:
     def files(
         self, client: str, *, purpose: str | None, after: str | None, limit: int, descending: bool
     ) -> list[FileRow]:
-        where = "WHERE client = ?"
-        args: list[Any] = [client]
+        marks = ",".join("?" * len(INTERNAL_PURPOSES))
+        where = f"WHERE client = ? AND purpose NOT IN ({marks})"
+        args: list[Any] = [client, *INTERNAL_PURPOSES]
         if purpose is not None:
             where += " AND purpose = ?"
             args.append(purpose)
@@ -143,17 +147,33 @@ class BatchDB:
         row = self._db.execute("SELECT body FROM batches WHERE client = ? AND id = ?", (client, batch_id)).fetchone()
         return json.loads(row[0]) if row is not None else None
 
-    def batches(self, client: str, *, after: str | None, limit: int) -> list[dict[str, Any]]:
-        """Newest first, as OpenAI lists them; ``after`` a batch id (the previous page's last)."""
-        where = "WHERE client = ?"
-        args: list[Any] = [client]
-        if after is not None:
-            cursor = self._db.execute("SELECT seq FROM batches WHERE client = ? AND id = ?", (client, after)).fetchone()
+    def batches(
+        self, client: str, *, after: str | None, limit: int, before: str | None = None, prefix: str = "batch_"
+    ) -> list[dict[str, Any]]:
+        """Newest first, as OpenAI and Anthropic list them: the ones after ``after`` (the
+        previous page's last id), or the ``limit`` just before ``before`` (a page back).
+        ``prefix``: only ids of that kind (``batch_`` for OpenAI's, ``msgbatch_`` for
+        Anthropic's), each API listing its own."""
+        where = "WHERE client = ? AND substr(id, 1, ?) = ?"
+        args: list[Any] = [client, len(prefix), prefix]
+        order = "DESC"
+        for cursor_id, newer in ((after, False), (before, True)):
+            if cursor_id is None:
+                continue
+            cursor = self._db.execute(
+                "SELECT seq FROM batches WHERE client = ? AND id = ?", (client, cursor_id)
+            ).fetchone()
             if cursor is not None:
-                where += " AND seq < ?"
+                where += " AND seq > ?" if newer else " AND seq < ?"
                 args.append(cursor[0])
-        query = f"SELECT body FROM batches {where} ORDER BY seq DESC LIMIT ?"
-        return [json.loads(row[0]) for row in self._db.execute(query, (*args, limit))]
+                order = "ASC" if newer else order
+        query = f"SELECT body FROM batches {where} ORDER BY seq {order} LIMIT ?"
+        rows = [json.loads(row[0]) for row in self._db.execute(query, (*args, limit))]
+        return rows[::-1] if order == "ASC" else rows
+
+    def delete_batch(self, client: str, batch_id: str) -> bool:
+        cursor = self._run("DELETE FROM batches WHERE client = ? AND id = ?", (client, batch_id))
+        return cursor.rowcount > 0
 
     def recent(self, limit: int) -> list[tuple[str, dict[str, Any]]]:
         """(client, batch) of the newest batches of every client (for the dashboard)."""

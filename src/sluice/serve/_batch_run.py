@@ -35,7 +35,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import _json
 from .._embeddings import EmbedItem, EmbedPipeline, EmbedSpec
 from .._errors import CancelledError, CapacityError, InvalidInputError, SluiceError, StoreError
 from .._limits import Grant, LocalLimiter
@@ -44,31 +43,26 @@ from ..batch._embed_job import EmbedLine
 from ..batch._inputs import InputItem, read_inputs
 from ..store import SqliteStore
 from ._batch_check import check_batch_lines
-from ._batch_ctx import BatchContext, derived_id
-from ._batch_db import FileRow
-from ._batch_shapes import Scrubber, batch_usage, chat_body, error_line, not_run_line, output_line, usage_of
+from ._batch_ctx import CHAT, EMBEDDINGS, MESSAGES, RESPONSES, BatchContext
+from ._batch_output import line_key, write_outputs
+from ._batch_shapes import Scrubber, batch_usage
 
 if TYPE_CHECKING:
     from .._engine import Engine
     from ._keys import ClientLike
 
-__all__ = ["CHAT", "EMBEDDINGS", "BatchRun", "ModelNotFoundError", "public"]
+__all__ = ["CHAT", "EMBEDDINGS", "MESSAGES", "RESPONSES", "BatchRun", "ModelNotFoundError", "public"]
 
 _log = logging.getLogger("sluice.serve")
 
-CHAT = "/v1/chat/completions"
-EMBEDDINGS = "/v1/embeddings"
-#: Batch lines name their own model, as OpenAI's do.
 _SAVE_EVERY = 1.0  # seconds between saves of the live counts
+#: The endpoint a chat line is for, by the API its body is written for (``Request.native``).
+_NATIVE_ENDPOINTS = {None: CHAT, "responses": RESPONSES, "anthropic": MESSAGES}
 
 
 def public(batch: dict[str, Any]) -> dict[str, Any]:
     """The batch object as OpenAI sends it (without sluice's own notes, ``_``-prefixed)."""
     return {k: v for k, v in batch.items() if not k.startswith("_")}
-
-
-def _key(line: int) -> str:
-    return f"line-{line}"
 
 
 class BatchRun:
@@ -192,7 +186,7 @@ class BatchRun:
             check_batch_lines,
             path,
             self.batch["endpoint"],
-            max_requests=limits.max_requests,
+            max_requests=limits.requests_for(self.batch["endpoint"]),
             max_line_bytes=limits.max_line_bytes,
         )
         if check.errors:
@@ -242,8 +236,8 @@ class BatchRun:
                 line=item.line,
             )
         endpoint = self.batch["endpoint"]
-        if (item.embedding is not None) != (endpoint == EMBEDDINGS):
-            url = CHAT if item.request is not None else EMBEDDINGS
+        url = _endpoint_of(item)
+        if url != endpoint:
             return InvalidInputError(
                 f"line {item.line}: its url {url} does not match the batch's endpoint {endpoint}", line=item.line
             )
@@ -272,7 +266,7 @@ class BatchRun:
         for item in read_inputs(path, self.ctx.inputs):
             if self._halted():
                 return
-            stored = store.get(_key(item.line))
+            stored = store.get(line_key(item.line))
             if stored is not None:
                 if item.custom_id is not None:
                     seen.add(item.custom_id)
@@ -293,7 +287,7 @@ class BatchRun:
 
     async def _record(self, store: SqliteStore, line: int, result: Result) -> None:
         try:
-            await store.put(_key(line), result)
+            await store.put(line_key(line), result)
         except StoreError as exc:
             if not self._store_failed:
                 self._store_failed = True
@@ -404,7 +398,7 @@ class BatchRun:
         else:
             self._save()
         scrub = Scrubber(d.base_url for d in self._engine().deployments)
-        made = await asyncio.to_thread(self._write_files, final, scrub)
+        made = await asyncio.to_thread(write_outputs, self.ctx, self.client, self.batch, self.lines_path, final, scrub)
         stamp = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[final]
         self.batch["request_counts"].update(completed=made.completed, failed=made.failed)
         self._set(
@@ -422,53 +416,19 @@ class BatchRun:
             with contextlib.suppress(FileNotFoundError):
                 Path(f"{self.lines_path}{suffix}").unlink()
 
-    def _write_files(self, final: str, scrub: Scrubber) -> _Made:
-        """Output and error files, lines in input order (runs in a thread: files may be large)."""
-        store = SqliteStore(self.lines_path)
-        names = {"output": f"{self.id}_output.jsonl", "errors": f"{self.id}_error.jsonl"}
-        ids = {kind: derived_id("file-", self.id, kind) for kind in names}
-        paths = {kind: self.ctx.file_path(ids[kind]).with_suffix(".part") for kind in names}
-        written = {"output": 0, "errors": 0}
-        never = 0
-        usage = Usage()
-        try:
-            with paths["output"].open("wb") as out, paths["errors"].open("wb") as err:
-                for item in read_inputs(self.ctx.file_path(self.batch["input_file_id"]), self.ctx.inputs):
-                    stored = store.get(_key(item.line))
-                    if stored is None:
-                        line = not_run_line(self.id, item.line, item.custom_id, final)
-                        never += 1
-                    elif stored.ok:
-                        record = stored.record
-                        usage = usage + usage_of(record)
-                        body = record["raw"] if self.batch["endpoint"] == EMBEDDINGS else chat_body(record)
-                        line = output_line(self.id, item.line, item.custom_id, body, record.get("request_id"))
-                    else:
-                        line = error_line(self.id, item.line, item.custom_id, stored.record.get("error") or {}, scrub)
-                    kind = "output" if line["error"] is None else "errors"
-                    (out if kind == "output" else err).write(_json.dumps(line) + b"\n")
-                    written[kind] += 1
-        finally:
-            store.close()
-        made: dict[str, str | None] = {}
-        now = _now()
-        for kind, name in names.items():
-            path = paths[kind]
-            if not written[kind]:
-                path.unlink()
-                made[kind] = None
-                continue
-            size = path.stat().st_size
-            path.replace(self.ctx.file_path(ids[kind]))
-            self.ctx.db.add_file(FileRow(ids[kind], self.client, name, "batch_output", size, now))
-            made[kind] = ids[kind]
-        return _Made(made["output"], made["errors"], written["output"], written["errors"] - never, usage)
-
 
 class ModelNotFoundError(InvalidInputError):
     """A line names a model this server does not serve to its client (OpenAI's code)."""
 
     kind = "model_not_found"
+
+
+def _endpoint_of(item: InputItem) -> str:
+    """The endpoint a line's request is for: embeddings, or chat by the API it is written in."""
+    if item.embedding is not None or item.request is None:
+        return EMBEDDINGS
+    native = item.request.native
+    return _NATIVE_ENDPOINTS.get(native.api if native is not None else None, CHAT)
 
 
 def _estimate(engine: Engine, request: Request) -> int:
@@ -518,15 +478,6 @@ class _Window:
             self.size = min(self.hi, self.size + 1)
         if self.taken < self.size:
             self._room.set()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Made:
-    output: str | None
-    errors: str | None
-    completed: int
-    failed: int
-    usage: Usage
 
 
 class _EmbedLine(EmbedLine):

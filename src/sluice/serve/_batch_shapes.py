@@ -5,6 +5,8 @@ An answered request (``output_file_id``)::
     {"id": "batch_req_…", "custom_id": "…", "error": null,
      "response": {"status_code": 200, "request_id": "…", "body": {…the chat.completion…}}}
 
+(the body of a ``/v1/responses`` line is a Response, of an embeddings line a list).
+
 A failed one (``error_file_id``): ``response`` holds the provider's refusal when there was
 one (``{"status_code": 4xx/5xx, "request_id", "body": {"error": {…}}}``), else null (a line
 that was never a valid request, a connection that failed, a cancelled or expired batch);
@@ -25,9 +27,19 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._models import Usage
+from ..shapes._responses_api import response_from_chat
 from ._batch_ctx import derived_id
 
-__all__ = ["Scrubber", "batch_usage", "chat_body", "error_line", "not_run_line", "output_line", "usage_of"]
+__all__ = [
+    "Scrubber",
+    "batch_usage",
+    "chat_body",
+    "error_line",
+    "not_run_line",
+    "output_line",
+    "response_body",
+    "usage_of",
+]
 
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
 _CODES = {"timeout": "request_timeout"}
@@ -105,6 +117,20 @@ def chat_body(record: Mapping[str, Any], created: int | None = None) -> dict[str
         ],
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
     }
+
+
+def response_body(record: Mapping[str, Any], request: Mapping[str, Any], response_id: str) -> dict[str, Any]:
+    """The Response a record of a ``/v1/responses`` line stands for: the upstream's own
+    when the deployment speaks Responses, else the chat completion as one (``request`` is
+    the line's body, which a Response echoes)."""
+    raw = record.get("raw")
+    if isinstance(raw, Mapping) and raw.get("object") == "response":
+        return dict(raw)
+    created = int(time.time())
+    completion = chat_body(record, created)
+    return response_from_chat(
+        completion, response_id=response_id, request=request, created_at=created, usage=usage_of(record)
+    )
 
 
 def output_line(

@@ -1,59 +1,53 @@
-"""``/v1/batches`` (create, retrieve, list, cancel) and ``/v1/files``, run by sluice.
+"""``/v1/batches`` (create, retrieve, list, cancel) and ``/v1/files``, run by sluice
+(and Anthropic's ``/v1/messages/batches``, on the same machinery: ``_message_batches``).
 
 Code written for OpenAI's Batch API runs unchanged against ``sluice serve``: upload a JSONL
 file of requests (``purpose="batch"``), create a batch over it, poll it, download its
-output and error files. The batch is executed by the app's engine at ``Priority.BATCH``,
-against whatever deployments it has, under the calling client's budget, and it survives a
-restart of the server (see ``_batch_run``).
+output and error files (of chat, embeddings or Responses requests). The batch is
+executed by the app's engine at ``Priority.BATCH``, against whatever deployments it has,
+under the calling client's budget, and it survives a restart of the server (see
+``_batch_run``).
 
-:func:`setup_batch_api` adds the routes and the startup/cleanup hooks: at startup every
-batch with work left (validating, in progress, finalizing, cancelling) continues; at
-cleanup they stop feeding new lines, what is in flight gets ``grace`` seconds to finish
-and be recorded, and the batches stay ``in_progress`` for the next start.
+:func:`setup_batch_api` adds the routes and the startup/cleanup hooks (``_batch_runs``:
+batches with work left resume at startup, and stop feeding new lines at cleanup).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
-import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from ..batch._inputs import InputOptions
-from ._batch_ctx import BATCH_CTX, BatchContext, Caller, Limits, ModelCheck, caller, new_id, query_int
-from ._batch_run import CHAT, EMBEDDINGS, BatchRun, public
+from ._batch_ctx import (
+    BATCH_CTX,
+    CHAT,
+    EMBEDDINGS,
+    MESSAGES,
+    RESPONSES,
+    BatchContext,
+    Limits,
+    ModelCheck,
+    caller,
+    new_batch,
+    new_id,
+    query_int,
+)
+from ._batch_db import INTERNAL_PURPOSES
+from ._batch_run import public
+from ._batch_runs import RUNS, Runs, cancel_run, live_copy, resume_batches, start_run, stop_batches
 from ._body import BodyTimeout, read_json, timed_out
 from ._context import BadBody
 from ._errors import openai_error
 from ._files import add_file_routes
-from ._keys import BATCH_ENGINE, ENGINE, STATE_DIR, ClientLike
+from ._keys import ClientLike
+from ._message_batches import add_message_batch_routes
 from ._replicas import LIST_CAP, REPLICAS, is_forwarded, merged_page
-
-if TYPE_CHECKING:
-    from .._engine import Engine
 
 __all__ = ["Limits", "recent_batches", "setup_batch_api"]
 
-_WINDOW = 24 * 3600
-#: The anonymous client's name (no ``[[client]]`` entries, or a bare app in tests).
-DEFAULT_CLIENT = "default"
-_ENDPOINTS = (CHAT, EMBEDDINGS)
-
-
-class _Runs:
-    """The batches at work in this process, by id."""
-
-    def __init__(self, client_named: Callable[[str], ClientLike | None] | None, grace: float) -> None:
-        self.client_named = client_named
-        self.grace = grace
-        self.by_id: dict[str, BatchRun] = {}
-
-
-_RUNS: web.AppKey[_Runs] = web.AppKey("sluice.batch_runs", _Runs)
+_ENDPOINTS = (CHAT, EMBEDDINGS, RESPONSES)
 
 
 def setup_batch_api(
@@ -74,86 +68,34 @@ def setup_batch_api(
     ``resolve_model(client, model)``: the engine's name for the model a line asks for, or
     None when the client may not use it (the line fails with ``model_not_found``); without
     it, lines go to the engine with the model they name.
-    ``limits``: upload limits (200 MB, 50,000 requests per batch file by default).
+    ``limits``: upload limits (200 MB, 50,000 requests per batch file by default; a
+    Message Batch, ``/v1/messages/batches``, 256 MB and 100,000 requests).
     ``grace``: seconds in-flight lines get to finish when the server stops.
     ``validate_json``: a line's ``response_format`` with a schema is validated and re-asked
     (``[serve] validate_json``); else it goes upstream untouched.
     """
     app[BATCH_CTX] = BatchContext(limits or Limits(), resolve_model, InputOptions(line_schemas=validate_json))
-    app[_RUNS] = _Runs(client_named, grace)
+    app[RUNS] = Runs(client_named, grace)
     add_file_routes(app)
     app.router.add_post("/v1/batches", create_batch)
     app.router.add_get("/v1/batches", list_batches)
     app.router.add_get("/v1/batches/{batch_id}", retrieve_batch)
     app.router.add_post("/v1/batches/{batch_id}/cancel", cancel_batch)
-    app.on_startup.append(_resume)
-    app.on_cleanup.append(_stop)
+    add_message_batch_routes(app)
+    app.on_startup.append(resume_batches)
+    app.on_cleanup.append(stop_batches)
 
 
 def recent_batches(app: web.Application, limit: int) -> list[tuple[str, dict[str, Any]]]:
     """(client, batch) of the newest batches of every client, with the live counts of those
     at work here (the dashboard's; empty before the app started)."""
     ctx = app.get(BATCH_CTX)
-    runs = app[_RUNS].by_id if _RUNS in app else {}
+    runs = app[RUNS].by_id if RUNS in app else {}
     try:
         rows = ctx.db.recent(limit) if ctx is not None else []
     except RuntimeError:  # not started yet
         return []
     return [(client, public(runs[b["id"]].batch if b["id"] in runs else b)) for client, b in rows]
-
-
-# -- lifecycle ---------------------------------------------------------------------------------
-
-
-async def _resume(app: web.Application) -> None:
-    ctx = app[BATCH_CTX]
-    ctx.open(app[STATE_DIR])
-    runs = app[_RUNS]
-    for owner, batch in ctx.db.active():
-        known = runs.client_named(owner) if runs.client_named is not None else ctx.seen.get(owner)
-        if known is None and owner == DEFAULT_CLIENT:
-            known = Caller()
-        if known is not None:
-            _start(app, known, batch)
-        elif runs.client_named is not None:  # no longer configured: nobody may pay for it
-            run = BatchRun(ctx, _engine_of(app, batch), Caller(owner), batch)
-            run.fail("client_removed", f"the client {owner!r} is no longer configured on this server")
-        else:
-            ctx.parked.setdefault(owner, []).append(functools.partial(_start_for, app, batch))
-
-
-def _start_for(app: web.Application, batch: dict[str, Any], client: ClientLike) -> None:
-    _start(app, client, batch)
-
-
-def _engine_of(app: web.Application, batch: Mapping[str, Any]) -> Callable[[], Engine]:
-    """Chat batches on the Batch-API engine when the server has one; the rest on the engine."""
-    if batch.get("endpoint") == CHAT and BATCH_ENGINE in app:
-        return lambda: app[BATCH_ENGINE]
-    return lambda: app[ENGINE]
-
-
-def _start(app: web.Application, client: ClientLike, batch: dict[str, Any]) -> BatchRun:
-    run = BatchRun(app[BATCH_CTX], _engine_of(app, batch), client, batch)
-    runs = app[_RUNS].by_id
-    runs[run.id] = run
-    run.start().add_done_callback(lambda _: runs.pop(run.id, None))
-    return run
-
-
-async def _stop(app: web.Application) -> None:
-    """Stop feeding; give what is in flight ``grace`` seconds to finish and be recorded."""
-    runs = app[_RUNS]
-    tasks = [run.task for run in runs.by_id.values() if run.task is not None]
-    for run in runs.by_id.values():
-        run.stop()
-    if tasks:
-        _, late = await asyncio.wait(tasks, timeout=runs.grace)
-        for task in late:
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*late, return_exceptions=True)
-    app[BATCH_CTX].close()
 
 
 # -- handlers ----------------------------------------------------------------------------------
@@ -175,41 +117,17 @@ async def create_batch(request: web.Request) -> web.Response:
         return openai_error(400, problem[1], param=problem[0])
     file_id = body["input_file_id"]
     row = ctx.db.file(client.name, file_id)
-    if row is None:
+    if row is None or row.purpose in INTERNAL_PURPOSES:
         return openai_error(404, f"No such File object: {file_id}", param="input_file_id")
     if row.purpose != "batch":
         message = f"{file_id} was uploaded with purpose {row.purpose!r}; a batch needs purpose 'batch'"
         return openai_error(400, message, param="input_file_id")
-    now = int(time.time())
-    batch: dict[str, Any] = {
-        "id": new_id("batch_", 16),
-        "object": "batch",
-        "endpoint": body["endpoint"],
-        "model": None,
-        "errors": None,
-        "input_file_id": file_id,
-        "completion_window": body["completion_window"],
-        "status": "validating",
-        "output_file_id": None,
-        "error_file_id": None,
-        "created_at": now,
-        "in_progress_at": None,
-        "expires_at": now + _WINDOW,
-        "finalizing_at": None,
-        "completed_at": None,
-        "failed_at": None,
-        "expired_at": None,
-        "cancelling_at": None,
-        "cancelled_at": None,
-        "request_counts": {"total": row.lines, "completed": 0, "failed": 0},
-        "usage": None,  # filled in when it ends, as OpenAI does
-        "metadata": body.get("metadata"),
-    }
+    batch = new_batch(new_id("batch_", 16), body["endpoint"], file_id, row.lines, body.get("metadata"))
     ctx.db.save_batch(client.name, batch)
     replicas = request.app.get(REPLICAS)
     if replicas is not None:  # before the client hears of it: any replica can then find it
         await replicas.own_batch(batch["id"], client.name)
-    _start(request.app, client, batch)
+    start_run(request.app, client, batch)
     return web.json_response(public(batch))
 
 
@@ -233,15 +151,13 @@ def _check_create(body: Mapping[str, Any]) -> tuple[str, str] | None:
 
 
 def _live(request: web.Request, batch: dict[str, Any]) -> dict[str, Any]:
-    """The running copy of a batch when it is at work here (its counts are fresher)."""
-    run = request.app[_RUNS].by_id.get(batch["id"])
-    return public(run.batch if run is not None else batch)
+    return public(live_copy(request.app, batch))
 
 
 def _own_batch(request: web.Request) -> dict[str, Any] | web.Response:
     batch_id = request.match_info["batch_id"]
     batch = request.app[BATCH_CTX].db.batch(caller(request).name, batch_id)
-    if batch is None:
+    if batch is None or batch["endpoint"] == MESSAGES:  # a Message Batch is Anthropic's API's alone
         return openai_error(404, f"No such Batch object: {batch_id}", param="batch_id")
     return batch
 
@@ -284,15 +200,7 @@ async def cancel_batch(request: web.Request) -> web.Response:
     batch = _own_batch(request)
     if isinstance(batch, web.Response):
         return batch
-    run = request.app[_RUNS].by_id.get(batch["id"])
-    status = (run.batch if run is not None else batch)["status"]
-    if status == "cancelling":
-        return web.json_response(_live(request, batch))
-    if status not in ("validating", "in_progress"):
-        return openai_error(409, f"cannot cancel batch {batch['id']}: it is {status}", param="batch_id")
-    if run is None:  # resumed at startup, waiting for its client: it finalizes as cancelled when it starts
-        batch.update(status="cancelling", cancelling_at=int(time.time()))
-        request.app[BATCH_CTX].db.save_batch(caller(request).name, batch)
-        return web.json_response(public(batch))
-    run.cancel()
-    return web.json_response(public(run.batch))
+    cancelled = cancel_run(request.app, caller(request).name, batch)
+    if isinstance(cancelled, str):
+        return openai_error(409, f"cannot cancel batch {batch['id']}: it is {cancelled}", param="batch_id")
+    return web.json_response(public(cancelled))

@@ -23,7 +23,7 @@ from pathlib import Path
 from aiohttp import BodyPartReader, web
 
 from ._batch_ctx import BATCH_CTX, BatchContext, caller, new_id, query_int
-from ._batch_db import FileRow
+from ._batch_db import INTERNAL_PURPOSES, FileRow
 from ._body import BodyTimeout, timed_out, within_body_timeout
 from ._errors import openai_error
 from ._replicas import LIST_CAP, REPLICAS, is_forwarded, merged_page
@@ -199,7 +199,7 @@ async def list_files(request: web.Request) -> web.Response:
 def _own_file(request: web.Request) -> FileRow | web.Response:
     file_id = request.match_info["file_id"]
     row = request.app[BATCH_CTX].db.file(caller(request).name, file_id)
-    if row is None:
+    if row is None or row.purpose in INTERNAL_PURPOSES:  # a Message Batch's own: not a file of the client's
         return openai_error(404, f"No such File object: {file_id}", param="id")
     return row
 

@@ -3,10 +3,11 @@
 A file or batch lives where it was made (its replica's state dir). Each replica records in
 Redis which replica holds each object it makes (``owner:<id>``: the replica's id, address
 and the client's name; no expiry, removed when a file is deleted) and keeps a heartbeat
-(``replica:<id>`` -> its address, with a TTL). A request for ``/v1/files/{id}...`` or
-``/v1/batches/{id}...`` or ``/v1/responses/{id}...`` (and a batch create naming another
-replica's file, a response continuing another replica's: its ``previous_response_id``)
-that this replica does not hold is forwarded to the holder: same method, path, query, body and the
+(``replica:<id>`` -> its address, with a TTL). A request for ``/v1/files/{id}...``,
+``/v1/batches/{id}...``, ``/v1/messages/batches/{id}...`` (Anthropic's Message Batches:
+batches too) or ``/v1/responses/{id}...`` (and a batch create naming another replica's
+file, a response continuing another replica's: its ``previous_response_id``) that this
+replica does not hold is forwarded to the holder: same method, path, query, body and the
 client's ``Authorization`` (the holder authenticates again), the answer streamed back.
 An unreachable holder is a 503 that says so, never a silent 404. A forwarded request
 carries ``x-sluice-forwarded: 1`` and is never forwarded again (no loops). Lists merge
@@ -55,12 +56,13 @@ LIST_TIMEOUT = 3.0
 #: Per-replica cap of objects a merged list considers.
 LIST_CAP = 10_000
 _CHUNK = 1 << 16
-_PASSED_HEADERS = ("authorization", "content-type", "accept")
+#: An Anthropic client gives its key as ``x-api-key``, and its version (errors go in its shape).
+_PASSED_HEADERS = ("authorization", "x-api-key", "anthropic-version", "content-type", "accept")
 _RETURNED_HEADERS = ("content-type", "retry-after", "content-disposition", "x-request-id")
-_OBJECT_PATH = re.compile(r"^/v1/(files|batches|responses)/([^/]+)(/.*)?$")
+_OBJECT_PATH = re.compile(r"^/v1/(files|batches|messages/batches|responses)/([^/]+)(/.*)?$")
 #: A create that names an object another replica may hold: its path -> the body's field.
 _NAMED_IN_BODY = {"/v1/batches": ("input_file_id", "files"), "/v1/responses": ("previous_response_id", "responses")}
-_WHAT = {"files": "file", "batches": "batch", "responses": "response"}
+_WHAT = {"files": "file", "batches": "batch", "messages/batches": "batch", "responses": "response"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
