@@ -205,7 +205,7 @@ async def test_the_data_says_what_the_server_is_doing(tmp_path: Path) -> None:
     data = json.loads(text)
     (d,) = data["deployments"]
     assert d["name"] == "openai/gpt-test"
-    assert d["configured"] == {"rpm": 600.0, "tpm": 100000.0, "max_in_flight": 8}
+    assert d["configured"] == {"rpm": 600.0, "tpm": 100000.0, "itpm": None, "otpm": None, "max_in_flight": 8}
     assert d["answered"] == 4
     assert d["state"] == "ok"
     clients = {c["name"]: c for c in data["clients"]}

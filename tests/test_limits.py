@@ -486,8 +486,8 @@ class _Recorded(LocalLimiter):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.log = log
 
-    def _grant(self, tokens: int, now: float) -> object:  # type: ignore[override]
-        grant = super()._grant(tokens, now)
+    def _grant(self, tokens: int, now: float, output: int = 0) -> object:  # type: ignore[override]
+        grant = super()._grant(tokens, now, output)
         self.log.append(("grant", now, grant, tokens))
         return grant
 
@@ -800,9 +800,9 @@ class _CountingLimiter(LocalLimiter):
         super().__init__(**kwargs)
         self.grants = 0
 
-    def _grant(self, tokens: int, now: float) -> Any:
+    def _grant(self, tokens: int, now: float, output: int = 0) -> Any:
         self.grants += 1
-        return super()._grant(tokens, now)
+        return super()._grant(tokens, now, output)
 
 
 def test_a_claim_shared_by_two_waits_is_granted_once() -> None:
@@ -845,7 +845,7 @@ def test_grants_in_one_millisecond_share_a_ledger_entry_and_settle_apart() -> No
         a.refund()  # twice: nothing more
         b.reconcile(40)
         b.reconcile(40)  # the same figure again: no change
-        return entries, limiter._used_requests, limiter._used_tokens, limiter.in_flight
+        return entries, limiter.used[0], limiter.used[1], limiter.in_flight
 
     entries, used_requests, used_tokens, in_flight = run_in_virtual_time(scenario())
     assert entries == 1
@@ -948,6 +948,6 @@ def test_a_refund_behind_an_entry_kept_by_a_late_send_leaves_no_phantom_request(
         first.done()
         await asyncio.sleep(20.0)  # both have left the window
         (await limiter.acquire(1)).done()
-        return limiter.in_flight, limiter._used_requests
+        return limiter.in_flight, limiter.used[0]
 
     assert run_in_virtual_time(scenario()) == (0, 1)  # only the last grant is in the window

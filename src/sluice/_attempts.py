@@ -372,7 +372,7 @@ class Attempts(JobPlanning):
             if reply.ratelimit is not None:  # learn before the slot frees and wakes the next
                 route.limiter.observe(reply.ratelimit)
             usage = reply.usage
-            slot.reservation.reconcile(usage.total_tokens or job.tokens)
+            slot.reconcile(usage, job.tokens)
             charge = self.spending.cost(route.deployment, usage) or 0.0
             answered = True
             ended = loop.time()
@@ -405,7 +405,7 @@ class Attempts(JobPlanning):
                 can_fall_back = job.step + 1 < len(job.groups)
                 group = job.groups[job.step]
                 granted = router.try_acquire(
-                    group, job.tokens, job.tried, guarded=job.guarded, can_fall_back=can_fall_back
+                    group, job.tokens, job.tried, guarded=job.guarded, can_fall_back=can_fall_back, output=job.output
                 )
             if granted is None:
                 granted, hold = await self._wait_for_room(job, tally, deadline)
@@ -484,6 +484,7 @@ class Attempts(JobPlanning):
                                 job.tried,
                                 guarded=job.guarded,
                                 can_fall_back=job.step + 1 < len(job.groups),
+                                output=job.output,
                             )
                         except GroupExhausted:
                             _commit(hold, 0.0)

@@ -173,7 +173,8 @@ class Engine:
     def _make_route(self, deployment: Deployment) -> Route:
         limiter = self._limiter_factory(deployment)
         route = Route(deployment, limiter, self._providers.for_deployment(deployment), Health(self._cooldown))
-        unlimited = deployment.rpm is None and deployment.tpm is None and deployment.max_in_flight is None
+        limits = (deployment.rpm, deployment.tpm, deployment.itpm, deployment.otpm, deployment.max_in_flight)
+        unlimited = all(limit is None for limit in limits)
         if unlimited and isinstance(limiter, LocalLimiter):  # it may be a server that never says its limits
             route.adaptive = Adaptive(limiter)
         return route

@@ -27,6 +27,7 @@ class Job:
     request: Request
     #: Where the latest attempt went (before the first: the first deployment it may use).
     route: Route
+    #: What an attempt reserves: the prompt estimate plus the output cap.
     tokens: int
     priority: int
     seq: int
@@ -60,6 +61,9 @@ class Job:
     generation: int = 0
     #: Its span, with ``Engine(tracing=...)`` (see ``_tracing``); None otherwise.
     trace: RequestTrace | None = None
+    #: Of ``tokens``, the output cap (``max_tokens``): what an output limit (``otpm``) is
+    #: charged, the rest going to an input limit (``itpm``). 0 for embeddings.
+    output: int = 0
 
     @property
     def batch(self) -> bool:

@@ -1,6 +1,8 @@
-"""Rate limits as reservations: requests and tokens per window, and requests in flight.
+"""Rate limits as reservations: requests, tokens, input and output tokens per window, and
+requests in flight.
 
-Each deployment gets one :class:`LocalLimiter`. Two mechanisms work together:
+Each deployment gets one :class:`LocalLimiter`. Two mechanisms work together, for each
+limit (a :class:`~sluice._meter.Meter`: ``rpm``, ``tpm``, ``itpm``, ``otpm``):
 
 * a **sliding-window ledger** of what was granted in the last ``window`` seconds
   guarantees the stated limit exactly: never more than ``rpm`` requests or ``tpm``
@@ -16,6 +18,11 @@ entry is dated by its send (:meth:`Grant.sent`), and a second pacer over the sen
 a request that would leave closer to the ones before it than the pace allows
 (:meth:`Grant.send_delay`). A stall of the loop or a slow commit between grant and send
 then delays requests instead of bunching them up at the server.
+
+A request's tokens are its prompt estimate plus its output cap (``max_tokens``):
+``acquire(tokens, output=...)`` says how many of them are output, so ``itpm`` is charged
+the rest and ``otpm`` the cap, each reconciled apart with the usage reported (input as
+Anthropic counts it: prompt and cache writes, not cache reads; see :func:`usage_counts`).
 
 Waiters are served in (priority, arrival) order — never by size, so a large request
 is not starved by small ones — and are woken by a single timer set for the moment the
@@ -38,36 +45,46 @@ import heapq
 import itertools
 import math
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ._errors import CapacityError
+from ._meter import (
+    CATCH_UP,
+    INPUT,
+    KINDS,
+    OUTPUT,
+    PACE_MARGIN,
+    PACED_SPAN,
+    REQUESTS,
+    TOKENS,
+    WINDOW_MARGIN,
+    Entry,
+    Meter,
+    capacity_error,
+    pace_factor,
+)
+from ._ratelimit import RateLimitSnapshot, readings, sane_snapshot
 
 if TYPE_CHECKING:
-    from ._models import Deployment
+    from ._models import Deployment, Usage
 
 _L = TypeVar("_L", bound="LocalLimiter")
 
-__all__ = ["Claim", "Grant", "Limiter", "LocalLimiter", "RateLimitSnapshot", "Reservation", "sane_snapshot"]
-
-
-@dataclass(frozen=True, slots=True)
-class RateLimitSnapshot:
-    """What a response's rate-limit headers said (None where a header was absent).
-
-    Limits and remaining counts are per ``requests_window`` / ``tokens_window`` seconds:
-    the provider's unit, not the deployment's (OpenAI and Anthropic count per minute;
-    some OpenAI-compatible servers count requests per day). Resets are seconds from now.
-    """
-
-    limit_requests: float | None = None
-    remaining_requests: float | None = None
-    reset_requests: float | None = None
-    limit_tokens: float | None = None
-    remaining_tokens: float | None = None
-    reset_tokens: float | None = None
-    requests_window: float = 60.0
-    tokens_window: float = 60.0
+__all__ = [
+    "CATCH_UP",
+    "PACED_SPAN",
+    "PACE_MARGIN",
+    "WINDOW_MARGIN",
+    "Claim",
+    "Grant",
+    "Limiter",
+    "LocalLimiter",
+    "RateLimitSnapshot",
+    "Reservation",
+    "pace_factor",
+    "sane_snapshot",
+    "usage_counts",
+]
 
 
 class Reservation(Protocol):
@@ -81,8 +98,12 @@ class Reservation(Protocol):
 
     tokens: int
 
-    def reconcile(self, actual_tokens: int) -> None:
-        """Replace the estimated token cost with the cost the provider reported."""
+    def reconcile(
+        self, actual_tokens: int, *, input_tokens: int | None = None, output_tokens: int | None = None
+    ) -> None:
+        """Replace the estimated token cost with the cost the provider reported: ``actual_tokens``
+        for the token limit, ``input_tokens`` and ``output_tokens`` for the input and output
+        limits (without them, the output stays as reserved and the input is the rest)."""
 
     def done(self) -> None:
         """The attempt is over (answer or error): free its in-flight slot."""
@@ -92,15 +113,16 @@ class Reservation(Protocol):
 
 
 class Limiter(Protocol):
-    """Admission control for one deployment."""
+    """Admission control for one deployment. ``tokens`` is a request's whole estimate
+    (prompt + output cap); ``output``, how many of them are the output cap."""
 
-    def check(self, tokens: int) -> None:
+    def check(self, tokens: int, *, output: int = 0) -> None:
         """Raise :class:`CapacityError` if ``tokens`` can never be granted."""
 
-    async def acquire(self, tokens: int, priority: int = 0, seq: int | None = None) -> Reservation:
+    async def acquire(self, tokens: int, priority: int = 0, seq: int | None = None, *, output: int = 0) -> Reservation:
         """Wait (FIFO within ``priority``) until one request of ``tokens`` may be sent."""
 
-    def try_acquire(self, tokens: int) -> Reservation | None:
+    def try_acquire(self, tokens: int, *, output: int = 0) -> Reservation | None:
         """Grant at once if nobody waits and there is room; None otherwise (no waiting)."""
 
     def penalize(self, seconds: float) -> None:
@@ -110,9 +132,13 @@ class Limiter(Protocol):
         """Learn from the server's rate-limit headers (counted per the snapshot's windows)."""
 
 
-#: A grant leaves the ledger this long after its window, not at the exact instant: the
-#: server counts arrivals, and network jitter can bring a request to it a little early.
-WINDOW_MARGIN = 0.025  # measured grant-to-arrival on loopback under load: p99 5 ms, worst 13.5 ms
+def usage_counts(usage: Usage) -> tuple[int, int, int]:
+    """What an answer counts for (tokens, input tokens, output tokens) as providers count
+    their limits: every token for a token limit; for an input limit the prompt and the
+    cache writes but not the cache reads (Anthropic's ITPM rule; sluice's
+    ``Usage.input_tokens`` includes both kinds of cached tokens)."""
+    return usage.total_tokens, max(0, usage.input_tokens - usage.cached_input_tokens), usage.output_tokens
+
 
 #: Grants within this many seconds share one ledger entry, dated by the latest of them:
 #: each then leaves the window at most this much late (never early), and a fast server
@@ -120,87 +146,22 @@ WINDOW_MARGIN = 0.025  # measured grant-to-arrival on loopback under load: p99 5
 #: objects for every garbage collection to walk.
 LEDGER_TICK = 0.001
 
-#: How late a timer may fire and still keep the pacer's schedule (seconds). Event loops
-#: wake timers a millisecond or so late; restarting the schedule from "now" each time
-#: would lose that much per request (~5 % at 50/s). Idle longer than this, and the
-#: schedule restarts: unused capacity is not saved up into a burst.
-CATCH_UP = 0.020
-
-#: The pacer spaces grants ``1 + PACE_MARGIN / min(window, PACED_SPAN)`` times wider than
-#: ``window / limit``, so that a server counting over a window shorter than ours (down to
-#: ``PACED_SPAN``: 100 per 10 s for our 600 per minute) is not sent one request too many
-#: when requests reach it unevenly. What can bring two requests closer than their slots:
-#: the pacers' ``CATCH_UP`` tolerance (a timer that fired late is caught up), and network
-#: jitter; grants held back longer (a loop stall, a slow commit of the attempt's intent)
-#: are spaced again as they leave (see ``LocalLimiter._send_delay``). Costs 0.3 % of a
-#: 60 s window's rate.
-PACE_MARGIN = CATCH_UP + 0.010
-PACED_SPAN = 10.0
-
-
-def pace_factor(window: float) -> float:
-    """How much wider than ``window / limit`` the pacer spaces grants (see ``PACE_MARGIN``)."""
-    return 1.0 + PACE_MARGIN / min(window, PACED_SPAN)
-
-
-def _next_slot(tat: float, now: float) -> float:
-    """Where the pacer's schedule continues from after a grant at ``now``."""
-    return tat if tat >= now - CATCH_UP else now
-
-
-def sane_snapshot(snapshot: RateLimitSnapshot) -> RateLimitSnapshot:
-    """Drop header values that cannot be limits: 0, negatives ("unlimited"), NaN, inf,
-    and every count whose window is not a positive number of seconds."""
-
-    def keep(value: float | None, minimum: float) -> float | None:
-        return value if value is not None and math.isfinite(value) and value >= minimum else None
-
-    requests_ok = math.isfinite(snapshot.requests_window) and snapshot.requests_window > 0
-    tokens_ok = math.isfinite(snapshot.tokens_window) and snapshot.tokens_window > 0
-    return RateLimitSnapshot(
-        limit_requests=keep(snapshot.limit_requests, 1.0) if requests_ok else None,
-        remaining_requests=keep(snapshot.remaining_requests, 0.0) if requests_ok else None,
-        reset_requests=keep(snapshot.reset_requests, 0.0),
-        limit_tokens=keep(snapshot.limit_tokens, 1.0) if tokens_ok else None,
-        remaining_tokens=keep(snapshot.remaining_tokens, 0.0) if tokens_ok else None,
-        reset_tokens=keep(snapshot.reset_tokens, 0.0),
-        requests_window=snapshot.requests_window if requests_ok else 60.0,
-        tokens_window=snapshot.tokens_window if tokens_ok else 60.0,
-    )
-
-
-def _per_window(value: float | None, window: float, own: float) -> float | None:
-    """``value`` per ``window`` seconds, as the same rate per ``own`` seconds."""
-    return None if value is None else value * own / window
-
-
-class _Entry:
-    """Grants in the ledger (one, or several in the same millisecond: see ``LEDGER_TICK``);
-    mutable so reconciliation can correct it in place."""
-
-    __slots__ = ("gone", "requests", "t", "tokens")
-
-    def __init__(self, t: float, tokens: int) -> None:
-        self.t = t
-        self.requests = 1
-        self.tokens = tokens
-        #: It has left the ledger (its counts no longer in the totals).
-        self.gone = False
-
 
 class Grant:
     """A :class:`LocalLimiter`'s reservation (see :class:`Reservation`)."""
 
-    __slots__ = ("_counted", "_entry", "_limiter", "_open", "_paced", "_sent", "tokens")
+    __slots__ = ("_counted", "_entry", "_limiter", "_open", "_paced", "_sent", "output", "tokens")
 
-    def __init__(self, limiter: LocalLimiter, entry: _Entry, tokens: int) -> None:
+    def __init__(self, limiter: LocalLimiter, entry: Entry, tokens: int, output: int = 0) -> None:
         self._limiter = limiter
         self._entry = entry
         self._open = True
         self.tokens = tokens
-        #: What this grant adds to its ledger entry (the entry may hold other grants too);
-        #: None once refunded.
-        self._counted: int | None = tokens
+        #: Of ``tokens``, the output cap (reserved against the output limit).
+        self.output = output
+        #: What this grant adds to its ledger entry per meter (the entry may hold other
+        #: grants too); None once refunded.
+        self._counted: list[int] | None = [1, tokens, tokens - output, output]
         self._sent = False
         #: It has its place in the send pacer (``send_delay`` was asked).
         self._paced = False
@@ -220,10 +181,20 @@ class Grant:
             self._sent = True
             self._limiter._left(self, at)
 
-    def reconcile(self, actual_tokens: int) -> None:
-        if self._counted is not None:
-            delta, self._counted = actual_tokens - self._counted, actual_tokens
-            self._limiter._adjust(self._entry, requests=0, tokens=delta, sent=self._paced)
+    def reconcile(
+        self, actual_tokens: int, *, input_tokens: int | None = None, output_tokens: int | None = None
+    ) -> None:
+        counted = self._counted
+        if counted is None:
+            return
+        output = counted[OUTPUT] if output_tokens is None else output_tokens
+        given = actual_tokens - output if input_tokens is None else input_tokens
+        if given < 0:
+            given = 0
+        delta = (0, actual_tokens - counted[TOKENS], given - counted[INPUT], output - counted[OUTPUT])
+        if delta[TOKENS] or delta[INPUT] or delta[OUTPUT]:
+            counted[TOKENS], counted[INPUT], counted[OUTPUT] = actual_tokens, given, output
+            self._limiter._adjust(self._entry, delta, sent=self._paced)
 
     def done(self) -> None:
         if self._open:
@@ -233,7 +204,7 @@ class Grant:
     def refund(self) -> None:
         if self._counted is not None:
             counted, self._counted = self._counted, None
-            self._limiter._adjust(self._entry, requests=-1, tokens=-counted, sent=self._paced)
+            self._limiter._adjust(self._entry, tuple(-amount for amount in counted), sent=self._paced)
         self.done()
 
     def __repr__(self) -> str:
@@ -252,11 +223,12 @@ class Claim:
 
 
 class _Waiter:
-    __slots__ = ("claim", "future", "tokens")
+    __slots__ = ("claim", "future", "output", "tokens")
 
-    def __init__(self, future: asyncio.Future[Grant], tokens: int, claim: Claim | None = None) -> None:
+    def __init__(self, future: asyncio.Future[Grant], tokens: int, output: int, claim: Claim | None = None) -> None:
         self.future = future
         self.tokens = tokens
+        self.output = output
         self.claim = claim
 
 
@@ -264,34 +236,19 @@ class LocalLimiter:
     """In-process limits for one deployment (see the module docstring)."""
 
     __slots__ = (
-        "_ext_requests",
-        "_ext_tokens",
-        "_ext_until_requests",
-        "_ext_until_tokens",
-        "_hard_tokens",
-        "_hard_tokens_per",
+        "_active",
         "_heap",
         "_in_flight",
         "_ledger",
         "_loop",
-        "_pace",
+        "_meters",
         "_paused_until",
-        "_send_tat_requests",
-        "_send_tat_tokens",
         "_seq",
-        "_tat_requests",
-        "_tat_tokens",
         "_tie",
         "_timer",
         "_timer_at",
-        "_used_requests",
-        "_used_tokens",
-        "burst_requests",
-        "burst_tokens",
         "max_in_flight",
         "name",
-        "requests_limit",
-        "tokens_limit",
         "window",
     )
 
@@ -305,33 +262,23 @@ class LocalLimiter:
         burst_requests: float = 0.0,
         burst_tokens: float = 0.0,
         name: str = "deployment",
+        input_tokens: float | None = None,
+        output_tokens: float | None = None,
     ) -> None:
         self.name = name
-        self.requests_limit = requests
-        self.tokens_limit = tokens
         self.window = window
         self.max_in_flight = max_in_flight
-        self.burst_requests = burst_requests
-        self.burst_tokens = burst_tokens
-        # The most tokens one request may ever take, and per how many seconds that limit
-        # is counted: the configured limit, or a lower one the server reported in its own
-        # unit. Unlike ``tokens_limit`` it is never converted into our window: a request
-        # larger than our window's share of a per-minute limit still fits the minute.
-        self._hard_tokens = tokens
-        self._hard_tokens_per = window
-        self._ledger: deque[_Entry] = deque()
-        self._used_requests = 0
-        self._used_tokens = 0
-        self._tat_requests = -math.inf
-        self._tat_tokens = -math.inf
-        self._pace = pace_factor(window)
-        #: The pacer again, over the moments requests leave (see ``_send_delay``).
-        self._send_tat_requests = -math.inf
-        self._send_tat_tokens = -math.inf
-        self._ext_requests = 0.0
-        self._ext_until_requests = -math.inf
-        self._ext_tokens = 0.0
-        self._ext_until_tokens = -math.inf
+        #: Requests, tokens, input tokens, output tokens (see :mod:`._meter`).
+        self._meters = (
+            Meter(REQUESTS, requests, window, burst_requests),
+            Meter(TOKENS, tokens, window, burst_tokens),
+            Meter(INPUT, input_tokens, window),
+            Meter(OUTPUT, output_tokens, window),
+        )
+        #: The meters with a limit: the only ones that count (one learns its limit from
+        #: headers, and then its count, from the ledger: see ``_activate``).
+        self._active = tuple(meter for meter in self._meters if meter.limit is not None)
+        self._ledger: deque[Entry] = deque()
         self._paused_until = -math.inf
         self._in_flight = 0
         self._heap: list[tuple[int, int, int, _Waiter]] = []
@@ -352,26 +299,34 @@ class LocalLimiter:
             burst_requests=deployment.burst_requests,
             burst_tokens=deployment.burst_tokens,
             name=deployment.label,
+            input_tokens=deployment.itpm,
+            output_tokens=deployment.otpm,
         )
 
     # -- the public protocol -------------------------------------------------------
 
-    def check(self, tokens: int) -> None:
-        error = self._too_large(tokens)
+    def check(self, tokens: int, *, output: int = 0) -> None:
+        error = self._too_large(tokens, output)
         if error is not None:
             raise error
 
-    def try_acquire(self, tokens: int) -> Grant | None:
-        self.check(tokens)
+    def try_acquire(self, tokens: int, *, output: int = 0) -> Grant | None:
+        self.check(tokens, output=output)
         if self._heap:
             return None  # first come, first served: never jump the queue
         now = (self._loop or self._bind()).time()
-        return self._grant(tokens, now) if self._ready_at(tokens, now) <= now else None
+        return self._grant(tokens, now, output) if self._ready_at(tokens, now, output) <= now else None
 
     async def acquire(
-        self, tokens: int, priority: int = 0, seq: int | None = None, *, claim: Claim | None = None
+        self,
+        tokens: int,
+        priority: int = 0,
+        seq: int | None = None,
+        *,
+        claim: Claim | None = None,
+        output: int = 0,
     ) -> Grant:
-        granted = self.try_acquire(tokens) if claim is None or not claim.taken else None
+        granted = self.try_acquire(tokens, output=output) if claim is None or not claim.taken else None
         if granted is not None:
             if claim is not None:
                 claim.taken = True
@@ -379,7 +334,7 @@ class LocalLimiter:
         loop = self._loop or self._bind()
         future: asyncio.Future[Grant] = loop.create_future()
         order = next(self._seq) if seq is None else seq
-        heapq.heappush(self._heap, (priority, order, next(self._tie), _Waiter(future, tokens, claim)))
+        heapq.heappush(self._heap, (priority, order, next(self._tie), _Waiter(future, tokens, output, claim)))
         self._wake()
         try:
             return await future
@@ -397,47 +352,55 @@ class LocalLimiter:
             self._wake()
 
     def observe(self, snapshot: RateLimitSnapshot) -> None:
-        snapshot = sane_snapshot(snapshot)
         now = self._now()
         self._expire(now)
-        own = self.window
-        # A limit converts exactly: N per minute is N * own / 60 per ``own`` seconds. A
-        # remaining count cannot: the server counts over its window, we over ours. We take
-        # our window's share of it as proportional to the lengths (as if the traffic it
-        # counts were spread evenly), which is exact when the windows are equal.
-        limit_requests = _per_window(snapshot.limit_requests, snapshot.requests_window, own)
-        remaining_requests = _per_window(snapshot.remaining_requests, snapshot.requests_window, own)
-        limit_tokens = _per_window(snapshot.limit_tokens, snapshot.tokens_window, own)
-        remaining_tokens = _per_window(snapshot.remaining_tokens, snapshot.tokens_window, own)
         changed = False
-        if limit_requests is not None and (self.requests_limit is None or limit_requests < self.requests_limit):
-            self.requests_limit = limit_requests
-            changed = True
-        if limit_tokens is not None and (self.tokens_limit is None or limit_tokens < self.tokens_limit):
-            self.tokens_limit = limit_tokens
-            changed = True
-        if snapshot.limit_tokens is not None and (
-            self._hard_tokens is None or snapshot.limit_tokens < self._hard_tokens
-        ):
-            self._hard_tokens = snapshot.limit_tokens
-            self._hard_tokens_per = snapshot.tokens_window
-            changed = True
-        if self.requests_limit is not None and remaining_requests is not None and snapshot.reset_requests is not None:
-            unseen = self.requests_limit - self._used_requests - remaining_requests
-            if unseen > 0:
-                self._ext_requests = unseen
-                self._ext_until_requests = now + snapshot.reset_requests
-                changed = True
-        if self.tokens_limit is not None and remaining_tokens is not None and snapshot.reset_tokens is not None:
-            unseen = self.tokens_limit - self._used_tokens - remaining_tokens
-            if unseen > 0:
-                self._ext_tokens = unseen
-                self._ext_until_tokens = now + snapshot.reset_tokens
-                changed = True
+        for meter, reading in zip(self._meters, readings(sane_snapshot(snapshot)), strict=True):
+            if meter.limit is None and reading.limit is not None:
+                self._activate(meter)
+            changed = meter.learn(reading, self.window, now) or changed
         if changed:
             self._wake()
 
     # -- introspection ---------------------------------------------------------------
+
+    @property
+    def requests_limit(self) -> float | None:
+        """Requests per window now in force (configured, or lower from the headers)."""
+        return self._meters[REQUESTS].limit
+
+    @property
+    def tokens_limit(self) -> float | None:
+        """Tokens per window now in force."""
+        return self._meters[TOKENS].limit
+
+    @property
+    def input_limit(self) -> float | None:
+        """Input tokens per window now in force."""
+        return self._meters[INPUT].limit
+
+    @property
+    def output_limit(self) -> float | None:
+        """Output tokens per window now in force."""
+        return self._meters[OUTPUT].limit
+
+    @property
+    def burst_requests(self) -> float:
+        return self._meters[REQUESTS].burst
+
+    @property
+    def burst_tokens(self) -> float:
+        return self._meters[TOKENS].burst
+
+    @property
+    def used(self) -> tuple[int, int, int, int]:
+        """What the window holds now: requests, tokens, input tokens, output tokens."""
+        self._expire(self._now())
+        totals = [0, 0, 0, 0]
+        for entry in self._ledger:
+            for index, amount in enumerate(entry.amounts):
+                totals[index] += amount
+        return totals[0], totals[1], totals[2], totals[3]
 
     @property
     def waiting(self) -> int:
@@ -453,18 +416,14 @@ class LocalLimiter:
     @property
     def learnt_limits(self) -> bool:
         """Whether request or token limits are known (configured, or from the server's headers)."""
-        return self.requests_limit is not None or self.tokens_limit is not None
+        return bool(self._active)
 
     @property
     def in_flight(self) -> int:
         return self._in_flight
 
     def __repr__(self) -> str:
-        limits = []
-        if self.requests_limit is not None:
-            limits.append(f"requests={self._used_requests}/{self.requests_limit:g}")
-        if self.tokens_limit is not None:
-            limits.append(f"tokens={self._used_tokens}/{self.tokens_limit:g}")
+        limits = [f"{KINDS[m.index].replace(' ', '_')}={m.used}/{m.limit:g}" for m in self._active if m.limit]
         if self.max_in_flight is not None:
             limits.append(f"in_flight={self._in_flight}/{self.max_in_flight}")
         return (
@@ -479,7 +438,7 @@ class LocalLimiter:
 
     def _expire(self, now: float) -> None:
         # An entry leaves at ``t + window + WINDOW_MARGIN``, computed exactly as
-        # ``_window_ready`` computes it: ``t <= now - window - margin`` can round the
+        # ``Meter.ready_at`` computes it: ``t <= now - window - margin`` can round the
         # other way, and then an entry lingers in the counts at the instant a waiter was
         # granted because it had left (and an ``observe`` then misjudges outside traffic).
         span = self.window + WINDOW_MARGIN
@@ -487,92 +446,62 @@ class LocalLimiter:
         while ledger and ledger[0].t + span <= now:
             entry = ledger.popleft()
             entry.gone = True
-            self._used_requests -= entry.requests
-            self._used_tokens -= entry.tokens
+            amounts = entry.amounts
+            for meter in self._active:
+                meter.used -= amounts[meter.index]
 
-    def _ready_at(self, tokens: int, now: float) -> float:
-        """The earliest time a request of ``tokens`` could go; inf while slots are full.
+    def _activate(self, meter: Meter) -> None:
+        """``meter`` is about to learn a limit: from now on it counts, starting from what
+        the ledger holds of it (nothing counted it while it had no limit)."""
+        index = meter.index
+        meter.used = sum(entry.amounts[index] for entry in self._ledger)
+        self._active = tuple(m for m in self._meters if m is meter or m.limit is not None)
 
-        A learnt limit below one request (or below this request's tokens) per window
-        lets the request go alone in its window; the pacer then spaces it out.
-        """
+    def _ready_at(self, tokens: int, now: float, output: int = 0) -> float:
+        """The earliest time a request of ``tokens`` (``output`` of them its output cap)
+        could go; inf while slots are full."""
         if self.max_in_flight is not None and self._in_flight >= self.max_in_flight:
             return math.inf
         self._expire(now)
         at = self._paused_until
-        if self.requests_limit is not None:
-            interval = self.window * self._pace / self.requests_limit
-            at = max(
-                at,
-                self._tat_requests - self.burst_requests * interval,
-                self._window_ready(1, max(1.0, self.requests_limit), True, now),
-            )
-        if self.tokens_limit is not None and tokens:
-            interval = self.window * self._pace / self.tokens_limit
-            at = max(
-                at,
-                self._tat_tokens - self.burst_tokens * interval,
-                self._window_ready(tokens, max(float(tokens), self.tokens_limit), False, now),
-            )
+        span = self.window + WINDOW_MARGIN
+        amounts = 1, tokens, tokens - output, output
+        for meter in self._active:
+            amount = amounts[meter.index]
+            if amount:
+                ready = meter.ready_at(amount, now, self._ledger, span)
+                if ready > at:
+                    at = ready
         return at
 
-    def _window_ready(self, amount: int, limit: float, requests: bool, now: float) -> float:
-        """When the sliding window will have room for ``amount`` more (requests or tokens).
-
-        Room grows as ledger entries age out and when the outside traffic learnt from
-        headers expires; both only grow with time, so the first moment that fits wins.
-        """
-        if requests:
-            used, ext, ext_until = self._used_requests, self._ext_requests, self._ext_until_requests
-        else:
-            used, ext, ext_until = self._used_tokens, self._ext_tokens, self._ext_until_tokens
-        if now >= ext_until:
-            ext = 0.0
-        if used + ext + amount <= limit:
-            return now
-        span = self.window + WINDOW_MARGIN
-        at = -math.inf
-        for entry in self._ledger:
-            # never earlier than the entries before it leave: a send later than its grant
-            # moves an entry's time on (``_sent``), and ``_expire`` takes them in order
-            at = max(at, entry.t + span)
-            if ext and ext_until <= at:
-                if used + amount <= limit:
-                    return ext_until
-                ext = 0.0
-            used -= entry.requests if requests else entry.tokens
-            if used + ext + amount <= limit:
-                return at
-        return ext_until if ext and amount <= limit else math.inf
-
-    def _too_large(self, tokens: int) -> CapacityError | None:
+    def _too_large(self, tokens: int, output: int = 0) -> CapacityError | None:
         """The error for a request that can never be granted, or None."""
-        cap = self._hard_tokens
-        if cap is None or tokens <= cap:
-            return None
-        return CapacityError(
-            f"needs ~{tokens} tokens (prompt estimate + max_tokens) but {self.name} allows "
-            f"{cap:g} tokens per {self._hard_tokens_per:g} s; lower max_tokens or shorten the prompt"
-        )
+        amounts = 1, tokens, tokens - output, output
+        for meter in self._active:
+            if meter.too_large(amounts[meter.index]):
+                assert meter.hard is not None
+                return capacity_error(self.name, meter.index, amounts[meter.index], meter.hard, meter.hard_per)
+        return None
 
-    def _grant(self, tokens: int, now: float) -> Grant:
+    def _grant(self, tokens: int, now: float, output: int = 0) -> Grant:
         ledger = self._ledger
+        given = tokens - output
         if ledger and now - ledger[-1].t <= LEDGER_TICK:
             entry = ledger[-1]  # one entry per millisecond, its time the latest grant's
             entry.t = now
-            entry.requests += 1
-            entry.tokens += tokens
+            held = entry.amounts
+            held[REQUESTS] += 1
+            held[TOKENS] += tokens
+            held[INPUT] += given
+            held[OUTPUT] += output
         else:
-            entry = _Entry(now, tokens)
+            entry = Entry(now, [1, tokens, given, output])
             ledger.append(entry)
-        self._used_requests += 1
-        self._used_tokens += tokens
-        if self.requests_limit is not None:
-            self._tat_requests = _next_slot(self._tat_requests, now) + self.window * self._pace / self.requests_limit
-        if self.tokens_limit is not None and tokens:
-            self._tat_tokens = _next_slot(self._tat_tokens, now) + tokens * self.window * self._pace / self.tokens_limit
+        amounts = 1, tokens, given, output
+        for meter in self._active:
+            meter.granted(amounts[meter.index], now)
         self._in_flight += 1
-        return Grant(self, entry, tokens)
+        return Grant(self, entry, tokens, output)
 
     def _send_delay(self, grant: Grant, now: float) -> float:
         """How long ``grant`` waits before it leaves, and its place in the send pacer: the
@@ -583,19 +512,16 @@ class LocalLimiter:
         their spacing and wait for nothing. Called once per grant, as it is about to leave:
         its slot is taken here, so two requests that wait at once do not leave at once."""
         at = now
-        per_request = per_token = 0.0
-        if self.requests_limit is not None:
-            per_request = self.window * self._pace / self.requests_limit
-            at = max(at, self._send_tat_requests - max(CATCH_UP, self.burst_requests * per_request))
-        tokens = grant.tokens if self.tokens_limit is not None else 0
-        if tokens > 0:
-            assert self.tokens_limit is not None
-            per_token = self.window * self._pace / self.tokens_limit
-            at = max(at, self._send_tat_tokens - max(CATCH_UP, self.burst_tokens * per_token))
-        if per_request:
-            self._send_tat_requests = max(self._send_tat_requests, at) + per_request
-        if tokens > 0:
-            self._send_tat_tokens = max(self._send_tat_tokens, at) + tokens * per_token
+        tokens, output = grant.tokens, grant.output
+        amounts = 1, tokens, tokens - output, output
+        active = self._active
+        for meter in active:
+            if amounts[meter.index] > 0:
+                at = max(at, meter.leaves_from())
+        for meter in active:
+            amount = amounts[meter.index]
+            if amount > 0:
+                meter.leaves(amount, at)
         grant._paced = True
         return at - now
 
@@ -609,28 +535,22 @@ class LocalLimiter:
         if not grant._paced:
             self._send_delay(grant, at)
 
-    def _adjust(self, entry: _Entry, *, requests: int, tokens: int, sent: bool = False) -> None:
-        """Correct a grant after the fact (reconcile or refund) in ledger and pacers
-        (``sent``: it has its place in the send pacer, which counts it too)."""
-        if not requests and not tokens:
-            return
+    def _adjust(self, entry: Entry, delta: tuple[int, ...], *, sent: bool = False) -> None:
+        """Correct a grant after the fact (reconcile or refund) by ``delta`` per meter, in
+        ledger and pacers (``sent``: it has its place in the send pacer, which counts it too)."""
         now = self._now()
         self._expire(now)
-        in_window = not entry.gone  # still in the ledger (a later send may keep it past its time)
-        entry.requests += requests
-        entry.tokens += tokens
-        if in_window:
-            self._used_requests += requests
-            self._used_tokens += tokens
-        if requests and self.requests_limit is not None:
-            self._tat_requests += requests * self.window * self._pace / self.requests_limit
-            if sent:  # a refund after its send slot was taken: the slot goes back too
-                self._send_tat_requests += requests * self.window * self._pace / self.requests_limit
-        if tokens and self.tokens_limit is not None:
-            self._tat_tokens += tokens * self.window * self._pace / self.tokens_limit
-            if sent:
-                self._send_tat_tokens += tokens * self.window * self._pace / self.tokens_limit
-        if requests < 0 or tokens < 0:
+        counted = not entry.gone  # still in the ledger (a later send may keep it past its time)
+        held = entry.amounts
+        held[REQUESTS] += delta[REQUESTS]
+        held[TOKENS] += delta[TOKENS]
+        held[INPUT] += delta[INPUT]
+        held[OUTPUT] += delta[OUTPUT]
+        for meter in self._active:
+            change = delta[meter.index]
+            if change:
+                meter.adjust(change, counted=counted, sent=sent)
+        if min(delta) < 0:
             self._wake()
 
     def _release_slot(self) -> None:
@@ -654,17 +574,17 @@ class LocalLimiter:
                 heapq.heappop(heap)
                 waiter.future.cancel()
                 continue
-            too_large = self._too_large(waiter.tokens)
+            too_large = self._too_large(waiter.tokens, waiter.output)
             if too_large is not None:  # the server told us its limit is lower than configured
                 heapq.heappop(heap)
                 waiter.future.set_exception(too_large)
                 continue
-            at = self._ready_at(waiter.tokens, now)
+            at = self._ready_at(waiter.tokens, now, waiter.output)
             if at <= now:
                 heapq.heappop(heap)
                 if waiter.claim is not None:
                     waiter.claim.taken = True
-                waiter.future.set_result(self._grant(waiter.tokens, now))
+                waiter.future.set_result(self._grant(waiter.tokens, now, waiter.output))
                 continue
             self._arm(at)
             return

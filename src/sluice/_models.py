@@ -431,15 +431,22 @@ class Price:
                 raise ConfigError(f"price {name} must be a number >= 0 (USD per million tokens), got {value!r}")
 
 
+#: A deployment's per-window limits: requests, tokens, input tokens, output tokens.
+LIMIT_FIELDS = ("rpm", "tpm", "itpm", "otpm")
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Deployment:
     """One place a model is served, with its limits.
 
     ``model`` is ``provider/model`` (``openai/gpt-4o-mini``, ``anthropic/claude-...``,
     ``simulate/fast``); a bare name means the OpenAI-compatible provider. ``rpm`` and
-    ``tpm`` are requests and tokens per ``window`` seconds; ``max_in_flight`` caps
+    ``tpm`` are requests and tokens per ``window`` seconds; ``itpm`` and ``otpm`` are
+    input and output tokens per ``window`` seconds, limited apart (Anthropic's ITPM and
+    OTPM: a request reserves its prompt estimate against ``itpm`` and its ``max_tokens``
+    against ``otpm``, each settled to the usage reported); ``max_in_flight`` caps
     requests awaiting an answer. A per-window limit is paced evenly; ``burst_requests``
-    and ``burst_tokens`` allow that much extra at once, explicitly.
+    and ``burst_tokens`` (for ``tpm``) allow that much extra at once, explicitly.
     """
 
     model: str
@@ -464,6 +471,11 @@ class Deployment:
     #: ``batch`` (the provider's Batch API); the last two are priced at a discount (see
     #: :mod:`sluice.tiers`).
     tier: str = "sync"
+    #: Input tokens per ``window`` (prompt, cache writes; not cache reads), and output
+    #: tokens per ``window``: limits of their own beside ``tpm`` (last, so that the
+    #: fields before them keep their positions).
+    itpm: float | None = None
+    otpm: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.price, Mapping):
@@ -507,7 +519,13 @@ class Deployment:
     def __repr__(self) -> str:
         limits = ", ".join(
             f"{k}={v}"
-            for k, v in (("rpm", self.rpm), ("tpm", self.tpm), ("max_in_flight", self.max_in_flight))
+            for k, v in (
+                ("rpm", self.rpm),
+                ("tpm", self.tpm),
+                ("itpm", self.itpm),
+                ("otpm", self.otpm),
+                ("max_in_flight", self.max_in_flight),
+            )
             if v is not None
         )
         return f"Deployment({self.label!r}{', ' + limits if limits else ''})"
@@ -536,7 +554,9 @@ def _key_env_problem(name: object) -> str | None:
 def _deployment_problem(d: Deployment) -> str | None:
     if not isinstance(d.model, str) or not d.model.strip():
         return f"model must be a non-empty string, got {d.model!r}"
-    for name in ("rpm", "tpm"):
+    if not _positive(d.window):
+        return f"window must be a positive number of seconds, got {d.window!r}"
+    for name in LIMIT_FIELDS:
         value = getattr(d, name)
         if value is not None and not _positive(value):
             return f"{name} must be a positive number, got {value!r}"
@@ -546,8 +566,6 @@ def _deployment_problem(d: Deployment) -> str | None:
         isinstance(d.max_in_flight, bool) or not isinstance(d.max_in_flight, int) or d.max_in_flight < 1
     ):
         return f"max_in_flight must be a positive integer, got {d.max_in_flight!r}"
-    if not _positive(d.window):
-        return f"window must be a positive number of seconds, got {d.window!r}"
     for name in ("burst_requests", "burst_tokens"):
         value = getattr(d, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:

@@ -13,10 +13,11 @@ from ._coerce import coerce
 from ._errors import CancelledError, InvalidRequestError, SluiceError
 from ._job import Job
 from ._models import Request, Result, store_key
+from .providers import max_output_tokens
 
 if TYPE_CHECKING:
     from ._budget import Budget
-    from ._router import Router
+    from ._router import Route, Router
     from ._runtime import Runtime
     from ._spending import Spending
     from ._stats import Stats
@@ -45,13 +46,14 @@ class JobPlanning:
         groups = self.router.chain(request.model)
         route = groups[0].routes[0]
         request, worst = self.spending.prepare(request, route.deployment, budget)
-        tokens = route.provider.estimate_tokens(request, route.deployment)
-        fits = route.fits(tokens) or any(r.fits(tokens) for group in groups for r in group.routes)
+        tokens, output = _estimate(request, route)
+        fits = route.fits(tokens, output) or any(r.fits(tokens, output) for group in groups for r in group.routes)
         if not fits:
-            route.limiter.check(tokens)  # no deployment it may use can ever take it: its CapacityError
+            route.limiter.check(tokens, output=output)  # no deployment it may use can ever take it
         self.stats.submitted += 1
         loop = asyncio.get_running_loop()
         job = Job(request, route, tokens, priority, self.runtime.next_seq(), loop.time(), index, key, budget, worst)
+        job.output = output
         job.groups = groups
         job.guarded = self.router.has_alternative(groups)
         if budget is not None and job.guarded:
@@ -98,7 +100,7 @@ class JobPlanning:
         job.step += 1
         job.tried = frozenset()
         route = job.groups[job.step].routes[0]
-        job.tokens = route.provider.estimate_tokens(job.request, route.deployment)
+        job.tokens, job.output = _estimate(job.request, route)
         if job.budget is not None:
             job.worst_cost = self.worst_of_candidates(job)
         self.stats.fallbacks += 1
@@ -109,10 +111,10 @@ class JobPlanning:
         case worked out again, as for a new job. Raises CapacityError when it can never fit."""
         route = job.route
         request, worst = self.spending.prepare(request, route.deployment, job.budget)
-        tokens = route.provider.estimate_tokens(request, route.deployment)
-        if not route.fits(tokens):
-            route.limiter.check(tokens)
-        job.request, job.tokens, job.tried = request, tokens, frozenset()
+        tokens, output = _estimate(request, route)
+        if not route.fits(tokens, output):
+            route.limiter.check(tokens, output=output)
+        job.request, job.tokens, job.output, job.tried = request, tokens, output, frozenset()
         if job.budget is not None:
             job.worst_cost = self.worst_of_candidates(job) if job.guarded else worst
 
@@ -124,3 +126,10 @@ class JobPlanning:
         if not self.spending.pricing.has_price(deployment):
             return 0.0  # what worst_cost says for an unknown price, without counting the prompt's bytes
         return self.spending.worst_cost(job.request, deployment)
+
+
+def _estimate(request: Request, route: Route) -> tuple[int, int]:
+    """What an attempt of ``request`` reserves on ``route``: its tokens (the provider's
+    estimate: prompt + output cap) and, of those, the output cap."""
+    tokens = route.provider.estimate_tokens(request, route.deployment)
+    return tokens, min(tokens, max_output_tokens(request, route.deployment))

@@ -198,10 +198,11 @@ class Route:
     def label(self) -> str:
         return self.deployment.label
 
-    def fits(self, tokens: int) -> bool:
-        """Could this deployment ever take a request of ``tokens`` (its limits allow it)?"""
+    def fits(self, tokens: int, output: int = 0) -> bool:
+        """Could this deployment ever take a request of ``tokens`` (``output`` of them its
+        output cap), as its limits stand?"""
         try:
-            self.limiter.check(tokens)
+            self.limiter.check(tokens, output=output)
         except SluiceError:
             return False
         return True
@@ -355,22 +356,30 @@ class Router:
     # -- placement ---------------------------------------------------------------------
 
     def try_acquire(
-        self, group: Group, tokens: int, avoid: Iterable[Route], *, guarded: bool, can_fall_back: bool = False
+        self,
+        group: Group,
+        tokens: int,
+        avoid: Iterable[Route],
+        *,
+        guarded: bool,
+        can_fall_back: bool = False,
+        output: int = 0,
     ) -> tuple[Route, Reservation] | None:
         """A slot at once on the deployment with the most headroom, or None (no waiting).
 
-        ``guarded``: cooldowns apply (the request has somewhere else to go)."""
+        ``guarded``: cooldowns apply (the request has somewhere else to go). ``output``:
+        of ``tokens``, the output cap (for a deployment's output and input limits)."""
         routes = group.routes
         if len(routes) == 1 and not guarded:  # the common case costs nothing extra
             route = routes[0]
-            granted = route.limiter.try_acquire(tokens)
+            granted = route.limiter.try_acquire(tokens, output=output)
             return None if granted is None else (route, granted)
         try:
-            candidates = self._candidates(group, avoid, guarded, can_fall_back, tokens)
+            candidates = self._candidates(group, avoid, guarded, can_fall_back, tokens, output)
         except GroupExhausted:
             return None  # the waiting path says so
         for route in sorted(candidates, key=Route.load) if len(candidates) > 1 else candidates:
-            granted = route.limiter.try_acquire(tokens)
+            granted = route.limiter.try_acquire(tokens, output=output)
             if granted is not None:
                 route.health.taken()
                 return route, granted
@@ -386,6 +395,7 @@ class Router:
         *,
         guarded: bool,
         can_fall_back: bool,
+        output: int = 0,
     ) -> tuple[Route, Reservation]:
         """Wait for the first deployment of the group that can take the attempt.
 
@@ -394,10 +404,10 @@ class Router:
         routes = group.routes
         if len(routes) == 1 and not guarded:
             route = routes[0]
-            return route, await route.limiter.acquire(tokens, priority, seq)
+            return route, await route.limiter.acquire(tokens, priority, seq, output=output)
         loop = asyncio.get_running_loop()
         while True:
-            candidates = self._candidates(group, avoid, guarded, can_fall_back, tokens)
+            candidates = self._candidates(group, avoid, guarded, can_fall_back, tokens, output)
             watcher: asyncio.Future[None] = loop.create_future()
             group.watchers.append(watcher)
             timer = None
@@ -407,7 +417,7 @@ class Router:
             won = None
             try:
                 if candidates:
-                    won = await self._race(candidates, tokens, priority, seq, watcher)
+                    won = await self._race(candidates, tokens, priority, seq, watcher, output)
                 else:  # every deployment is cooling down: wait for the first probe
                     await watcher
             finally:
@@ -421,7 +431,13 @@ class Router:
                 return won
 
     def _candidates(
-        self, group: Group, avoid: Iterable[Route], guarded: bool, can_fall_back: bool, tokens: int = 0
+        self,
+        group: Group,
+        avoid: Iterable[Route],
+        guarded: bool,
+        can_fall_back: bool,
+        tokens: int = 0,
+        output: int = 0,
     ) -> list[Route]:
         """Where the attempt may go: deployments not cooling down that have not failed this
         request; failing that, those that have (a retry), or none (wait for a probe).
@@ -429,11 +445,11 @@ class Router:
         if not guarded:
             return list(group.routes)
         now = asyncio.get_running_loop().time()
-        fitting = [r for r in group.routes if r.fits(tokens)]
+        fitting = [r for r in group.routes if r.fits(tokens, output)]
         if not fitting:  # no deployment of the model can ever take it
             if can_fall_back:
                 raise GroupExhausted(f"no deployment of {group.model!r} can take a request of {tokens} tokens")
-            group.routes[0].limiter.check(tokens)  # raises its CapacityError
+            group.routes[0].limiter.check(tokens, output=output)  # raises its CapacityError
         usable = [r for r in fitting if r.health.usable(now)]
         tried = set(avoid)
         fresh = [r for r in usable if r not in tried]
@@ -451,7 +467,12 @@ class Router:
 
     @staticmethod
     async def _race(
-        candidates: Sequence[Route], tokens: int, priority: int, seq: int, watcher: asyncio.Future[None]
+        candidates: Sequence[Route],
+        tokens: int,
+        priority: int,
+        seq: int,
+        watcher: asyncio.Future[None],
+        output: int = 0,
     ) -> tuple[Route, Reservation] | None:
         """Wait on every candidate's limiter at once; the first grant wins, the rest are
         withdrawn (a grant that came in the same tick is refunded). None: the group changed."""
@@ -460,8 +481,8 @@ class Router:
         def wait_on(route: Route) -> Awaitable[Reservation]:
             limiter = route.limiter
             if isinstance(limiter, LocalLimiter):
-                return limiter.acquire(tokens, priority, seq, claim=claim)
-            return limiter.acquire(tokens, priority, seq)
+                return limiter.acquire(tokens, priority, seq, claim=claim, output=output)
+            return limiter.acquire(tokens, priority, seq, output=output)
 
         waits: dict[asyncio.Future[Any], Route] = {asyncio.ensure_future(wait_on(r)): r for r in candidates}
         try:

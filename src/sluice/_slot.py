@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._budget import BudgetHold
 from ._errors import CancelledError, StoreError
-from ._limits import Reservation
+from ._limits import Reservation, usage_counts
 from ._stats import Stats
 
 if TYPE_CHECKING:
@@ -161,6 +161,16 @@ class Slot:
     @property
     def sent_at(self) -> float:
         return self._sent_at
+
+    def reconcile(self, usage: Usage, estimate: int) -> None:
+        """Settle the reservation to what the answer used: its tokens, and its input and
+        output as their limits count them (see ``usage_counts``); an answer without usage
+        keeps the ``estimate`` it reserved."""
+        tokens, given, output = usage_counts(usage)
+        if not tokens:
+            self.reservation.reconcile(estimate)
+            return
+        self.reservation.reconcile(tokens, input_tokens=given, output_tokens=output)
 
     def settle(
         self,

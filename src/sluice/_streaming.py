@@ -372,7 +372,7 @@ class Stream:
         usage = self._usage
         charge: float | None = None  # no usage reported: its worst case
         if usage is not None:
-            slot.reservation.reconcile(usage.total_tokens or job.tokens)
+            slot.reconcile(usage, job.tokens)
             charge = attempts.spending.cost(route.deployment, usage) or 0.0
         latency = self._waited  # time waiting on the provider, not the consumer's own time
         output = usage.output_tokens if usage is not None else 0

@@ -320,8 +320,8 @@ class EmbedPipeline:
             max_input_tokens=min(lim.max_input_tokens for lim in limits),
         )
         group.max_inputs = min(group.limits.max_inputs, self.batch_size or group.limits.max_inputs)
-        tpm = [route.deployment.tpm for route in routes if route.deployment.tpm is not None]
-        group.token_cap = int(min([group.limits.max_tokens, self.batch_tokens or group.limits.max_tokens, *tpm]))
+        caps = [cap for route in routes for cap in (route.deployment.tpm, route.deployment.itpm) if cap is not None]
+        group.token_cap = int(min([group.limits.max_tokens, self.batch_tokens or group.limits.max_tokens, *caps]))
         learnt = self.runtime.learnt_embedding_limits.get(group.spec.model)
         if learnt is not None:
             group.max_inputs = min(group.max_inputs, learnt[0])

@@ -1,10 +1,11 @@
 """``sluice estimate``: what a job would send and how long its limits make it take.
 
-Nothing is sent. Time is bounded below by each deployment's limits: requests / rpm and
-tokens / tpm, per window; a model without a deployment of its own gets the limits of
-``JobConfig.defaults``, as the engine gives it. Tokens are counted twice over: prompts
-only (the least the provider will count once outputs are settled) and prompts +
-max_tokens (what it reserves up front), so the shortest time is given as a range.
+Nothing is sent. Time is bounded below by each deployment's limits: requests / rpm,
+tokens / tpm, prompt tokens / itpm and output tokens / otpm, per window; a model without
+a deployment of its own gets the limits of ``JobConfig.defaults``, as the engine gives
+it. Tokens are counted twice over: prompts only (the least the provider will count once
+outputs are settled) and prompts + max_tokens (what it reserves up front), so the
+shortest time is given as a range.
 """
 
 from __future__ import annotations
@@ -35,14 +36,14 @@ class _Tally:
     #: Texts to embed (embedding lines are packed many texts to a request).
     texts: int = 0
 
-    def seconds(self, tokens: int) -> float | None:
-        """The shortest time the limits allow, or None without limits."""
+    def seconds(self, tokens: int, output: int = 0) -> float | None:
+        """The shortest time the limits allow for ``tokens`` in all, ``output`` of them
+        output tokens (the rest input), or None without limits."""
         d = self.deployment
         bounds = []
-        if d.rpm is not None:
-            bounds.append(self.requests / d.rpm * d.window)
-        if d.tpm is not None:
-            bounds.append(tokens / d.tpm * d.window)
+        for limit, amount in ((d.rpm, self.requests), (d.tpm, tokens), (d.itpm, tokens - output), (d.otpm, output)):
+            if limit is not None:
+                bounds.append(amount / limit * d.window)
         return max(bounds) if bounds else None
 
 
@@ -92,7 +93,8 @@ class Estimate:
                 rows.append(("  cost, --tier batch", f"{self._cost(tally, 'batch')}; within 24 h (the batch window)"))
             if provider == "openai":
                 rows.append(("  cost, --tier flex", f"{self._cost(tally, 'flex')}; slower, may wait for capacity"))
-            low, high = tally.seconds(tally.prompt_tokens), tally.seconds(tally.reserved_tokens)
+            low = tally.seconds(tally.prompt_tokens)
+            high = tally.seconds(tally.reserved_tokens, tally.max_output_tokens)
             if low is None or high is None:
                 rows.append(("  shortest time", "no limits configured: bound by latency and concurrency"))
                 continue

@@ -104,6 +104,16 @@ def _config_options(fn: F) -> F:
             help="Tokens per window (applied like --rpm).",
         ),
         click.option(
+            "--itpm",
+            type=click.FloatRange(min=0, min_open=True),
+            help="Input tokens per window, apart from output (Anthropic's ITPM; applied like --rpm).",
+        ),
+        click.option(
+            "--otpm",
+            type=click.FloatRange(min=0, min_open=True),
+            help="Output tokens per window, reserved at max_tokens (Anthropic's OTPM; applied like --rpm).",
+        ),
+        click.option(
             "--max-in-flight",
             type=click.IntRange(min=1),
             help="Requests awaiting an answer at once (applied like --rpm).",
@@ -206,6 +216,8 @@ def _job_config(flags: dict[str, Any], *, require_trust: bool = True) -> JobConf
         model=flags["model"],  # left in: it is also the model of records that name none
         rpm=flags.pop("rpm"),
         tpm=flags.pop("tpm"),
+        itpm=flags.pop("itpm"),
+        otpm=flags.pop("otpm"),
         max_in_flight=flags.pop("max_in_flight"),
         burst_requests=flags.pop("burst_requests"),
         burst_tokens=flags.pop("burst_tokens"),

@@ -14,11 +14,12 @@
     api_key_env = "OPENAI_API_KEY"    # the key itself stays in the environment
     rpm = 500
     tpm = 200000
+    # itpm = 400000; otpm = 80000     # input and output tokens apart (Anthropic's limits)
     max_in_flight = 64
     # price = { input_per_mtok = 0.15, output_per_mtok = 0.60 }   # for unlisted models
 
-CLI flags (``--model``, ``--rpm``, ``--tpm``, ``--max-in-flight``, ``--burst``,
-``--concurrency``) override the file. Limits given with ``--model`` apply to that model's
+CLI flags (``--model``, ``--rpm``, ``--tpm``, ``--itpm``, ``--otpm``, ``--max-in-flight``,
+``--burst``, ``--concurrency``) override the file. Limits given with ``--model`` apply to that model's
 deployment; without it, to the one deployment the file configures, or else (as
 :attr:`JobConfig.defaults`) to every model that has no deployment of its own.
 
@@ -232,6 +233,8 @@ def with_overrides(
     model: str | None = None,
     rpm: float | None = None,
     tpm: float | None = None,
+    itpm: float | None = None,
+    otpm: float | None = None,
     max_in_flight: int | None = None,
     burst_requests: float | None = None,
     burst_tokens: float | None = None,
@@ -250,6 +253,8 @@ def with_overrides(
     given: dict[str, Any] = {
         "rpm": rpm,
         "tpm": tpm,
+        "itpm": itpm,
+        "otpm": otpm,
         "max_in_flight": max_in_flight,
         "burst_requests": burst_requests,
         "burst_tokens": burst_tokens,
@@ -318,6 +323,8 @@ def _limits(d: Deployment) -> list[tuple[str, str]]:
     return [
         ("rpm", "-" if d.rpm is None else f"{d.rpm:g}"),
         ("tpm", "-" if d.tpm is None else f"{d.tpm:g}"),
+        ("itpm", "-" if d.itpm is None else f"{d.itpm:g}"),
+        ("otpm", "-" if d.otpm is None else f"{d.otpm:g}"),
         ("max_in_flight", "-" if d.max_in_flight is None else str(d.max_in_flight)),
         ("burst", f"{d.burst_requests:g} requests, {d.burst_tokens:g} tokens"),
         ("window", f"{d.window:g}s"),

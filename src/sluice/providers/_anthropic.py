@@ -43,6 +43,20 @@ def parse_rfc3339_reset(value: str | None, now: float | None = None) -> float | 
     return max(0.0, moment.timestamp() - current)
 
 
+#: What ``anthropic-ratelimit-{kind}-{limit,remaining,reset}`` headers come in.
+_KINDS = ("requests", "tokens", "input-tokens", "output-tokens")
+
+
+def _figures(headers: Mapping[str, str], kind: str) -> tuple[float | None, float | None, float | None]:
+    """(limit, remaining, seconds to reset) of one kind of ``anthropic-ratelimit-*`` header."""
+    prefix = f"anthropic-ratelimit-{kind}-"
+    return (
+        header_number(headers, prefix + "limit"),
+        header_number(headers, prefix + "remaining"),
+        parse_rfc3339_reset(headers.get(prefix + "reset")),
+    )
+
+
 class AnthropicProvider(HttpProvider):
     name = "anthropic"
     request_id_header = "request-id"
@@ -77,21 +91,28 @@ class AnthropicProvider(HttpProvider):
         return str(body)[:200], None
 
     def parse_ratelimit(self, headers: Mapping[str, str]) -> RateLimitSnapshot | None:
-        prefix = "anthropic-ratelimit-"
-        if prefix + "requests-remaining" not in headers and prefix + "tokens-remaining" not in headers:
+        """The ``anthropic-ratelimit-*`` headers, per minute (the limiter converts them
+        into the deployment's window). ``input-tokens-*`` and ``output-tokens-*`` are
+        ITPM and OTPM, each a limit of its own; ``tokens-*`` is only the more restrictive
+        of the two at the moment, so where those are given it is not read as a limit on
+        all tokens (input and output together would then be held to the smaller one)."""
+        figures = {kind: _figures(headers, kind) for kind in _KINDS}
+        if all(remaining is None and limit is None for limit, remaining, _ in figures.values()):
             return None
+        split = any(value is not None for kind in ("input-tokens", "output-tokens") for value in figures[kind][:2])
+        requests, given, output = figures["requests"], figures["input-tokens"], figures["output-tokens"]
+        tokens = (None, None, None) if split else figures["tokens"]
         return RateLimitSnapshot(
-            limit_requests=header_number(headers, prefix + "requests-limit"),
-            remaining_requests=header_number(headers, prefix + "requests-remaining"),
-            reset_requests=parse_rfc3339_reset(headers.get(prefix + "requests-reset")),
-            limit_tokens=header_number(headers, prefix + "tokens-limit"),
-            remaining_tokens=header_number(headers, prefix + "tokens-remaining"),
-            reset_tokens=parse_rfc3339_reset(headers.get(prefix + "tokens-reset")),
-            # Anthropic's limits are per minute (RPM, input and output TPM; the tokens
-            # headers show the most restrictive); the limiter converts them into the
-            # deployment's window.
+            *requests,
+            *tokens,
             requests_window=60.0,
             tokens_window=60.0,
+            limit_input_tokens=given[0],
+            remaining_input_tokens=given[1],
+            reset_input_tokens=given[2],
+            limit_output_tokens=output[0],
+            remaining_output_tokens=output[1],
+            reset_output_tokens=output[2],
         )
 
     async def count_tokens(self, body: Mapping[str, Any], deployment: Deployment) -> int:

@@ -33,6 +33,8 @@ SHARED_FIELDS = (
     "name",
     "rpm",
     "tpm",
+    "itpm",
+    "otpm",
     "max_in_flight",
     "window",
     "burst_requests",

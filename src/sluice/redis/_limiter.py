@@ -1,10 +1,11 @@
 """Rate limits shared by every process that uses the same deployment, kept in Redis.
 
 One round trip per reservation: a Lua script (``_scripts.ACQUIRE``) reads Redis's clock
-and, all or nothing, checks and reserves the request and its tokens against the same
-sliding-window ledger and even-spacing pacer as :class:`~sluice.LocalLimiter`, plus the
-in-flight leases. Refused, it says how long until the next slot opens; the process
-sleeps exactly that long (a timer) and asks again. Within a process only the head of a
+and, all or nothing, checks and reserves the request and its tokens (and their input and
+output parts, for ``itpm`` and ``otpm``) against the same sliding-window ledger and
+even-spacing pacer as :class:`~sluice.LocalLimiter`, plus the in-flight leases.
+Refused, it says how long until the next slot opens; the process sleeps exactly that
+long (a timer) and asks again. Within a process only the head of a
 local FIFO (priority, arrival) talks to Redis, so local waiters never hammer it.
 
 Round trips per request: one to reserve; one to settle (``reconcile`` and ``done``
@@ -43,8 +44,8 @@ import os
 import uuid
 from typing import Any
 
-from .._errors import CapacityError
 from .._limits import CATCH_UP, WINDOW_MARGIN, LocalLimiter, RateLimitSnapshot, sane_snapshot
+from .._meter import INPUT, OUTPUT, TOKENS, capacity_error
 from .._models import Deployment, Secret
 from ..providers._anthropic import DEFAULT_BASE_URL as ANTHROPIC_BASE
 from ..providers._openai import DEFAULT_BASE_URL as OPENAI_BASE
@@ -167,23 +168,31 @@ class RedisLimits:
 class SharedGrant:
     """One reservation from the shared limiter; settled exactly once (in the background)."""
 
-    __slots__ = ("_delta", "_done", "_flush", "_limiter", "_local", "id", "tokens")
+    __slots__ = ("_delta", "_done", "_flush", "_limiter", "_local", "id", "input", "output", "tokens")
 
-    def __init__(self, limiter: RedisLimiter, grant_id: str, tokens: int, local: Any = None) -> None:
+    def __init__(self, limiter: RedisLimiter, grant_id: str, tokens: int, local: Any = None, output: int = 0) -> None:
         self._limiter = limiter
         self.id = grant_id
         self.tokens = tokens
-        self._delta = 0
+        #: Its input and output parts, as Redis holds them (settled with ``tokens``).
+        self.input = tokens - output
+        self.output = output
+        #: Changes to send: tokens, input, output.
+        self._delta = (0, 0, 0)
         self._done = False
         self._flush: asyncio.Handle | None = None
         #: Granted by the fail-open local limiter while Redis was down.
         self._local = local
 
-    def reconcile(self, actual_tokens: int) -> None:
+    def reconcile(
+        self, actual_tokens: int, *, input_tokens: int | None = None, output_tokens: int | None = None
+    ) -> None:
         if self._local is not None:
-            self._local.reconcile(actual_tokens)
+            self._local.reconcile(actual_tokens, input_tokens=input_tokens, output_tokens=output_tokens)
             return
-        self._delta = actual_tokens - self.tokens
+        output = self.output if output_tokens is None else output_tokens
+        given = max(0, actual_tokens - output if input_tokens is None else input_tokens)
+        self._delta = (actual_tokens - self.tokens, given - self.input, output - self.output)
         self._schedule()
 
     def send_delay(self, now: float) -> float:
@@ -222,7 +231,7 @@ class SharedGrant:
             self._limiter._in_flight -= 1
         # release the lease too, even after done(): its own settle may just have been
         # cancelled above (removing a lease already gone does nothing)
-        self._limiter._settle(self, delta=0, refund=True, release=True)
+        self._limiter._settle(self, delta=(0, 0, 0), refund=True, release=True)
 
     def _release_local(self) -> None:
         if not self._done:
@@ -236,24 +245,32 @@ class SharedGrant:
 
     def _send(self) -> None:
         self._flush = None
-        delta, self._delta = self._delta, 0
-        if self._limiter._seen_tokens is None:
-            delta = 0  # no token limit known anywhere we have looked: not worth a round trip
-        self.tokens += delta
+        changes, self._delta = self._delta, (0, 0, 0)
+        seen = self._limiter._seen
+        # a change to a count no limit is known for anywhere we have looked: not worth a round trip
+        delta = tuple(0 if seen[kind] is None else change for kind, change in zip(_TOKEN_KINDS, changes, strict=True))
+        self.tokens += delta[0]
+        self.input += delta[1]
+        self.output += delta[2]
         release = self._done and self._limiter.max_in_flight is not None
-        if delta or release:
+        if any(delta) or release:
             self._limiter._settle(self, delta=delta, refund=False, release=release)
 
     def __repr__(self) -> str:
         return f"Reservation(tokens={self.tokens}, open={not self._done}, shared)"
 
 
-class _Waiter:
-    __slots__ = ("future", "tokens")
+#: The token counts a grant settles, as the limiter's meters number them.
+_TOKEN_KINDS = (TOKENS, INPUT, OUTPUT)
 
-    def __init__(self, future: asyncio.Future[SharedGrant], tokens: int) -> None:
+
+class _Waiter:
+    __slots__ = ("future", "output", "tokens")
+
+    def __init__(self, future: asyncio.Future[SharedGrant], tokens: int, output: int = 0) -> None:
         self.future = future
         self.tokens = tokens
+        self.output = output
 
 
 class RedisLimiter:
@@ -266,14 +283,22 @@ class RedisLimiter:
         self.fingerprint = fingerprint
         self.requests_limit = deployment.rpm
         self.tokens_limit = deployment.tpm
+        self.input_limit = deployment.itpm
+        self.output_limit = deployment.otpm
         self.window = deployment.window
         self.max_in_flight = deployment.max_in_flight
         self.burst_requests = deployment.burst_requests
         self.burst_tokens = deployment.burst_tokens
-        self._hard_tokens = deployment.tpm
-        self._hard_tokens_per = deployment.window
+        #: The most one request may take of each token count, and per how many seconds
+        #: (configured, or lower from the headers): by meter index (tokens, input, output).
+        self._hard: dict[int, tuple[float | None, float]] = {
+            TOKENS: (deployment.tpm, deployment.window),
+            INPUT: (deployment.itpm, deployment.window),
+            OUTPUT: (deployment.otpm, deployment.window),
+        }
         prefix = f"{limits.namespace}:lim:{{{fingerprint}}}:"
-        self._keys = [prefix + part for part in ("state", "grants", "tokens", "leases", "wait_lease", "wait_tokens")]
+        parts = ("state", "grants", "tokens", "leases", "wait_lease", "wait_tokens", "input", "output")
+        self._keys = [prefix + part for part in parts]
         self._channel = self._conn.channel("lim", fingerprint)
         self._heap: list[tuple[int, int, int, _Waiter]] = []
         self._seq = itertools.count()
@@ -288,31 +313,30 @@ class RedisLimiter:
         self._next_probe = 0.0
         self._observed_at = -float("inf")
         self._seen_requests: float | None = deployment.rpm
-        self._seen_tokens: float | None = deployment.tpm
+        #: The lowest token limits known (configured or from headers), per our window.
+        self._seen: dict[int, float | None] = {TOKENS: deployment.tpm, INPUT: deployment.itpm, OUTPUT: deployment.otpm}
         #: When (event-loop time) Redis last said the next slot opens; 0.0 once it granted.
         self.next_slot_at = 0.0
 
     # -- the Limiter protocol -----------------------------------------------------------
 
-    def check(self, tokens: int) -> None:
-        cap = self._hard_tokens
-        if cap is not None and tokens > cap:
-            raise CapacityError(
-                f"needs ~{tokens} tokens (prompt estimate + max_tokens) but {self.name} allows "
-                f"{cap:g} tokens per {self._hard_tokens_per:g} s; lower max_tokens or shorten the prompt"
-            )
+    def check(self, tokens: int, *, output: int = 0) -> None:
+        for kind, amount in zip(_TOKEN_KINDS, (tokens, tokens - output, output), strict=True):
+            cap, per = self._hard[kind]
+            if cap is not None and amount > cap:
+                raise capacity_error(self.name, kind, amount, cap, per)
 
-    def try_acquire(self, tokens: int) -> SharedGrant | None:
+    def try_acquire(self, tokens: int, *, output: int = 0) -> SharedGrant | None:
         """Never at once: every grant is Redis's to give (one round trip, in :meth:`acquire`)."""
-        self.check(tokens)
+        self.check(tokens, output=output)
         return None
 
-    async def acquire(self, tokens: int, priority: int = 0, seq: int | None = None) -> SharedGrant:
-        self.check(tokens)
+    async def acquire(self, tokens: int, priority: int = 0, seq: int | None = None, *, output: int = 0) -> SharedGrant:
+        self.check(tokens, output=output)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[SharedGrant] = loop.create_future()
         order = next(self._seq) if seq is None else seq
-        heapq.heappush(self._heap, (priority, order, next(self._tie), _Waiter(future, tokens)))
+        heapq.heappush(self._heap, (priority, order, next(self._tie), _Waiter(future, tokens, output)))
         if self._pump is None or self._pump.done():
             self._pump = loop.create_task(self._run_pump())
         elif len(self._heap) > 1 and self._heap[0][3].future is future:
@@ -335,11 +359,14 @@ class RedisLimiter:
         """Tighten the shared limits when the provider's headers say so (for every process)."""
         snapshot = sane_snapshot(snapshot)
         own = self.window
-        if snapshot.limit_tokens is not None and (
-            self._hard_tokens is None or snapshot.limit_tokens < self._hard_tokens
+        for kind, raw in (
+            (TOKENS, snapshot.limit_tokens),
+            (INPUT, snapshot.limit_input_tokens),
+            (OUTPUT, snapshot.limit_output_tokens),
         ):
-            self._hard_tokens = snapshot.limit_tokens
-            self._hard_tokens_per = snapshot.tokens_window
+            cap = self._hard[kind][0]
+            if raw is not None and (cap is None or raw < cap):
+                self._hard[kind] = (raw, snapshot.tokens_window)
 
         def per(value: float | None, window: float) -> float | None:
             return None if value is None else value * own / window
@@ -359,8 +386,17 @@ class RedisLimiter:
             repr(self.window * 1000),
             repr(self._limits.window_margin * 1000),
             self._ttl_ms(),
+            _num(per(snapshot.limit_input_tokens, snapshot.tokens_window)),
+            _num(per(snapshot.remaining_input_tokens, snapshot.tokens_window)),
+            ms(snapshot.reset_input_tokens),
+            _num(self.input_limit),
+            _num(per(snapshot.limit_output_tokens, snapshot.tokens_window)),
+            _num(per(snapshot.remaining_output_tokens, snapshot.tokens_window)),
+            ms(snapshot.reset_output_tokens),
+            _num(self.output_limit),
         ]
-        if any(a != "-1" for a in args[:6]) and self._worth_sending(snapshot):
+        read = [*args[:6], *args[11:14], *args[15:18]]
+        if any(a != "-1" for a in read) and self._worth_sending(snapshot):
             self._conn.spawn(self._conn.run("observe", _scripts.OBSERVE, self._keys, args))
         if self._fallback is not None:
             self._fallback.observe(snapshot)
@@ -370,15 +406,21 @@ class RedisLimiter:
         A lower limit goes at once; otherwise (remaining counts, outside traffic) at most
         once per ``OBSERVE_EVERY`` seconds per process."""
         lower = False
-        for limit, window, attr in (
-            (snapshot.limit_requests, snapshot.requests_window, "_seen_requests"),
-            (snapshot.limit_tokens, snapshot.tokens_window, "_seen_tokens"),
+        if snapshot.limit_requests is not None:
+            value = snapshot.limit_requests * self.window / snapshot.requests_window
+            if self._seen_requests is None or value < self._seen_requests:
+                self._seen_requests = value
+                lower = True
+        for kind, limit in (
+            (TOKENS, snapshot.limit_tokens),
+            (INPUT, snapshot.limit_input_tokens),
+            (OUTPUT, snapshot.limit_output_tokens),
         ):
             if limit is not None:
-                value = limit * self.window / window
-                seen: float | None = getattr(self, attr)
+                value = limit * self.window / snapshot.tokens_window
+                seen = self._seen[kind]
                 if seen is None or value < seen:
-                    setattr(self, attr, value)
+                    self._seen[kind] = value
                     lower = True
         now = asyncio.get_running_loop().time()
         if lower or now - self._observed_at >= OBSERVE_EVERY:
@@ -406,7 +448,9 @@ class RedisLimiter:
 
     @property
     def learnt_limits(self) -> bool:
-        return self.requests_limit is not None or self.tokens_limit is not None
+        return any(
+            limit is not None for limit in (self.requests_limit, self.tokens_limit, self.input_limit, self.output_limit)
+        )
 
     def __repr__(self) -> str:
         return (
@@ -491,7 +535,7 @@ class RedisLimiter:
                 await self._sleep(max(0.0, value) / 1000)
                 continue
             self.next_slot_at = 0.0
-            grant = SharedGrant(self, grant_id, waiter.tokens)
+            grant = SharedGrant(self, grant_id, waiter.tokens, output=waiter.output)
             self._in_flight += 1
             if self.max_in_flight is not None:
                 self._leases.add(grant_id)
@@ -520,13 +564,15 @@ class RedisLimiter:
                 burst_requests=self.burst_requests,
                 burst_tokens=self.burst_tokens,
                 name=self.name,
+                input_tokens=self.input_limit,
+                output_tokens=self.output_limit,
             )
         try:
             async with asyncio.timeout(self._conn.backoff()):
-                local = await fallback.acquire(waiter.tokens)
+                local = await fallback.acquire(waiter.tokens, output=waiter.output)
         except TimeoutError:
             return
-        grant = SharedGrant(self, self._limits._new_id(), waiter.tokens, local)
+        grant = SharedGrant(self, self._limits._new_id(), waiter.tokens, local, waiter.output)
         self._in_flight += 1
         if waiter.future.done():
             grant.refund()
@@ -551,12 +597,16 @@ class RedisLimiter:
             repr(self._limits.window_margin * 1000),
             repr(CATCH_UP * 1000),
             self._ttl_ms(),
+            str(waiter.tokens - waiter.output),
+            str(waiter.output),
+            _num(self.input_limit),
+            _num(self.output_limit),
         ]
 
-    def _settle(self, grant: SharedGrant, *, delta: int, refund: bool, release: bool) -> None:
+    def _settle(self, grant: SharedGrant, *, delta: tuple[int, ...], refund: bool, release: bool) -> None:
         args = [
             grant.id,
-            str(delta),
+            str(delta[0]),
             "1" if refund else "0",
             "1" if release and self.max_in_flight is not None else "0",
             _num(self.requests_limit),
@@ -565,13 +615,19 @@ class RedisLimiter:
             self._ttl_ms(),
             self._channel,
             str(grant.tokens),
+            str(delta[1]),
+            str(delta[2]),
+            _num(self.input_limit),
+            _num(self.output_limit),
+            str(grant.input),
+            str(grant.output),
         ]
 
         async def settle() -> None:
             try:
                 await self._conn.run("settle", _scripts.SETTLE, self._keys, args)
             finally:
-                if release or refund or delta < 0:
+                if release or refund or min(delta) < 0:
                     self._wake()  # our own waiters look again once Redis has it
 
         self._conn.spawn(settle())

@@ -21,15 +21,32 @@ __all__ = [
 ]
 
 # KEYS: 1 state (hash), 2 grants (zset id -> grant time), 3 grant tokens (hash id -> tokens),
-#       4 leases (zset id -> expiry), 5 waiting-for-a-lease flag, 6 waiting-for-tokens flag.
+#       4 leases (zset id -> expiry), 5 waiting-for-a-lease flag, 6 waiting-for-tokens flag,
+#       7 grant input tokens, 8 grant output tokens (hashes id -> tokens).
+# The token limits are three dimensions alike: tokens (tpm), input (itpm), output (otpm),
+# each with its per-grant hash, its count in the window (state 'used_*'), its pacer
+# ('tat_*'), outside traffic learnt from headers ('x*' until 'x*_until') and a limit
+# learnt from headers ('l*'). A grant's input and output are kept only while their limit
+# is known (configured or learnt): a deployment without them costs nothing more.
 _PRELUDE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local INF = math.huge
 local st, grants, gtok, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local DIMS = {
+  {hash = KEYS[3], used = 'used_t', tat = 'tat_t', x = 'xt', xu = 'xt_until', learnt = 'lt'},
+  {hash = KEYS[7], used = 'used_i', tat = 'tat_i', x = 'xi', xu = 'xi_until', learnt = 'li'},
+  {hash = KEYS[8], used = 'used_o', tat = 'tat_o', x = 'xo', xu = 'xo_until', learnt = 'lo'},
+}
 local function fmt(x) return string.format('%.17g', x) end
 local function touch(ttl)  -- not the waiting flags (KEYS 5 and 6): they keep their own expiry
   for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ttl) end
+  for i = 7, 8 do redis.call('PEXPIRE', KEYS[i], ttl) end
+end
+-- Move a pacer's schedule by ``by`` ms (a reconcile, a refund); one never started stays so.
+local function shift(field, by)
+  local v = tonumber(redis.call('HGET', st, field))
+  if v and v > -INF and v < INF then redis.call('HSET', st, field, fmt(v + by)) end
 end
 local function learnt(configured, field)
   local v = tonumber(redis.call('HGET', st, field))
@@ -37,18 +54,22 @@ local function learnt(configured, field)
   return configured
 end
 -- Forget grants older than the window (and their tokens): the sliding-window ledger.
+-- Returns what the window holds of each token dimension.
 local function expire(span)
-  local used_t = tonumber(redis.call('HGET', st, 'used_t')) or 0
+  local used = {}
+  for d = 1, 3 do used[d] = tonumber(redis.call('HGET', st, DIMS[d].used)) or 0 end
   while true do
     local old = redis.call('ZRANGEBYSCORE', grants, '-inf', now - span, 'LIMIT', 0, 500)
     if #old == 0 then break end
-    local toks = redis.call('HMGET', gtok, unpack(old))
-    for i = 1, #old do used_t = used_t - (tonumber(toks[i]) or 0) end
-    redis.call('HDEL', gtok, unpack(old))
+    for d = 1, 3 do
+      local vals = redis.call('HMGET', DIMS[d].hash, unpack(old))
+      for i = 1, #old do used[d] = used[d] - (tonumber(vals[i]) or 0) end
+      redis.call('HDEL', DIMS[d].hash, unpack(old))
+    end
     redis.call('ZREM', grants, unpack(old))
   end
-  if used_t < 0 then used_t = 0 end
-  return used_t
+  for d = 1, 3 do if used[d] < 0 then used[d] = 0 end end
+  return used
 end
 """
 
@@ -56,16 +77,18 @@ ACQUIRE = (
     _PRELUDE
     + """
 -- ARGV: tokens, requests limit, tokens limit (-1: none), window ms, max in flight (-1),
---       burst requests, burst tokens, lease ms, grant id, window margin ms, catch-up ms, ttl ms
-local tokens = tonumber(ARGV[1])
+--       burst requests, burst tokens, lease ms, grant id, window margin ms, catch-up ms, ttl ms,
+--       input tokens, output tokens, input limit (-1), output limit (-1)
 local window = tonumber(ARGV[4])
 local mif = tonumber(ARGV[5])
-local burst_r, burst_t = tonumber(ARGV[6]), tonumber(ARGV[7])
+local burst_r = tonumber(ARGV[6])
 local lease, id = tonumber(ARGV[8]), ARGV[9]
 local span = window + tonumber(ARGV[10])
 local catch_up, ttl = tonumber(ARGV[11]), tonumber(ARGV[12])
 local lim_r = learnt(tonumber(ARGV[2]), 'lr')
-local lim_t = learnt(tonumber(ARGV[3]), 'lt')
+local amounts = {tonumber(ARGV[1]), tonumber(ARGV[13]), tonumber(ARGV[14])}
+local lims = {learnt(tonumber(ARGV[3]), 'lt'), learnt(tonumber(ARGV[15]), 'li'), learnt(tonumber(ARGV[16]), 'lo')}
+local bursts = {tonumber(ARGV[7]), 0, 0}
 
 redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
 if mif >= 0 and redis.call('ZCARD', leases) >= mif then
@@ -74,16 +97,16 @@ if mif >= 0 and redis.call('ZCARD', leases) >= mif then
   return {0, fmt(tonumber(first[2]) - now), 'in_flight'}
 end
 
-local used_t = expire(span)
-local s = redis.call('HMGET', st, 'tat_r', 'tat_t', 'paused', 'xr', 'xr_until', 'xt', 'xt_until')
-local tat_r, tat_t = tonumber(s[1]) or -INF, tonumber(s[2]) or -INF
-local at = tonumber(s[3]) or -INF
+local used = expire(span)
+local s = redis.call('HMGET', st, 'tat_r', 'paused', 'xr', 'xr_until')
+local tat_r = tonumber(s[1]) or -INF
+local at = tonumber(s[2]) or -INF
 local used_r = redis.call('ZCARD', grants)
 
--- When the oldest grants will have freed ``need`` requests (or tokens).
-local function freed_at(need, requests)
+-- When the oldest grants will have freed ``need`` requests (``hash`` nil) or tokens.
+local function freed_at(need, hash)
   if need <= 1e-9 then return now end
-  if requests then
+  if not hash then
     local e = redis.call('ZRANGE', grants, math.ceil(need - 1e-9) - 1, math.ceil(need - 1e-9) - 1, 'WITHSCORES')
     if #e == 0 then return INF end
     return tonumber(e[2]) + span
@@ -91,19 +114,19 @@ local function freed_at(need, requests)
   local ids = redis.call('ZRANGE', grants, 0, -1, 'WITHSCORES')
   local sum = 0
   for i = 1, #ids, 2 do
-    sum = sum + (tonumber(redis.call('HGET', gtok, ids[i])) or 0)
+    sum = sum + (tonumber(redis.call('HGET', hash, ids[i])) or 0)
     if sum >= need - 1e-9 then return tonumber(ids[i + 1]) + span end
   end
   return INF
 end
 -- When the window has room for ``amount`` more, outside traffic (``ext``, learnt from
 -- headers, until ``ext_until``) counted while it lasts.
-local function ready(used, ext, ext_until, amount, cap, requests)
+local function ready(used, ext, ext_until, amount, cap, hash)
   if now >= ext_until then ext = 0 end
   if used + ext + amount <= cap + 1e-9 then return now end
-  local a = freed_at(used + ext + amount - cap, requests)
+  local a = freed_at(used + ext + amount - cap, hash)
   if ext > 0 then
-    local b = math.max(ext_until, freed_at(used + amount - cap, requests))
+    local b = math.max(ext_until, freed_at(used + amount - cap, hash))
     if b < a then a = b end
   end
   return a
@@ -113,13 +136,19 @@ local why = 'requests'
 if lim_r >= 0 then
   local interval = window / lim_r
   at = math.max(at, tat_r - burst_r * interval,
-    ready(used_r, tonumber(s[4]) or 0, tonumber(s[5]) or -INF, 1, math.max(1, lim_r), true))
+    ready(used_r, tonumber(s[3]) or 0, tonumber(s[4]) or -INF, 1, math.max(1, lim_r), nil))
 end
-if lim_t >= 0 and tokens > 0 then
-  local interval = window / lim_t
-  local tat = math.max(tat_t - burst_t * interval,
-    ready(used_t, tonumber(s[6]) or 0, tonumber(s[7]) or -INF, tokens, math.max(tokens, lim_t), false))
-  if tat > at then at = tat; why = 'tokens' end
+local tats = {}
+for d = 1, 3 do
+  local dim, amount, lim = DIMS[d], amounts[d], lims[d]
+  local x = redis.call('HMGET', st, dim.tat, dim.x, dim.xu)
+  tats[d] = tonumber(x[1]) or -INF
+  if lim >= 0 and amount > 0 then
+    local interval = window / lim
+    local tat = math.max(tats[d] - bursts[d] * interval,
+      ready(used[d], tonumber(x[2]) or 0, tonumber(x[3]) or -INF, amount, math.max(amount, lim), dim.hash))
+    if tat > at then at = tat; why = 'tokens' end
+  end
 end
 if at > now then
   if why == 'tokens' then redis.call('SET', KEYS[6], '1', 'PX', math.floor(math.min(at - now, 60000)) + 1) end
@@ -127,17 +156,25 @@ if at > now then
 end
 
 redis.call('ZADD', grants, now, id)
-redis.call('HSET', gtok, id, tokens)
-used_t = used_t + tokens
 if lim_r >= 0 then
   if tat_r < now - catch_up then tat_r = now end
   tat_r = tat_r + window / lim_r
 end
-if lim_t >= 0 and tokens > 0 then
-  if tat_t < now - catch_up then tat_t = now end
-  tat_t = tat_t + tokens * window / lim_t
+local fields = {'tat_r', fmt(tat_r)}
+for d = 1, 3 do
+  local dim, amount, lim = DIMS[d], amounts[d], lims[d]
+  if d == 1 or lim >= 0 then  -- input and output are kept only under a limit
+    redis.call('HSET', dim.hash, id, amount)
+    used[d] = used[d] + amount
+  end
+  if lim >= 0 and amount > 0 then
+    if tats[d] < now - catch_up then tats[d] = now end
+    tats[d] = tats[d] + amount * window / lim
+  end
+  table.insert(fields, dim.used); table.insert(fields, used[d])
+  table.insert(fields, dim.tat); table.insert(fields, fmt(tats[d]))
 end
-redis.call('HSET', st, 'used_t', used_t, 'tat_r', fmt(tat_r), 'tat_t', fmt(tat_t))
+redis.call('HSET', st, unpack(fields))
 if mif >= 0 then redis.call('ZADD', leases, now + lease, id) end
 touch(ttl)
 return {1, fmt(now), ''}
@@ -148,34 +185,50 @@ SETTLE = (
     _PRELUDE
     + """
 -- ARGV: grant id, token change (reconcile), refund (1/0), release lease (1/0),
---       requests limit, tokens limit, window ms, ttl ms, channel, the grant's tokens
-local id, delta = ARGV[1], tonumber(ARGV[2])
+--       requests limit, tokens limit, window ms, ttl ms, channel, the grant's tokens,
+--       input change, output change, input limit, output limit, the grant's input, output
+local id = ARGV[1]
 local refund, release = ARGV[3] == '1', ARGV[4] == '1'
 local window, ttl, channel = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local lim_r = learnt(tonumber(ARGV[5]), 'lr')
-local lim_t = learnt(tonumber(ARGV[6]), 'lt')
+local lims = {learnt(tonumber(ARGV[6]), 'lt'), learnt(tonumber(ARGV[13]), 'li'), learnt(tonumber(ARGV[14]), 'lo')}
+local deltas = {tonumber(ARGV[2]), tonumber(ARGV[11]), tonumber(ARGV[12])}
+local given = {tonumber(ARGV[10]), tonumber(ARGV[15]), tonumber(ARGV[16])}
 local in_window = redis.call('ZSCORE', grants, id)
 local freed = false
 if refund then
-  local tokens = tonumber(ARGV[10])
-  if in_window then
-    tokens = tonumber(redis.call('HGET', gtok, id)) or tokens
-    local used_t = (tonumber(redis.call('HGET', st, 'used_t')) or 0) - tokens
-    if used_t < 0 then used_t = 0 end
-    redis.call('HSET', st, 'used_t', used_t)
-    redis.call('ZREM', grants, id)
-    redis.call('HDEL', gtok, id)
+  for d = 1, 3 do
+    local dim, amount = DIMS[d], given[d]
+    local kept = in_window and tonumber(redis.call('HGET', dim.hash, id))
+    if kept then
+      amount = kept
+      local left = (tonumber(redis.call('HGET', st, dim.used)) or 0) - kept
+      if left < 0 then left = 0 end
+      redis.call('HSET', st, dim.used, left)
+      redis.call('HDEL', dim.hash, id)
+    elseif in_window and d > 1 then
+      amount = 0  -- granted while this limit was unknown: it took nothing of it
+    end
+    if lims[d] >= 0 and amount > 0 then shift(dim.tat, -amount * window / lims[d]) end
   end
-  if lim_r >= 0 then redis.call('HINCRBYFLOAT', st, 'tat_r', fmt(-window / lim_r)) end
-  if lim_t >= 0 and tokens > 0 then redis.call('HINCRBYFLOAT', st, 'tat_t', fmt(-tokens * window / lim_t)) end
+  if in_window then redis.call('ZREM', grants, id) end
+  if lim_r >= 0 then shift('tat_r', -window / lim_r) end
   freed = true
-elseif delta ~= 0 then
-  if in_window then
-    redis.call('HINCRBY', gtok, id, delta)
-    redis.call('HINCRBY', st, 'used_t', delta)
+else
+  for d = 1, 3 do
+    local dim, delta = DIMS[d], deltas[d]
+    if delta ~= 0 then
+      local kept = in_window and redis.call('HEXISTS', dim.hash, id) == 1
+      if kept then
+        redis.call('HINCRBY', dim.hash, id, delta)
+        redis.call('HINCRBY', st, dim.used, delta)
+      end
+      if lims[d] >= 0 and (kept or not in_window or d == 1) then
+        shift(dim.tat, delta * window / lims[d])
+      end
+      if delta < 0 then freed = true end
+    end
   end
-  if lim_t >= 0 then redis.call('HINCRBYFLOAT', st, 'tat_t', fmt(delta * window / lim_t)) end
-  freed = delta < 0
 end
 if freed and redis.call('EXISTS', KEYS[6]) == 1 then redis.call('PUBLISH', channel, 'tokens') end
 if release and redis.call('ZREM', leases, id) == 1 and redis.call('EXISTS', KEYS[5]) == 1 then
@@ -213,27 +266,28 @@ OBSERVE = (
     + """
 -- ARGV (per our window; -1 when the header was absent): requests limit, tokens limit,
 --   remaining requests, reset requests ms, remaining tokens, reset tokens ms,
---   configured requests limit, configured tokens limit, window ms, margin ms, ttl ms
+--   configured requests limit, configured tokens limit, window ms, margin ms, ttl ms,
+--   then for input and output tokens each: limit, remaining, reset ms, configured limit
 local function arg(i) local v = tonumber(ARGV[i]); if v and v >= 0 then return v end return nil end
 local window, span, ttl = tonumber(ARGV[9]), tonumber(ARGV[9]) + tonumber(ARGV[10]), tonumber(ARGV[11])
-local used_t = expire(span)
+local used = expire(span)
 local used_r = redis.call('ZCARD', grants)
-local new_r, new_t = arg(1), arg(2)
 -- learnt when lower than what binds now, or when nothing binds (-1: no limit configured)
 local function lower(new, current) return new and (current < 0 or new < current) end
-if lower(new_r, learnt(tonumber(ARGV[7]), 'lr')) then redis.call('HSET', st, 'lr', fmt(new_r)) end
-if lower(new_t, learnt(tonumber(ARGV[8]), 'lt')) then redis.call('HSET', st, 'lt', fmt(new_t)) end
-local lim_r, lim_t = learnt(tonumber(ARGV[7]), 'lr'), learnt(tonumber(ARGV[8]), 'lt')
-local rem_r, reset_r, rem_t, reset_t = arg(3), arg(4), arg(5), arg(6)
-if lim_r >= 0 and rem_r and reset_r then
-  local unseen = lim_r - used_r - rem_r
-  if unseen > 0 then redis.call('HSET', st, 'xr', fmt(unseen), 'xr_until', fmt(now + reset_r)) end
+-- a limit learnt from the headers, then outside traffic: what the server counts beyond our window
+local function learn(field, new, configured, rem, reset, used_now, x, xu)
+  if lower(new, learnt(configured, field)) then redis.call('HSET', st, field, fmt(new)) end
+  local lim = learnt(configured, field)
+  if lim >= 0 and rem and reset then
+    local unseen = lim - used_now - rem
+    if unseen > 0 then redis.call('HSET', st, x, fmt(unseen), xu, fmt(now + reset)) end
+  end
 end
-if lim_t >= 0 and rem_t and reset_t then
-  local unseen = lim_t - used_t - rem_t
-  if unseen > 0 then redis.call('HSET', st, 'xt', fmt(unseen), 'xt_until', fmt(now + reset_t)) end
-end
-redis.call('HSET', st, 'used_t', used_t)
+learn('lr', arg(1), tonumber(ARGV[7]), arg(3), arg(4), used_r, 'xr', 'xr_until')
+learn('lt', arg(2), tonumber(ARGV[8]), arg(5), arg(6), used[1], 'xt', 'xt_until')
+learn('li', arg(12), tonumber(ARGV[15]), arg(13), arg(14), used[2], 'xi', 'xi_until')
+learn('lo', arg(16), tonumber(ARGV[19]), arg(17), arg(18), used[3], 'xo', 'xo_until')
+redis.call('HSET', st, 'used_t', used[1], 'used_i', used[2], 'used_o', used[3])
 touch(ttl)
 return 1
 """

@@ -235,11 +235,15 @@ class Live:
         effective = {
             "rpm": _per_minute(getattr(limiter, "requests_limit", None), window),
             "tpm": _per_minute(getattr(limiter, "tokens_limit", None), window),
+            "itpm": _per_minute(getattr(limiter, "input_limit", None), window),
+            "otpm": _per_minute(getattr(limiter, "output_limit", None), window),
             "max_in_flight": getattr(limiter, "max_in_flight", None),
         }
         configured = {
             "rpm": _per_minute(deployment.rpm, deployment.window),
             "tpm": _per_minute(deployment.tpm, deployment.window),
+            "itpm": _per_minute(deployment.itpm, deployment.window),
+            "otpm": _per_minute(deployment.otpm, deployment.window),
             "max_in_flight": deployment.max_in_flight,
         }
         learnt = [k for k, v in effective.items() if v is not None and v != configured[k]]

@@ -73,16 +73,16 @@ class ServeLimiter(LocalLimiter):
         #: already taken): the server writes client spend there, so a kill -9 loses none.
         self.on_grant: Callable[[], None] | None = None
 
-    def try_acquire(self, tokens: int) -> Grant | None:
-        grant = super().try_acquire(tokens)
+    def try_acquire(self, tokens: int, *, output: int = 0) -> Grant | None:
+        grant = super().try_acquire(tokens, output=output)
         if grant is not None:
             self._granted()
         return grant
 
     async def acquire(
-        self, tokens: int, priority: int = 0, seq: int | None = None, *, claim: Claim | None = None
+        self, tokens: int, priority: int = 0, seq: int | None = None, *, claim: Claim | None = None, output: int = 0
     ) -> Grant:
-        grant = await super().acquire(tokens, priority, seq, claim=claim)
+        grant = await super().acquire(tokens, priority, seq, claim=claim, output=output)
         self._granted()
         return grant
 

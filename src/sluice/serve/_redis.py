@@ -42,8 +42,8 @@ class ServeRedisLimiter(RedisLimiter):
         self.penalties = 0
         self.on_grant: Any = None
 
-    async def acquire(self, tokens: int, priority: int = 0, seq: int | None = None) -> SharedGrant:
-        grant = await super().acquire(tokens, priority, seq)
+    async def acquire(self, tokens: int, priority: int = 0, seq: int | None = None, *, output: int = 0) -> SharedGrant:
+        grant = await super().acquire(tokens, priority, seq, output=output)
         mark_granted()
         if self.on_grant is not None:
             self.on_grant()

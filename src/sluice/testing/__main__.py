@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--port", type=int, default=8765, help="0 picks a free port (default 8765)")
     add("--rpm", type=float, default=None, help="requests per window (default: unlimited)")
     add("--tpm", type=float, default=None, help="tokens per window (default: unlimited)")
+    add("--itpm", type=float, default=None, help="input tokens per window, a token bucket (default: unlimited)")
+    add("--otpm", type=float, default=None, help="output tokens per window, a token bucket (default: unlimited)")
     add("--window", type=float, default=60.0, help="window in seconds (default 60)")
     add("--slice", type=_optional_float, default=1.0, help="even-slicing seconds, or none")
     add("--jitter", type=float, default=0.02, help="slice tolerance in seconds")
@@ -83,6 +85,8 @@ def build_server(args: argparse.Namespace) -> FakeServer:
     server = FakeServer(
         rpm=args.rpm,
         tpm=args.tpm,
+        itpm=args.itpm,
+        otpm=args.otpm,
         window=args.window,
         slice=args.slice,
         jitter=args.jitter,

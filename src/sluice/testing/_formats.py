@@ -384,16 +384,26 @@ class AnthropicFormat(Format):
         return _anthropic_error("rate_limit_error", rejection.message)
 
     def limit_headers(self, snapshot: LimitSnapshot, wall_now: float) -> dict[str, str]:
+        """``anthropic-ratelimit-*``: requests, input tokens and output tokens, and
+        ``tokens`` (the fake's own ``tpm`` when it has one, else the more restrictive of
+        input and output, as Anthropic reports it); resets are RFC 3339 timestamps."""
+        s = snapshot
+        figures = {
+            "requests": (s.request_limit, s.requests_remaining, s.reset),
+            "input-tokens": (s.input_limit, s.input_remaining, s.input_reset),
+            "output-tokens": (s.output_limit, s.output_remaining, s.output_reset),
+            "tokens": (s.tokens_limit, s.tokens_remaining, s.reset),
+        }
+        if s.tokens_limit is None:
+            split = [figures[kind] for kind in ("input-tokens", "output-tokens") if figures[kind][0] is not None]
+            if split:
+                figures["tokens"] = min(split, key=lambda f: (f[1], f[0]))
         headers: dict[str, str] = {}
-        reset = rfc3339(wall_now + snapshot.reset)
-        if snapshot.request_limit is not None:
-            headers["anthropic-ratelimit-requests-limit"] = str(snapshot.request_limit)
-            headers["anthropic-ratelimit-requests-remaining"] = str(snapshot.requests_remaining)
-            headers["anthropic-ratelimit-requests-reset"] = reset
-        if snapshot.tokens_limit is not None:
-            headers["anthropic-ratelimit-tokens-limit"] = str(snapshot.tokens_limit)
-            headers["anthropic-ratelimit-tokens-remaining"] = str(snapshot.tokens_remaining)
-            headers["anthropic-ratelimit-tokens-reset"] = reset
+        for kind, (limit, remaining, reset) in figures.items():
+            if limit is not None:
+                headers[f"anthropic-ratelimit-{kind}-limit"] = str(limit)
+                headers[f"anthropic-ratelimit-{kind}-remaining"] = str(remaining)
+                headers[f"anthropic-ratelimit-{kind}-reset"] = rfc3339(wall_now + reset)
         return headers
 
 

@@ -1,8 +1,11 @@
-"""The fake's rate limiter: sliding windows for requests and tokens, plus even slicing.
+"""The fake's rate limiter: sliding windows for requests and tokens, plus even slicing,
+and token buckets for input and output tokens (Anthropic's ITPM and OTPM, see
+:mod:`._buckets`).
 
 It mirrors how providers count: a request reserves ``prompt + max_tokens`` tokens when it
-is admitted and is settled to its real usage when answered; rejected requests count for
-nothing. Times are plain floats from the event loop's monotonic clock.
+is admitted and is settled to its real usage when answered (its input is known at once;
+its output is taken at ``max_tokens`` and settled to the real output); rejected requests
+count for nothing. Times are plain floats from the event loop's monotonic clock.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+
+from ._buckets import TokenBucket
 
 __all__ = [
     "Entry",
@@ -23,11 +28,13 @@ __all__ = [
 
 @dataclass(slots=True)
 class Entry:
-    """One admitted request: when it arrived and how many tokens it counts for now."""
+    """One admitted request: when it arrived, how many tokens it counts for now, and how
+    many it holds of the output bucket."""
 
     at: float
     cost: int
     counted: bool = True
+    output: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,21 +44,31 @@ class Rejection:
     kind: str  # "requests" or "tokens", OpenAI's error ``type`` for a 429
     wait: float | None
     message: str
+    #: The limit that refused it: requests, tokens, input_tokens, output_tokens (or injected).
+    limit: str = "requests"
 
 
 @dataclass(frozen=True, slots=True)
 class LimitSnapshot:
-    """What the rate-limit headers report at one instant."""
+    """What the rate-limit headers report at one instant (per minute, as providers say)."""
 
     request_limit: int | None
     requests_remaining: int
     tokens_limit: int | None
     tokens_remaining: int
     reset: float  # seconds until the oldest counted entry leaves the window
+    #: The input and output buckets: limit, tokens that could go now, seconds until full.
+    input_limit: int | None = None
+    input_remaining: int = 0
+    input_reset: float = 0.0
+    output_limit: int | None = None
+    output_remaining: int = 0
+    output_reset: float = 0.0
 
 
 class Limiter:
-    """Requests-per-window, tokens-per-window and an evenly sliced request bucket."""
+    """Requests-per-window, tokens-per-window and an evenly sliced request bucket; input
+    and output token buckets (``itpm``, ``otpm`` per window)."""
 
     def __init__(
         self,
@@ -60,13 +77,21 @@ class Limiter:
         window: float = 60.0,
         slice_: float | None = 1.0,
         jitter: float = 0.02,
+        *,
+        itpm: float | None = None,
+        otpm: float | None = None,
     ) -> None:
         if rpm is not None and rpm < 1:
             raise ValueError("rpm must be at least 1 (or None for no request limit)")
         if tpm is not None and tpm <= 0:
             raise ValueError("tpm must be positive (or None for no token limit)")
+        for name, value in (("itpm", itpm), ("otpm", otpm)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive (or None for no {name[0]}nput/output limit)")
         if window <= 0:
             raise ValueError("window must be positive")
+        self.input = TokenBucket(itpm, window, jitter) if itpm is not None else None
+        self.output = TokenBucket(otpm, window, jitter) if otpm is not None else None
         self.rpm = rpm
         self.tpm = tpm
         self.window = window
@@ -88,40 +113,70 @@ class Limiter:
         self._tokens = 0
         self._level = self._capacity
         self._last = None
+        for bucket in (self.input, self.output):
+            if bucket is not None:
+                bucket.reset()
 
-    def admit(self, now: float, cost: int) -> Entry | Rejection:
-        """Count a request costing ``cost`` tokens, or say why it does not fit now."""
+    def admit(self, now: float, cost: int, input_tokens: int = 0, output_tokens: int = 0) -> Entry | Rejection:
+        """Count a request costing ``cost`` tokens (``input_tokens`` of prompt and up to
+        ``output_tokens`` of output, for the buckets), or say why it does not fit now."""
         self._prune(now)
         bucket_wait = self._refill(now)
         worst = _worse(self._check_requests(now), self._check_bucket(bucket_wait))
         worst = _worse(worst, self._check_tokens(now, cost))
+        worst = _worse(worst, _check_io(self.input, now, input_tokens, "input"))
+        worst = _worse(worst, _check_io(self.output, now, output_tokens, "output"))
         if worst is not None:
             return worst
         if self._capacity:
             self._level -= 1.0
         entry = Entry(now, cost)
+        if self.input is not None:
+            self.input.take(input_tokens)
+        if self.output is not None:
+            self.output.take(output_tokens)
+            entry.output = output_tokens
         self._entries.append(entry)
         self._tokens += cost
         return entry
 
-    def settle(self, entry: Entry, cost: int) -> None:
-        """Correct an admitted entry to the tokens the request really used."""
+    def settle(self, entry: Entry, cost: int, *, output: int | None = None, now: float | None = None) -> None:
+        """Correct an admitted entry to the tokens the request really used (and, at ``now``,
+        the output bucket to the ``output`` it wrote)."""
         if entry.counted:
             self._tokens += cost - entry.cost
         entry.cost = cost
+        if output is not None and self.output is not None and now is not None:
+            self.output.give_back(now, entry.output - output)
+            entry.output = output
 
-    def snapshot(self, now: float) -> LimitSnapshot:
-        """Limits, remaining capacity and reset delay for the rate-limit headers."""
+    def snapshot(self, now: float, per: float | None = None) -> LimitSnapshot:
+        """Limits, remaining capacity and reset delay for the rate-limit headers, per
+        ``per`` seconds (default: the window). Real providers' headers count per minute
+        whatever they enforce, so the fake's may too: its figures times ``per / window``,
+        rounded down (a client that reads them is never told it has more than it has)."""
         self._prune(now)
         entries = self._entries
         reset = entries[0].at + self.window - now if entries else 0.0
         rpm, tpm = self.rpm, self.tpm
+        scale = 1.0 if per is None else per / self.window
+
+        def scaled(value: float) -> int:
+            return int(value * scale + 1e-9)
+
+        given, output = self.input, self.output
         return LimitSnapshot(
-            request_limit=None if rpm is None else int(rpm),
-            requests_remaining=0 if rpm is None else max(0, int(rpm) - len(entries)),
-            tokens_limit=None if tpm is None else int(tpm),
-            tokens_remaining=0 if tpm is None else max(0, int(tpm - self._tokens)),
+            request_limit=None if rpm is None else scaled(int(rpm)),
+            requests_remaining=0 if rpm is None else scaled(max(0, int(rpm) - len(entries))),
+            tokens_limit=None if tpm is None else scaled(int(tpm)),
+            tokens_remaining=0 if tpm is None else scaled(max(0, int(tpm - self._tokens))),
             reset=max(0.0, reset),
+            input_limit=None if given is None else scaled(int(given.limit)),
+            input_remaining=0 if given is None else scaled(given.remaining(now)),
+            input_reset=0.0 if given is None else given.full_in(now),
+            output_limit=None if output is None else scaled(int(output.limit)),
+            output_remaining=0 if output is None else scaled(output.remaining(now)),
+            output_reset=0.0 if output is None else output.full_in(now),
         )
 
     def _prune(self, now: float) -> None:
@@ -172,7 +227,7 @@ class Limiter:
                 f"Requested {cost}. The input or output tokens must be reduced in order to "
                 "run successfully."
             )
-            return Rejection("tokens", None, message)
+            return Rejection("tokens", None, message, "tokens")
         needed = self._tokens + cost - tpm
         freed = 0
         wait = 0.0
@@ -186,13 +241,34 @@ class Limiter:
             f"Used {self._tokens}, Requested {cost}. Please try again in "
             f"{openai_duration(wait)}."
         )
-        return Rejection("tokens", wait, message)
+        return Rejection("tokens", wait, message, "tokens")
 
     def _requests_message(self, wait: float, used: int) -> str:
         return (
             f"Rate limit reached for requests per {self.window:g}s (RPM): Limit {self.rpm:g}, "
             f"Used {used}, Requested 1. Please try again in {openai_duration(wait)}."
         )
+
+
+def _check_io(bucket: TokenBucket | None, now: float, amount: int, which: str) -> Rejection | None:
+    """Whether ``amount`` input (or output) tokens fit their bucket now, as Anthropic words it."""
+    if bucket is None or amount <= 0:
+        return None
+    wait = bucket.wait(now, amount)
+    if wait == 0:
+        return None
+    name = f"{which} tokens per {bucket.window:g}s ({which[0].upper()}TPM)"
+    if wait is None:
+        message = (
+            f"This request would exceed the rate limit of {bucket.limit:g} {name}: it needs {amount} {which} "
+            "tokens on its own. Reduce the prompt or max_tokens."
+        )
+    else:
+        message = (
+            f"This request would exceed the rate limit of {bucket.limit:g} {name}. "
+            f"Please try again in {openai_duration(wait)}."
+        )
+    return Rejection("tokens", wait, message, f"{which}_tokens")
 
 
 def _worse(current: Rejection | None, other: Rejection | None) -> Rejection | None:

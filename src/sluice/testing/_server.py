@@ -55,7 +55,11 @@ class FakeServer(LoopbackServer):
     also spread evenly, as OpenAI may enforce 60,000/min as 1,000/s: a bucket refilling
     at ``rpm / window`` per second holding ``max(1, rpm * slice / window)``, forgiving
     ``jitter`` seconds of early arrival. So ``rpm=3, window=60`` admits one request per
-    20 s; pass ``slice=None`` for a pure sliding window.
+    20 s; pass ``slice=None`` for a pure sliding window. ``itpm`` and ``otpm`` are input
+    and output tokens per ``window``, each a token bucket as Anthropic enforces them (see
+    :mod:`._buckets`): a request's prompt is taken from the first, its ``max_tokens`` from
+    the second and the unused part put back when its answer is done. Anthropic answers
+    carry ``anthropic-ratelimit-{input,output}-tokens-*`` headers for them.
 
     ``latency`` (+ up to ``latency_jitter``) seconds pass before each real answer;
     ``output_tokens`` is the reply length unless ``max_tokens`` cuts it; ``api_key``
@@ -86,6 +90,8 @@ class FakeServer(LoopbackServer):
         *,
         rpm: float | None = None,
         tpm: float | None = None,
+        itpm: float | None = None,
+        otpm: float | None = None,
         window: float = 60.0,
         slice: float | None = 1.0,
         jitter: float = 0.02,
@@ -124,8 +130,8 @@ class FakeServer(LoopbackServer):
         self.prices: dict[str, tuple[float, float]] = dict(prices or {})
         super().__init__(host, port)
         self._limiter: Limiter | None = None
-        if rpm is not None or tpm is not None:
-            self._limiter = Limiter(rpm, tpm, window, slice, jitter)
+        if rpm is not None or tpm is not None or itpm is not None or otpm is not None:
+            self._limiter = Limiter(rpm, tpm, window, slice, jitter, itpm=itpm, otpm=otpm)
         self._faults = FaultPlan(fault_rates, seed)
         self._rng = random.Random(seed)
         counter = self.counter = PromptCounter(tokenizer)
@@ -307,7 +313,7 @@ class FakeServer(LoopbackServer):
         if flex and self._flex_refusals > 0:
             self._flex_refusals -= 1
             message = "Resource unavailable: no capacity for flex processing now. Please retry later."
-            return self._respond(fmt, n, 429, openai_error_body(message, "resource_unavailable"))
+            return self._respond(fmt, n, 429, openai_error_body(message, "resource_unavailable"), refused_by="flex")
         mode = stream_mode(body, fmt.api)
         if fault is not None and mode is None:  # a stream fault for an answer that is not streamed
             return await self._fault(request, fmt, _unstreamed(fault), n, raw, key)
@@ -319,7 +325,7 @@ class FakeServer(LoopbackServer):
         limiter = self._limiter
         entry = None
         if limiter is not None:
-            verdict = limiter.admit(now, cost)
+            verdict = limiter.admit(now, cost, call.prompt_tokens, call.max_tokens)
             if isinstance(verdict, Rejection):
                 return self._reject(fmt, n, verdict)
             entry = verdict
@@ -417,8 +423,7 @@ class FakeServer(LoopbackServer):
             kind = "abandoned"
         finally:  # cancelled (the server stopping) or not, the answer was generated: billed
             if kind == "truncated":
-                if self._limiter is not None and answer.entry is not None:
-                    self._limiter.settle(answer.entry, call.prompt_tokens + completion)
+                self._settle(answer.entry, call, completion)
                 self._bill(answer.key, call, completion, kind)
             else:
                 self._finish(answer.entry, answer.key, call, completion, kind)
@@ -430,9 +435,13 @@ class FakeServer(LoopbackServer):
         self, entry: Entry | None, key: str, call: Call, completion: int, kind: LedgerKind, tier: Tier = "sync"
     ) -> None:
         """Generation is over: settle the rate-limit reservation and bill the answer."""
-        if self._limiter is not None and entry is not None:
-            self._limiter.settle(entry, call.prompt_tokens + completion)
+        self._settle(entry, call, completion)
         self._record_success(key, call, completion, kind, tier)
+
+    def _settle(self, entry: Entry | None, call: Call, completion: int) -> None:
+        """The rate-limit reservation of an answer generated: its real tokens and output."""
+        if self._limiter is not None and entry is not None and self._loop is not None:
+            self._limiter.settle(entry, call.prompt_tokens + completion, output=completion, now=self._loop.time())
 
     def next_number(self) -> int:
         """A fresh request number (answer and request ids)."""
@@ -456,13 +465,16 @@ class FakeServer(LoopbackServer):
         status: int,
         body: bytes,
         extra: Mapping[str, str] | None = None,
+        refused_by: str = "injected",
     ) -> web.Response:
-        """A JSON response with the request id, the rate-limit headers and ``extra``."""
+        """A JSON response with the request id, the rate-limit headers and ``extra``
+        (``refused_by``: for a 429, the limit that refused it, see ``rate_limited_by``)."""
         headers = self._headers(fmt, n, _JSON, extra)
         stats = self.stats
         stats.by_status[status] += 1
         if status == 429:
             stats.rate_limited += 1
+            stats.rate_limited_by[refused_by] += 1
         if self._watchers:
             self._changed()
         return web.Response(status=status, body=body, headers=headers)
@@ -472,20 +484,8 @@ class FakeServer(LoopbackServer):
         headers = {"Content-Type": content_type, fmt.request_id_header: f"req_{n}"}
         limiter = self._limiter
         if limiter is not None and self._loop is not None:
-            snapshot = limiter.snapshot(self._loop.time())
-            if limiter.window != 60.0:
-                # Real providers' headers count per minute whatever slice they enforce, so
-                # the fake's do too: its per-window figures times 60 / window, rounded
-                # down (a client that reads them is never told it has more than it has).
-                scale = 60.0 / limiter.window
-                requests, tokens = snapshot.request_limit, snapshot.tokens_limit
-                snapshot = dataclasses.replace(
-                    snapshot,
-                    request_limit=None if requests is None else int(requests * scale + 1e-9),
-                    requests_remaining=int(snapshot.requests_remaining * scale + 1e-9),
-                    tokens_limit=None if tokens is None else int(tokens * scale + 1e-9),
-                    tokens_remaining=int(snapshot.tokens_remaining * scale + 1e-9),
-                )
+            # per minute, as real providers count in their headers whatever they enforce
+            snapshot = limiter.snapshot(self._loop.time(), per=60.0)
             headers.update(fmt.limit_headers(snapshot, time.time()))
         if extra:
             headers.update(extra)
@@ -502,7 +502,7 @@ class FakeServer(LoopbackServer):
         extra = None
         if self.send_retry_after and rejection.wait is not None:
             extra = retry_after_headers(rejection.wait)
-        return self._respond(fmt, n, 429, fmt.rate_limited(rejection), extra)
+        return self._respond(fmt, n, 429, fmt.rate_limited(rejection), extra, rejection.limit)
 
     def _record_success(
         self,

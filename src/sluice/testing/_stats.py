@@ -27,6 +27,10 @@ class ServerStats:
     accepted: int = 0
     #: 429s sent, injected or because of a limit.
     rate_limited: int = 0
+    #: 429s by the limit that refused: ``requests``, ``tokens``, ``input_tokens``,
+    #: ``output_tokens`` (Anthropic's ITPM and OTPM), ``flex`` (no flex capacity) or
+    #: ``injected`` (a fault).
+    rate_limited_by: Counter[str] = field(default_factory=Counter)
     #: Status codes sent; 0 for ``reset``, ``hang`` and ``truncated``.
     by_status: Counter[int] = field(default_factory=Counter)
     #: Requests per key.
@@ -55,6 +59,7 @@ class ServerStats:
             "received": self.received,
             "accepted": self.accepted,
             "rate_limited": self.rate_limited,
+            "rate_limited_by": dict(sorted(self.rate_limited_by.items())),
             "by_status": {str(code): n for code, n in sorted(self.by_status.items())},
             "by_path": dict(sorted(self.by_path.items())),
             "distinct_keys": len(self.by_key),

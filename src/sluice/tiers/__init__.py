@@ -84,6 +84,8 @@ def tier_deployments(
                 tier="batch",
                 rpm=None,
                 tpm=None,
+                itpm=None,
+                otpm=None,
                 max_in_flight=2 * settings.max_lines,
                 provider=BatchTier(d, journal, settings),
             )
