@@ -148,7 +148,10 @@ def test_openai_batch_api_files_run_unchanged(server: FakeServer, tmp_path: Path
     assert [r["custom_id"] for r in records] == [f"task-{i}" for i in range(5)] + ["task-bad"]
     assert records[0]["response"]["choices"][0]["message"]["content"] == "echo: item 0"
     assert records[0]["deployment"] == "gpt-test"
-    assert "only /v1/chat/completions and /v1/embeddings are supported" in records[5]["error"]["message"]
+    assert (
+        "only /v1/chat/completions, /v1/responses, /v1/messages and /v1/embeddings are supported"
+        in records[5]["error"]["message"]
+    )
 
 
 def test_templates_over_csv(server: FakeServer, tmp_path: Path) -> None:
