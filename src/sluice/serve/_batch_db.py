@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import StoreError
+from ._state_db import open_state_db
 
 __all__ = ["INTERNAL_PURPOSES", "BatchDB", "FileRow"]
 
@@ -79,15 +80,7 @@ class BatchDB:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA busy_timeout=5000")
-            self._db.executescript(_SCHEMA)
-        except (sqlite3.Error, OSError) as exc:
-            raise StoreError(f"cannot open the batch state {path}: {exc}") from None
+        self._db = open_state_db(path, _SCHEMA, "the batch state")
 
     def close(self) -> None:
         self._db.close()

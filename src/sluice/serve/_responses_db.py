@@ -25,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from .._errors import StoreError
+from ._state_db import open_state_db
 
 __all__ = ["MAX_TURNS", "RESPONSES_DB", "ResponsesDB"]
 
@@ -49,15 +50,7 @@ class ResponsesDB:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA busy_timeout=5000")
-            self._db.executescript(_SCHEMA)
-        except (sqlite3.Error, OSError) as exc:
-            raise StoreError(f"cannot open the stored responses {path}: {exc}") from None
+        self._db = open_state_db(path, _SCHEMA, "the stored responses")
 
     def close(self) -> None:
         with self._lock:
