@@ -18,13 +18,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .. import _json
 from .._errors import MalformedResponseError, ProviderError, error_for_status
 from .._models import Usage
 from ._anthropic_names import FINISH_REASONS, JSON_TOOL_NAME
 from ._events import Finish, StreamEvent, StreamStart, TextDelta, ToolCallDelta, UsageUpdate
 from ._http import token_count
-from ._sse import SseEvent
+from ._sse import SseError, SseEvent, typed_data
 
 __all__ = ["ERROR_STATUS", "AnthropicStreamDecoder"]
 
@@ -64,12 +63,9 @@ class AnthropicStreamDecoder:
         if self.done or sse.event == "ping":
             return []
         try:
-            data = _json.loads(sse.data)
-        except ValueError:
-            raise self._malformed(f"a {sse.event!r} event whose data is not JSON") from None
-        if not isinstance(data, Mapping):
-            raise self._malformed(f"a {sse.event!r} event whose data is not an object")
-        kind = data.get("type") or sse.event
+            kind, data = typed_data(sse)
+        except SseError as exc:
+            raise self._malformed(str(exc)) from None
         try:
             return self._event(kind, data)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:  # an event of the wrong shape

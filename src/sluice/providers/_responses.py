@@ -22,13 +22,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .. import _json
 from .._errors import BadRequestError, MalformedResponseError, ProviderError, RateLimitError, ServerError
 from .._models import Usage
 from ._base import Reply
 from ._events import Finish, StreamEvent, StreamStart, TextDelta, ToolCallDelta, UsageUpdate
 from ._http import token_count
-from ._sse import SseEvent
+from ._sse import SseError, SseEvent, typed_data
 
 __all__ = ["ResponsesStreamDecoder", "responses_reply", "responses_usage"]
 
@@ -147,14 +146,11 @@ class ResponsesStreamDecoder:
         if self.done or sse.data.strip() == "[DONE]":  # a compatible server's end marker, after the end
             return []
         try:
-            data = _json.loads(sse.data)
-        except ValueError:
-            raise self._malformed(f"a {sse.event!r} event whose data is not JSON") from None
-        if not isinstance(data, Mapping):
-            raise self._malformed(f"a {sse.event!r} event whose data is not an object")
-        kind = data.get("type") or sse.event
+            kind, data = typed_data(sse)
+        except SseError as exc:
+            raise self._malformed(str(exc)) from None
         try:
-            return self._event(str(kind), data)
+            return self._event(kind, data)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:  # an event of the wrong shape
             raise self._malformed(f"an unexpected {kind!r} event ({type(exc).__name__}: {exc})") from None
 

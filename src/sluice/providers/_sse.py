@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import codecs
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["SseDecoder", "SseError", "SseEvent"]
+from .. import _json
+
+__all__ = ["SseDecoder", "SseError", "SseEvent", "typed_data"]
 
 _EOL = re.compile(r"\r\n|\r|\n")
 
@@ -102,3 +106,16 @@ class SseDecoder:
         elif name == "id" and "\0" not in value:
             self._id = value
         # "retry" and unknown fields are ignored, as the spec says
+
+
+def typed_data(sse: SseEvent) -> tuple[str, Mapping[str, Any]]:
+    """(its type, its data) of an event of a typed stream (Anthropic's Messages, OpenAI's
+    Responses: each event's JSON names its ``type``, else the SSE ``event`` line does);
+    SseError when the data is not a JSON object."""
+    try:
+        data = _json.loads(sse.data)
+    except ValueError:
+        raise SseError(f"a {sse.event!r} event whose data is not JSON") from None
+    if not isinstance(data, Mapping):
+        raise SseError(f"a {sse.event!r} event whose data is not an object")
+    return str(data.get("type") or sse.event), data
