@@ -34,6 +34,7 @@ from ._errors import (
     FatalProviderError,
     GroupExhausted,
     MovedToSyncError,
+    ParkedError,
     ProviderError,
     RateLimitError,
     SluiceError,
@@ -63,6 +64,8 @@ __all__ = ["Attempts", "Opening", "RetryEvent"]
 _log = logging.getLogger("sluice")
 
 _NEVER_SENT = "cancelled while an identical request was in flight; it was never sent"
+#: Outcomes never stored: a cancelled job is redone by the rerun, a parked one asked again.
+_UNSTORED = (CancelledError, ParkedError)
 
 
 class _Answer(Protocol):
@@ -256,8 +259,8 @@ class Attempts(JobPlanning):
                 outcome = await self.attempt(job, tally, deadline, send, hand_over=hand_over, streamed=streamed)
                 if job.trace is not None and not isinstance(outcome, Opening):  # a stream's ends with it
                     job.trace.attempt_done(outcome)
-                if not isinstance(outcome, SluiceError):
-                    return outcome
+                if not isinstance(outcome, SluiceError) or isinstance(outcome, ParkedError):
+                    return outcome  # an answer, or the provider holds it for later: asked again then
                 if not tally.sent_this_time:  # budget, capacity, deadline, store or stop: final
                     return outcome
                 delay = self.after_failure(job, outcome, tally.attempts - job.attempts_before, deadline)
@@ -355,6 +358,15 @@ class Attempts(JobPlanning):
         except ProviderError as exc:
             if not exc.maybe_billed:
                 charge = 0.0
+            failure = exc
+            return exc
+        except ParkedError as exc:  # journalled by the provider: its money stays held till it is asked again
+            charge = 0.0
+            hold = slot.keep_hold()
+            if hold is not None:
+                assert job.key is not None  # a parking provider journals: there is a store
+                self.spending.park(job.key, hold)
+            self.router.released(route)  # no verdict on the deployment
             failure = exc
             return exc
         except SluiceError as exc:  # raised before anything went out (a missing key, say)
@@ -474,7 +486,7 @@ class Attempts(JobPlanning):
             while granted is None:
                 with self.runtime.waiting_while(job.batch):
                     async with asyncio.timeout_at(deadline):
-                        hold = await self.spending.reserve(job.budget, job.worst_cost)
+                        hold = self._parked_hold(job) or await self.spending.reserve(job.budget, job.worst_cost)
                         try:
                             granted = await router.acquire(
                                 job.groups[job.step],
@@ -496,6 +508,12 @@ class Attempts(JobPlanning):
             raise
         finally:
             tally.waited += loop.time() - waited_from
+
+    def _parked_hold(self, job: Job) -> BudgetHold | None:
+        """The hold this request kept when it was parked (asked again now), if any."""
+        if job.budget is None or job.key is None:
+            return None
+        return self.spending.unpark(job.budget, job.key, job.worst_cost)
 
     def after_failure(self, job: Job, error: SluiceError, attempt: int, deadline: float | None) -> float | None:
         """Learn from a failed attempt; the delay before the next, or None to give up.
@@ -608,7 +626,7 @@ class Attempts(JobPlanning):
         settled in the same write, when the store can). A cancelled job, or one never sent,
         is not stored: the rerun does it."""
         store = self.store
-        if job.key is None or store is None or not tally.attempts or isinstance(result.error, CancelledError):
+        if job.key is None or store is None or not tally.attempts or isinstance(result.error, _UNSTORED):
             settle_unsettled(tally, store, self.runtime.store_failed)
             return
         unsettled, tally.unsettled = tally.unsettled, None

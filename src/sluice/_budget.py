@@ -138,6 +138,28 @@ class BudgetHold:
         """The request cost nothing (failed, or never sent)."""
         self.commit(0.0)
 
+    def absorb(self, other: BudgetHold) -> None:
+        """Take ``other``'s reservation into this one (same chain, no shared holds): one
+        hold stands for many parked requests (see ``Spending.park``)."""
+        assert other._open
+        assert self._open
+        assert other.chain == self.chain
+        assert not other.shared
+        other._open = False
+        self.amount += other.amount
+        for budget in self.chain:
+            budget._holds -= 1
+
+    def split(self, amount: float) -> BudgetHold:
+        """``amount`` of this reservation as a hold of its own (a parked request asked again)."""
+        assert self._open
+        assert not self.shared
+        amount = min(amount, self.amount)
+        self.amount -= amount
+        for budget in self.chain:
+            budget._holds += 1
+        return BudgetHold(self._ledger, self.chain, amount)
+
 
 class _Waiter:
     __slots__ = ("amount", "chain", "future")

@@ -64,6 +64,7 @@ __all__ = [
     "MovedToSyncError",
     "NotFoundError",
     "OverloadedError",
+    "ParkedError",
     "PermissionDeniedError",
     "ProviderError",
     "RateLimitError",
@@ -125,6 +126,21 @@ class EngineClosedError(SluiceError, RuntimeError):
 
 class CancelledError(SluiceError):
     kind = "cancelled"
+
+
+class ParkedError(SluiceError):
+    """Not an outcome yet: the provider holds the request to answer later (a line of a
+    provider batch that has been created and journalled), so it leaves memory, and is
+    asked again once that batch has ended (the answer then comes from the journal). The
+    engine keeps its worst case reserved on the budget meanwhile and stores nothing."""
+
+    kind = "parked"
+
+    def __init__(self, message: str, *, chunk: int, batch_id: str) -> None:
+        super().__init__(message)
+        #: The journal's chunk holding it, and the provider's batch.
+        self.chunk = chunk
+        self.batch_id = batch_id
 
 
 class DeadlineExceededError(SluiceError):

@@ -140,6 +140,12 @@ class Slot:
         if self._intent is not None:
             self._settle_intent(0.0, answered=False)
 
+    def keep_hold(self) -> BudgetHold | None:
+        """The budget hold, taken out of the slot (a parked request keeps its worst case
+        reserved after its attempt is settled: ``Spending.park``)."""
+        hold, self._hold = self._hold, None
+        return hold
+
     def send_delay(self, now: float) -> float:
         """Seconds to hold the attempt before it leaves, as its limiter asks (0 almost always)."""
         delay = getattr(self.reservation, "send_delay", None)  # optional in the Reservation protocol

@@ -62,6 +62,8 @@ class Spending:
 
     __slots__ = (
         "_follow",
+        "_parked",
+        "_parked_whole",
         "_shared_all",
         "allow_unpriced",
         "budget",
@@ -94,6 +96,10 @@ class Spending:
         self.cheaper = cheaper
         #: Models that answered without a known price: reported, never counted as free.
         self.unpriced_models: set[str] = set()
+        #: Holds of parked requests (see :meth:`park`): per budget, one merged hold and
+        #: each request's share by its key's hash.
+        self._parked: dict[int, tuple[BudgetHold, dict[int, float]]] = {}
+        self._parked_whole: dict[int, BudgetHold] = {}
 
     def session(self, budget_usd: float, name: str, shared: SharedBudget | None = None) -> Budget:
         if shared is not None:
@@ -170,6 +176,43 @@ class Spending:
                 self.budget.limit = self.shared.limit
         hold.shared = tuple(taken)
         return hold
+
+    def park(self, key: str, hold: BudgetHold) -> None:
+        """Keep a parked request's hold (its worst case stays reserved while the provider
+        holds it) until :meth:`unpark`. Merged into one hold per budget, with the share
+        kept by the key's hash: a parked request costs ~100 bytes here, so a million of
+        them at a provider do not fill memory. A hold on a shared budget stays whole."""
+        if hold.shared:  # a shared budget's hold cannot be merged: kept as it is
+            self._parked_whole[hash(key)] = hold
+            return
+        place = id(hold.chain[0])
+        entry = self._parked.get(place)
+        if entry is None:
+            self._parked[place] = (hold, {hash(key): hold.amount})
+            return
+        merged, shares = entry
+        merged.absorb(hold)
+        shares[hash(key)] = shares.get(hash(key), 0.0) + hold.amount
+
+    def unpark(self, budget: Budget, key: str, worst: float) -> BudgetHold | None:
+        """The hold ``key`` left when it was parked, now its own again (None: none was
+        kept, or it no longer covers ``worst``: then it is released and the caller reserves)."""
+        whole = self._parked_whole.pop(hash(key), None)
+        if whole is not None:
+            return whole
+        entry = self._parked.get(id(budget))
+        share = entry[1].pop(hash(key), None) if entry is not None else None
+        if entry is None or share is None:
+            return None
+        merged, shares = entry
+        part = merged.split(share)
+        if not shares:  # the last of them: what float sums left over goes back
+            del self._parked[id(budget)]
+            merged.release()
+        if part.amount + 1e-12 < worst:
+            part.release()
+            return None
+        return part
 
     async def flush(self) -> None:
         """Wait until every settle of a shared budget has reached it (at close)."""

@@ -105,7 +105,9 @@ class Stats:
             self.maybe_billed_usd += dollars
 
     def record(self, result: Result) -> None:
-        """Count a request's Result."""
+        """Count a request's Result (a parked one is not one yet: it is counted when asked again)."""
+        if result.error is not None and result.error.kind == "parked":
+            return
         self._count(result.ok, result.cached, result.error, result.usage, result.timings.latency, result.cost_usd)
         request = result.request
         cut = result.error is not None and result.error.kind == "cancelled"  # redone by the rerun

@@ -27,7 +27,7 @@ import dataclasses
 import io
 import json
 import string
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -148,12 +148,13 @@ def detect_format(path: Path, requested: Format) -> Literal["jsonl", "csv"]:
     return "csv" if path.suffix.lower() in (".csv", ".tsv") else "jsonl"
 
 
-def read_inputs(path: Path, options: InputOptions) -> Iterator[InputItem]:
-    """Every record of ``path`` in order; the file is streamed, never loaded whole."""
+def read_inputs(path: Path, options: InputOptions, only: Container[int] | None = None) -> Iterator[InputItem]:
+    """Every record of ``path`` in order (``only``: the records of those numbers, the rest
+    skipped unparsed); the file is streamed, never loaded whole."""
     if detect_format(path, options.format) == "csv":
-        yield from _read_csv(path, options)
+        yield from _read_csv(path, options, only)
     else:
-        yield from _read_jsonl(path, options)
+        yield from _read_jsonl(path, options, only)
 
 
 def embeds(path: Path, options: InputOptions) -> bool:
@@ -212,9 +213,11 @@ def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
         yield number, raw[len(_BOM) :] if number == 1 and raw.startswith(_BOM) else raw
 
 
-def _read_jsonl(path: Path, options: InputOptions) -> Iterator[InputItem]:
+def _read_jsonl(path: Path, options: InputOptions, only: Container[int] | None) -> Iterator[InputItem]:
     with path.open("rb") as f:
         for number, raw in _lines(f, options.max_line_bytes):
+            if only is not None and number not in only:
+                continue
             where = f"line {number}"
             if raw is None:
                 yield _bad(number, f"{where} is longer than {options.max_line_bytes:,} bytes")
@@ -417,7 +420,7 @@ def _from_row(row: Mapping[str, Any], where: str, options: InputOptions) -> Requ
 # -- CSV -----------------------------------------------------------------------------------
 
 
-def _read_csv(path: Path, options: InputOptions) -> Iterator[InputItem]:
+def _read_csv(path: Path, options: InputOptions, only: Container[int] | None) -> Iterator[InputItem]:
     if options.template is None and options.embed_field is None:
         raise InvalidInputError(
             f"{path}: a CSV input needs --template to build a prompt from its columns (or --embed FIELD)"
@@ -451,6 +454,8 @@ def _read_csv(path: Path, options: InputOptions) -> Iterator[InputItem]:
                 continue
             if not any(v.strip() for v in values):
                 row_number -= 1  # a blank row is not a record
+                continue
+            if only is not None and row_number not in only:
                 continue
             if _has_surrogates(values):
                 yield _bad(row_number, f"{where}: not valid UTF-8")

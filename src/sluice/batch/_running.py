@@ -24,12 +24,16 @@ from ._timeline import note_limits
 __all__ = ["engine_for", "fold_deployments", "note_deployments", "running"]
 
 
-def engine_for(spec: JobSpec, progress: JobProgress, store: SqliteStore) -> Engine:
+def engine_for(
+    spec: JobSpec, progress: JobProgress, store: SqliteStore, *, on_ended: Callable[[int], None] | None = None
+) -> Engine:
     """The job's engine: its config's deployments, limits and budget (which counts what
-    earlier runs spent)."""
+    earlier runs spent). ``on_ended``: the batch tier parks lines (``BatchSettings.on_ended``)."""
     config = spec.config
     if config.tier == "auto":  # the deadline plan counts what is left of the whole job
         config = dataclasses.replace(config, batch=dataclasses.replace(config.batch, remaining=lambda: progress.left))
+    if on_ended is not None:
+        config = dataclasses.replace(config, batch=dataclasses.replace(config.batch, on_ended=on_ended))
     engine = engine_from(config, store=store, retry_failed=spec.retry_failed, grace=spec.grace)
     progress.engine = engine
     if engine.spending.budget is not None:  # the budget is the job's, over all its runs

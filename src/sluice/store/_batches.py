@@ -30,10 +30,12 @@ _Op = Callable[[sqlite3.Connection], _T]
 __all__ = [
     "Chunk",
     "chunk_counts_op",
+    "chunk_ids_op",
     "chunks_op",
     "job_id_op",
     "new_chunk_op",
     "note_batch_op",
+    "open_chunk_op",
     "results_op",
     "save_results_op",
 ]
@@ -46,6 +48,10 @@ CREATE TABLE IF NOT EXISTS tier_chunks (
     batch_id TEXT,
     status TEXT NOT NULL,
     created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tier_lines (
+    custom_id TEXT PRIMARY KEY,
+    chunk INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS tier_results (
     custom_id TEXT PRIMARY KEY,
@@ -72,9 +78,17 @@ class Chunk:
 
 
 def _ensure(db: sqlite3.Connection) -> None:
+    had_lines = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tier_lines'").fetchone()
+    if had_lines:
+        return
     for statement in _SCHEMA.split(";"):  # not executescript: it would commit the writer's transaction
         if statement.strip():
             db.execute(statement)
+    # a state from before tier_lines: the lines of its open chunks are indexed once
+    db.execute(
+        "INSERT OR REPLACE INTO tier_lines (custom_id, chunk) SELECT j.value, c.id FROM tier_chunks c,"
+        " json_each(c.custom_ids) j WHERE c.status IN ('submitting', 'submitted') ORDER BY c.id"
+    )
 
 
 def _has_tables(db: sqlite3.Connection) -> bool:
@@ -99,7 +113,12 @@ def new_chunk_op(deployment: str, custom_ids: Sequence[str]) -> _Op[int]:
         insert = "INSERT INTO tier_chunks (deployment, custom_ids, status, created_at) VALUES (?,?,?,?)"
         cursor = db.execute(insert, row)
         assert cursor.lastrowid is not None
-        return cursor.lastrowid
+        chunk = cursor.lastrowid
+        db.executemany(
+            "INSERT OR REPLACE INTO tier_lines (custom_id, chunk) VALUES (?, ?)",
+            [(custom_id, chunk) for custom_id in custom_ids],
+        )
+        return chunk
 
     return op
 
@@ -163,6 +182,32 @@ def forget_batched_intents_op(db: sqlite3.Connection) -> int:
         part = batched[start : start + 500]
         db.execute(f"DELETE FROM intents WHERE id IN ({','.join('?' * len(part))})", part)
     return len(batched)
+
+
+def open_chunk_op(db: sqlite3.Connection, custom_id: str) -> Chunk | None:
+    """The chunk not yet collected that last took ``custom_id``, if any (its custom ids
+    not read: a lookup made for every line)."""
+    if not _has_lines(db):
+        return None
+    row = db.execute(
+        "SELECT c.id, c.deployment, c.batch_id, c.status, c.created_at FROM tier_lines l JOIN tier_chunks c"
+        " ON c.id = l.chunk WHERE l.custom_id = ? AND c.status IN ('submitting', 'submitted')",
+        (custom_id,),
+    ).fetchone()
+    return None if row is None else Chunk(row[0], row[1], (), row[2], row[3], row[4])
+
+
+def chunk_ids_op(db: sqlite3.Connection, chunk: int) -> tuple[str, ...]:
+    """The custom ids ``chunk`` was submitted with."""
+    if not _has_tables(db):
+        return ()
+    row = db.execute("SELECT custom_ids FROM tier_chunks WHERE id = ?", (chunk,)).fetchone()
+    return () if row is None else tuple(_json.loads(row[0]))
+
+
+def _has_lines(db: sqlite3.Connection) -> bool:
+    row = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tier_lines'").fetchone()
+    return row is not None
 
 
 def results_op(db: sqlite3.Connection, custom_id: str) -> tuple[str, bytes] | None:

@@ -305,6 +305,14 @@ class SqliteStore:
         """(deployment, status, batches, lines) of the job's provider batches, for reports."""
         return _batches.chunk_counts_op(self._db)
 
+    def open_chunk_of(self, custom_id: str) -> _batches.Chunk | None:
+        """The chunk not yet collected that holds ``custom_id`` (its ``custom_ids`` left empty)."""
+        return _batches.open_chunk_op(self._db, custom_id)
+
+    def chunk_ids(self, chunk: int) -> tuple[str, ...]:
+        """The custom ids ``chunk`` was submitted with."""
+        return _batches.chunk_ids_op(self._db, chunk)
+
     def batch_result(self, custom_id: str) -> tuple[str, bytes] | None:
         """(batch id, result line) downloaded for ``custom_id``, if any."""
         return _batches.results_op(self._db, custom_id)

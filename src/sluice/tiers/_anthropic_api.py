@@ -47,7 +47,9 @@ class AnthropicBatches(BatchAPI):
     def line(self, custom_id: str, body: Mapping[str, Any]) -> bytes:
         return _json.dumps({"custom_id": custom_id, "params": body}) + b"\n"
 
-    async def submit(self, lines: list[bytes], tags: Mapping[str, str]) -> dict[str, Any]:
+    async def submit(self, lines: list[bytes], tags: Mapping[str, str], *, count: int | None = None) -> dict[str, Any]:
+        if not lines:  # never asked: Message Batches have no enqueued-token refusal to submit again after
+            raise BatchIncompleteError("a Message Batch needs its requests again; they are not kept")
         payload = b'{"requests":[' + b",".join(line.rstrip(b"\n") for line in lines) + b"]}"
 
         async def once() -> dict[str, Any]:

@@ -63,9 +63,15 @@ class BatchAPI(ABC):
         """One request as a line of a batch (newline-terminated JSON)."""
 
     @abstractmethod
-    async def submit(self, lines: list[bytes], tags: Mapping[str, str]) -> dict[str, Any]:
+    async def submit(self, lines: list[bytes], tags: Mapping[str, str], *, count: int | None = None) -> dict[str, Any]:
         """Create a batch of ``lines``, once: a create that may have landed is looked up,
-        never sent twice. Returns the batch as the API describes it."""
+        never sent twice. Returns the batch as the API describes it. A chunk refused for
+        the enqueued-token limit may be submitted again with no ``lines`` (and their
+        ``count``) where the API kept its upload."""
+
+    def forget(self, chunk: str) -> None:
+        """The chunk's batch ran (or was given up): what :meth:`submit` kept to submit it again can go."""
+        return None  # nothing kept by default
 
     @abstractmethod
     async def retrieve(self, batch_id: str) -> dict[str, Any]: ...

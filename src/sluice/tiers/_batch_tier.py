@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import re
 import time
@@ -37,6 +38,7 @@ from .._errors import (
     FatalProviderError,
     MovedToSyncError,
     NotFoundError,
+    ParkedError,
     ProviderError,
     SluiceError,
 )
@@ -57,6 +59,8 @@ _log = logging.getLogger("sluice")
 _ENDED = ("completed", "failed", "expired", "cancelled", "ended")
 #: Refusals for the enqueued-token limit in a row before a chunk is given up.
 _MAX_REFUSALS = 8
+#: Batches that may leave a parked line unanswered (5xx inside, expiry) before it fails.
+_MAX_SUBMISSIONS = 5
 
 #: The Batch API and the provider (its bodies, replies and errors) of each provider kind.
 _APIS: dict[str, tuple[type[HttpProvider], type[BatchAPI]]] = {
@@ -84,6 +88,11 @@ class BatchSettings:
     sync_rate: float = 1.0
     #: Lines of the job not answered yet (all of them, read or not), for the plan.
     remaining: Callable[[], int] | None = None
+    #: Parking (set by a job that can ask a line again, see ``ParkedError``): a line leaves
+    #: memory once its batch is created and journalled, and this is told each chunk whose
+    #: batch has ended (its lines' outcomes journalled): its lines are then asked again.
+    #: None: a line's ``send`` waits for its batch (at most two batches' lines wait).
+    on_ended: Callable[[int], None] | None = None
 
     def __post_init__(self) -> None:
         if not self.poll_every > 0:
@@ -102,10 +111,12 @@ class BatchJournal(Protocol):
     async def note_batch(self, chunk: int, batch_id: str | None, status: str) -> None: ...
     async def save_batch_results(self, chunk: int, batch_id: str, lines: list[tuple[str, bytes]]) -> None: ...
     def open_chunks(self, deployment: str | None = None) -> list[Chunk]: ...
+    def open_chunk_of(self, custom_id: str) -> Chunk | None: ...
+    def chunk_ids(self, chunk: int) -> tuple[str, ...]: ...
     def batch_result(self, custom_id: str) -> tuple[str, bytes] | None: ...
 
 
-_Answer = asyncio.Future[tuple[str, bytes]]  # (batch id, the line's result line)
+_Answer = asyncio.Future[tuple[str, bytes]]  # (batch id, the line's result line; empty: parked in it)
 
 
 @dataclass(slots=True)
@@ -154,6 +165,11 @@ class BatchTier:
         #: Each created batch's lines, while it is followed; and the chunks being followed.
         self._followed: dict[str, dict[str, _Answer]] = {}
         self._following: set[int] = set()
+        #: Parking: each created batch's chunk, and the lines its batches left unanswered
+        #: (how many batches did, and why the last one did) or failed for good.
+        self.parks = settings.on_ended is not None
+        self._chunk_of: dict[str, int] = {}
+        self._unanswered: dict[str, tuple[int, SluiceError]] = {}
 
     # -- the Provider protocol -----------------------------------------------------------
 
@@ -174,12 +190,56 @@ class BatchTier:
         saved = self._journal.batch_result(custom_id)
         if saved is None and self.moved:
             raise MovedToSyncError(f"sent synchronously: a batch could not answer it by the deadline ({_at(self)})")
+        if saved is None and self.parks:
+            self._park_if_held(custom_id)
         if saved is None:
             answer = self._waiting.get(custom_id)
             if answer is None:
                 answer = self._add(custom_id, request)
             saved = await asyncio.shield(answer)  # a cancelled send leaves the batch's answer for the rerun
+            if not saved[1]:
+                raise self._parked(saved[0])
         return self._reply(*saved)
+
+    # -- parking ---------------------------------------------------------------------------
+
+    def _park_if_held(self, custom_id: str) -> None:
+        """Raise the line's outcome if it has one without a new batch: parked again when a
+        batch still holds it; its error when batches failed it for good or too often."""
+        failed = self._unanswered.get(custom_id)
+        if failed is not None and failed[0] >= _MAX_SUBMISSIONS:
+            raise copy.copy(failed[1])  # a fresh one each time: one instance raised again grows its traceback
+        held = self._journal.open_chunk_of(custom_id)
+        if held is not None and held.status == "submitted" and held.batch_id is not None:
+            self._chunk_of.setdefault(held.batch_id, held.id)
+            raise self._parked(held.batch_id)
+
+    def _parked(self, batch_id: str) -> ParkedError:
+        return ParkedError(f"waiting in batch {batch_id}", chunk=self._chunk_of[batch_id], batch_id=batch_id)
+
+    def _park_lines(self, chunk: int, batch_id: str, waiting: dict[str, _Answer]) -> None:
+        """The chunk's batch is created and journalled: its lines leave memory (parked)."""
+        self._chunk_of[batch_id] = chunk
+        for custom_id, answer in waiting.items():
+            if self._waiting.get(custom_id) is answer:
+                del self._waiting[custom_id]
+            if not answer.done():
+                answer.set_result((batch_id, b""))
+        waiting.clear()
+
+    def _chunk_over(self, chunk: int, failed: dict[str, SluiceError], error: SluiceError | None = None) -> None:
+        """Parking: the chunk's batch is over; its lines that have no journalled outcome
+        are counted (a later batch takes them, up to ``_MAX_SUBMISSIONS``; ``error``: none
+        does) and the job is told to ask its lines again."""
+        if error is not None:
+            failed = dict.fromkeys(self._journal.chunk_ids(chunk), error)
+        for custom_id, why in failed.items():
+            times = _MAX_SUBMISSIONS if error is not None else self._unanswered.get(custom_id, (0, why))[0] + 1
+            if times >= _MAX_SUBMISSIONS and error is None:
+                why = FatalProviderError(f"{times} batches did not answer it; the last: {why.message}")
+            self._unanswered[custom_id] = (times, why)
+        assert self.settings.on_ended is not None
+        self.settings.on_ended(chunk)
 
     async def aclose(self) -> None:
         """Stop polling (the provider's batches keep running: a rerun collects them)."""
@@ -232,6 +292,8 @@ class BatchTier:
 
     async def _submit(self, lines: list[bytes], waiting: dict[str, _Answer], tokens: int = 0) -> None:
         api = self._api_ready()
+        count = len(waiting)
+        chunk: int | None = None
         try:
             chunk = await self._journal.new_chunk(self._real.label, list(waiting))
             refusals = 0
@@ -239,15 +301,19 @@ class BatchTier:
                 if self.moved:  # the deadline moved its lines before it was created
                     await self._journal.note_batch(chunk, None, "abandoned")
                     return
-                batch = await api.submit(lines, self._tags(chunk))
+                batch = await api.submit(lines, self._tags(chunk), count=count)
                 batch_id = str(batch["id"])
                 await self._journal.note_batch(chunk, batch_id, "submitted")
                 self.batches[batch_id] = api.status(batch)
                 self._followed[batch_id] = waiting
+                if self.parks:  # journalled: the lines leave memory, the file's bytes too
+                    self._park_lines(chunk, batch_id, waiting)
+                    lines = []
                 if self.moved:  # created as the deadline moved its lines: it must not answer them too
                     await self._cancel_quietly(batch_id)
                 final = await self._follow(batch)
                 if not api.token_limited(final):
+                    api.forget(str(chunk))
                     break
                 refusals += 1
                 del self._followed[batch_id]
@@ -265,6 +331,10 @@ class BatchTier:
         except Exception as exc:  # every line hears why; the engine decides about retries
             error = exc if isinstance(exc, SluiceError) else BatchIncompleteError(f"the batch failed: {exc}")
             self._fail(waiting, error)
+            if chunk is not None:
+                self._api_ready().forget(str(chunk))
+                if self.parks and not waiting:  # its lines were parked: they hear it when asked again
+                    self._chunk_over(chunk, {}, error)
 
     def _tags(self, chunk: int) -> dict[str, str]:
         self._api_ready()
@@ -318,23 +388,26 @@ class BatchTier:
         batch_id = str(batch["id"])
         status = api.status(batch)
         delay = 1.0
+        failed: dict[str, SluiceError] = {}  # parking: lines with no journalled outcome
         while True:
             try:
                 answered: list[tuple[str, bytes]] = []
                 async for custom_id, ok, line in api.results(batch):
-                    if ok:
+                    if ok or self.parks:  # parked lines' failures are journalled too (the request's own)
                         answered.append((custom_id, line))
                         if len(answered) >= 1000:
-                            await self._hand_out(chunk, batch_id, answered, waiting)
+                            await self._hand_out(chunk, batch_id, answered, waiting, failed)
                             answered = []
                     else:
                         self._resolve(waiting, custom_id, (batch_id, line))
-                await self._hand_out(chunk, batch_id, answered, waiting)
+                await self._hand_out(chunk, batch_id, answered, waiting, failed)
                 break
             except NotFoundError as exc:  # the file is gone: the rest are lost, possibly billed
                 lost = BatchResultsLostError(f"batch {batch_id}'s results could not be read: {exc.message}")
                 self._fail(waiting, lost)
                 await self._journal.note_batch(chunk, batch_id, "collected")
+                if self.parks:
+                    self._chunk_over(chunk, {}, lost)
                 return
             except ProviderError as exc:
                 if not exc.retryable:
@@ -346,11 +419,27 @@ class BatchTier:
         for custom_id in [c for c, answer in waiting.items() if not answer.done()]:
             self._resolve(waiting, custom_id, None, BatchIncompleteError(f"batch {batch_id} {status}: {why}"))
         self._followed.pop(batch_id, None)
+        if self.parks:
+            unanswered = BatchIncompleteError(f"batch {batch_id} {status}: {why}")
+            for custom_id in self._journal.chunk_ids(chunk):
+                if custom_id not in failed and self._journal.batch_result(custom_id) is None:
+                    failed[custom_id] = unanswered
         await self._journal.note_batch(chunk, batch_id, "collected")
+        if self.parks:
+            self._chunk_over(chunk, failed)
 
     async def _hand_out(
-        self, chunk: int, batch_id: str, answered: list[tuple[str, bytes]], waiting: dict[str, _Answer]
+        self,
+        chunk: int,
+        batch_id: str,
+        answered: list[tuple[str, bytes]],
+        waiting: dict[str, _Answer],
+        failed: dict[str, SluiceError],
     ) -> None:
+        """Journal the answers (parking: and the request's own failures), then tell their lines.
+
+        A failure that is not the request's (a 5xx or 429 inside the batch, a 200 that
+        cannot be read) is not kept: the line goes in a later batch (parking: in ``failed``)."""
         if not answered:
             return
         usable = []
@@ -358,6 +447,10 @@ class BatchTier:
             try:
                 self._reply(batch_id, line)
             except SluiceError as exc:  # not kept: a rerun must be able to ask again
+                if self.parks and not (isinstance(exc, ProviderError) and exc.retryable):
+                    usable.append((custom_id, line))  # the request's own: asked again, it gets this
+                elif self.parks:
+                    failed[custom_id] = exc
                 self._resolve(waiting, custom_id, None, exc, answered=True)
             else:
                 usable.append((custom_id, line))
@@ -521,12 +614,18 @@ class BatchTier:
                     continue
                 await self._journal.note_batch(chunk.id, str(batch["id"]), "submitted")
                 _log.info("found batch %s of chunk %d at the provider (its id was not recorded)", batch["id"], chunk.id)
+            batch_id = str(batch["id"])
+            if self.parks:  # its lines are parked when asked (the journal says where)
+                self._chunk_of[batch_id] = chunk.id
+                self.batches[batch_id] = api.status(batch)
+                self._following.add(chunk.id)
+                self._spawn(self._resume(chunk.id, batch, {}))
+                continue
             loop = asyncio.get_running_loop()
             waiting: dict[str, _Answer] = {custom_id: loop.create_future() for custom_id in chunk.custom_ids}
             for answer in waiting.values():
                 answer.add_done_callback(_quiet)
             self._waiting.update(waiting)
-            batch_id = str(batch["id"])
             self.batches[batch_id] = api.status(batch)
             self._followed[batch_id] = waiting
             self._following.add(chunk.id)
@@ -539,7 +638,10 @@ class BatchTier:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._fail(waiting, exc if isinstance(exc, SluiceError) else BatchIncompleteError(str(exc)))
+            error = exc if isinstance(exc, SluiceError) else BatchIncompleteError(str(exc))
+            self._fail(waiting, error)
+            if self.parks:
+                self._chunk_over(chunk, {}, error)
 
     def __repr__(self) -> str:
         return f"BatchTier({self._real.label!r})"

@@ -54,21 +54,23 @@ class OpenAIBatches(BatchAPI):
     def line(self, custom_id: str, body: Mapping[str, Any]) -> bytes:
         return _json.dumps({"custom_id": custom_id, "method": "POST", "url": self.endpoint, "body": body}) + b"\n"
 
-    async def submit(self, lines: list[bytes], tags: Mapping[str, str]) -> dict[str, Any]:
+    async def submit(self, lines: list[bytes], tags: Mapping[str, str], *, count: int | None = None) -> dict[str, Any]:
         import aiohttp
 
-        content = b"".join(lines)
         name = f"sluice-{'-'.join(tags.values())}.jsonl"
-
-        def form() -> aiohttp.FormData:
-            data = aiohttp.FormData()
-            data.add_field("purpose", "batch")
-            data.add_field("file", content, filename=name, content_type="application/jsonl")
-            return data
-
         chunk = tags.get("sluice_chunk", "")
         file_id = self._uploaded.get(chunk)  # a chunk refused for the token limit goes again: its file is there
         if file_id is None:
+            if not lines:
+                raise BatchIncompleteError(f"chunk {chunk}'s file was not uploaded and its lines are not kept")
+            content = b"".join(lines)
+
+            def form() -> aiohttp.FormData:
+                data = aiohttp.FormData()
+                data.add_field("purpose", "batch")
+                data.add_field("file", content, filename=name, content_type="application/jsonl")
+                return data
+
             file_id = self._uploaded[chunk] = str((await self.call("POST", f"{self._base}/files", form=form))["id"])
         create = {"input_file_id": file_id, "endpoint": self.endpoint, "completion_window": "24h", "metadata": tags}
         payload = _json.dumps(create)
@@ -76,9 +78,10 @@ class OpenAIBatches(BatchAPI):
         async def once() -> dict[str, Any]:
             return await self.call("POST", f"{self._base}/batches", payload=payload, tries=1)
 
-        batch = await self.create_once(once, tags, lines=len(lines))
+        return await self.create_once(once, tags, lines=len(lines) if count is None else count)
+
+    def forget(self, chunk: str) -> None:
         self._uploaded.pop(chunk, None)
-        return batch
 
     async def retrieve(self, batch_id: str) -> dict[str, Any]:
         return await self.call("GET", f"{self._base}/batches/{batch_id}")
