@@ -36,13 +36,20 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--batch-size", type=int, default=10_000)
     parser.add_argument("--poll-every", type=float, default=1.0)
+    parser.add_argument(
+        "--start-after",
+        type=float,
+        default=0.0,
+        help="seconds each batch waits at the fake before it starts (a queue: the job's batches pile up there)",
+    )
     args = parser.parse_args()
 
     server_cpus, client_cpus = cpu_plan()
     with tempfile.TemporaryDirectory(prefix="sluice-batch-tier-") as folder:
         source, output = Path(folder) / "in.jsonl", Path(folder) / "out.jsonl"
         write_input(source, args.n)
-        with FakeServerProcess(["--latency", "0", "--output-tokens", "16"], cpus=server_cpus) as server:
+        fake = ["--latency", "0", "--output-tokens", "16", "--batch-start-after", str(args.start_after)]
+        with FakeServerProcess(fake, cpus=server_cpus) as server:
             env = {**os.environ, "NO_COLOR": "1", "OPENAI_BASE_URL": server.openai_url, "OPENAI_API_KEY": "x"}
             cli = [sys.executable, "-m", "sluice", "run", str(source), "-o", str(output), "--model", MODEL]
             cli += ["--tier", "batch", "--batch-size", str(args.batch_size), "--poll-every", str(args.poll_every)]
@@ -59,6 +66,8 @@ def main() -> None:
 
     assert all(r["ok"] and r["tier"] == "batch" for r in records), "a line was not answered by a batch"
     finished = sorted(float(b["completed_at"] or 0) for b in batches)
+    spans = [(float(b["created_at"]), float(b["completed_at"] or 0)) for b in batches]
+    at_once = max((sum(1 for c, e in spans if c <= t < e) for t, _ in spans), default=0)
     # completed_at is whole seconds: the delay is accurate to about a second
     delay_last = ended - finished[-1] if finished else float("nan")
     rows = [
@@ -68,14 +77,19 @@ def main() -> None:
             f"{seconds:.1f}",
             f"{cpu / len(records) * 1000:.3f}",
             f"{rss / 2**20:.0f}",
+            str(at_once),
             f"{delay_last:.1f}",
         ]
     ]
-    print(f"# batch tier: {args.n:,} lines, batches of {args.batch_size:,}, polled every {args.poll_every:g} s")
+    print(
+        f"# batch tier: {args.n:,} lines, batches of {args.batch_size:,}, polled every {args.poll_every:g} s, "
+        f"each batch starting {args.start_after:g} s after it is created"
+    )
     print(machine_line())
     print()
-    headers = ["lines", "batches", "seconds", "CPU ms / line", "peak RSS MB", "last batch done -> output written, s"]
-    print(markdown_table(headers, rows, right=[0, 1, 2, 3, 4, 5]))
+    headers = ["lines", "batches", "seconds", "CPU ms / line", "peak RSS MB", "batches at the provider at once"]
+    headers.append("last batch done -> output written, s")
+    print(markdown_table(headers, rows, right=[0, 1, 2, 3, 4, 5, 6]))
     print()
     print(
         f"server: {stats.get('received', 0):,} synchronous requests (expected 0), {stats.get('accepted', 0):,} lines "
@@ -83,7 +97,16 @@ def main() -> None:
     )
     save_results(
         "batch_tier",
-        {"n": args.n, "seconds": seconds, "cpu": cpu, "rss": rss, "batches": len(batches), "delay_last": delay_last},
+        {
+            "n": args.n,
+            "start_after": args.start_after,
+            "seconds": seconds,
+            "cpu": cpu,
+            "rss": rss,
+            "batches": len(batches),
+            "at_once": at_once,
+            "delay_last": delay_last,
+        },
     )
 
 

@@ -336,3 +336,55 @@ async def test_what_the_provider_bills_never_exceeds_the_budget(prompt: Any, bud
         assert any(not entry.delivered for entry in server.ledger)  # lost answers were billed too
         assert server.total_billed_usd <= budget_usd
         assert engine.spent() >= server.total_billed_usd - 1e-12  # sluice never counts less than was billed
+
+
+def test_parked_holds_keep_their_worst_case_reserved_until_asked_again() -> None:
+    """Parked requests' holds merge into one per budget; each comes back whole, in any order,
+    and the budget ends exactly where it began (no float drift left reserved)."""
+    from sluice._spending import Spending
+
+    async def main() -> None:
+        spending = Spending(1.0)
+        budget = spending.budget
+        assert budget is not None
+        session = spending.session(0.5, "a session")
+        amounts = [0.01 * (i % 7 + 1) / 3 for i in range(60)]
+        for i, amount in enumerate(amounts):
+            hold = await spending.reserve(session if i % 2 else budget, amount)
+            assert hold is not None
+            spending.park(f"key-{i}", hold)
+        assert budget.reserved() == pytest.approx(sum(amounts))
+        assert session.reserved() == pytest.approx(sum(a for i, a in enumerate(amounts) if i % 2))
+        assert budget.remaining() == pytest.approx(1.0 - sum(amounts))
+        assert spending.unpark(budget, "never-parked", 0.01) is None
+        assert spending.unpark(session, "key-0", amounts[0]) is None  # parked under the other budget
+        order = list(range(60))
+        order.reverse()
+        for i in order:
+            hold = spending.unpark(session if i % 2 else budget, f"key-{i}", amounts[i])
+            assert hold is not None
+            assert hold.amount == pytest.approx(amounts[i])
+            hold.commit(amounts[i] / 2)  # answered below its worst case
+        assert spending.unpark(budget, "key-3", amounts[3]) is None  # given back once
+        assert budget.reserved() == 0.0
+        assert session.reserved() == 0.0
+        assert budget.spent() == pytest.approx(sum(amounts) / 2)
+        ledger = BudgetLedger()
+        assert await ledger.reserve(budget, 1.0 - sum(amounts) / 2 - 1e-9)  # all of the rest is free again
+
+    asyncio.run(main())
+
+
+def test_a_parked_hold_smaller_than_the_new_worst_case_is_given_back() -> None:
+    from sluice._spending import Spending
+
+    async def main() -> None:
+        spending = Spending(1.0)
+        assert spending.budget is not None
+        hold = await spending.reserve(spending.budget, 0.2)
+        assert hold is not None
+        spending.park("k", hold)
+        assert spending.unpark(spending.budget, "k", 0.3) is None  # it costs more now: reserved afresh
+        assert spending.budget.reserved() == 0.0
+
+    asyncio.run(main())

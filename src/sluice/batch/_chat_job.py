@@ -24,6 +24,10 @@ from ._running import engine_for, running
 
 __all__ = ["stream_chat"]
 
+#: Lines read again (their batch ended) in the engine at once: most are answered from the
+#: journal at once, so a few hundred keep it busy.
+_REENTRY_WINDOW = 500
+
 
 async def stream_chat(
     spec: JobSpec,
@@ -70,6 +74,8 @@ async def stream_chat(
                 break
             for each in items(due, first=False):
                 yield each
+                while len(pending) > _REENTRY_WINDOW and not progress.stopping:  # answered at once: a
+                    await parking.changed()  # burst would pile its results (and output lines) up in memory
         progress.source_exhausted = True
 
     output = JobOutput(file, progress)
@@ -82,8 +88,8 @@ async def stream_chat(
         async for result in engine.map(source(), ordered=spec.ordered):
             assert result.index is not None
             item = pending.pop(result.index)
-            if parking is not None and not pending:
-                parking.nudge()  # the engine is empty: nothing more can park
+            if parking is not None:
+                parking.nudge()  # room for the next line read again; and when empty, nothing more can park
             if isinstance(result.error, ParkedError):
                 assert parking is not None
                 parking.park(result.error.chunk, item.line)

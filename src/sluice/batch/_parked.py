@@ -74,6 +74,12 @@ class ParkedLines:
         """Something the wait below looks at changed (the engine emptied, a stop)."""
         self._changed.set()
 
+    async def changed(self) -> None:
+        """Until the next :meth:`nudge`, :meth:`park` or :meth:`ended` (a second at most)."""
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), 1.0)
+
     async def next_due(self, idle: Callable[[], bool], stopping: Callable[[], bool]) -> set[int]:
         """The lines due now, once there are any; empty when none can come (nothing is
         parked and ``idle()``: the engine holds no line that could still park) or on a stop."""
@@ -85,6 +91,4 @@ class ParkedLines:
                 return due
             if not self.parked and idle():
                 return set()
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):  # a stop is looked at every second
-                await asyncio.wait_for(self._changed.wait(), 1.0)
+            await self.changed()  # a stop is looked at every second

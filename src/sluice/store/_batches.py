@@ -32,10 +32,11 @@ __all__ = [
     "chunk_counts_op",
     "chunk_ids_op",
     "chunks_op",
+    "has_tables_op",
     "job_id_op",
+    "line_state_op",
     "new_chunk_op",
     "note_batch_op",
-    "open_chunk_op",
     "results_op",
     "save_results_op",
 ]
@@ -184,17 +185,25 @@ def forget_batched_intents_op(db: sqlite3.Connection) -> int:
     return len(batched)
 
 
-def open_chunk_op(db: sqlite3.Connection, custom_id: str) -> Chunk | None:
-    """The chunk not yet collected that last took ``custom_id``, if any (its custom ids
-    not read: a lookup made for every line)."""
-    if not _has_lines(db):
-        return None
+def line_state_op(db: sqlite3.Connection, custom_id: str) -> tuple[tuple[str, bytes] | None, Chunk | None]:
+    """In one query (it is made for every line sent): ``custom_id``'s downloaded result
+    line and its batch, if any, and the chunk not yet collected that holds it, if any
+    (its custom ids not read). The tables must exist."""
     row = db.execute(
-        "SELECT c.id, c.deployment, c.batch_id, c.status, c.created_at FROM tier_lines l JOIN tier_chunks c"
-        " ON c.id = l.chunk WHERE l.custom_id = ? AND c.status IN ('submitting', 'submitted')",
+        "SELECT r.batch_id, r.line, c.id, c.deployment, c.batch_id, c.status, c.created_at"
+        " FROM (SELECT ? AS id) q LEFT JOIN tier_results r ON r.custom_id = q.id"
+        " LEFT JOIN tier_lines l ON l.custom_id = q.id"
+        " LEFT JOIN tier_chunks c ON c.id = l.chunk AND c.status IN ('submitting', 'submitted')",
         (custom_id,),
     ).fetchone()
-    return None if row is None else Chunk(row[0], row[1], (), row[2], row[3], row[4])
+    saved = None if row[0] is None else (str(row[0]), bytes(row[1]))
+    chunk = None if row[2] is None else Chunk(row[2], row[3], (), row[4], row[5], row[6])
+    return saved, chunk
+
+
+def has_tables_op(db: sqlite3.Connection) -> bool:
+    """Whether the journal's tables are there (every one of them: made together)."""
+    return _has_lines(db)
 
 
 def chunk_ids_op(db: sqlite3.Connection, chunk: int) -> tuple[str, ...]:

@@ -154,6 +154,7 @@ class SqliteStore:
         self._indexed = True
         self._charge = _CHARGE
         self._next_intent = 1
+        self._batch_tables = False  # the provider-batch journal's tables exist (see line_state)
         try:
             if readonly:
                 uri = f"file:{self.path.resolve()}?mode=ro"
@@ -305,9 +306,14 @@ class SqliteStore:
         """(deployment, status, batches, lines) of the job's provider batches, for reports."""
         return _batches.chunk_counts_op(self._db)
 
-    def open_chunk_of(self, custom_id: str) -> _batches.Chunk | None:
-        """The chunk not yet collected that holds ``custom_id`` (its ``custom_ids`` left empty)."""
-        return _batches.open_chunk_op(self._db, custom_id)
+    def line_state(self, custom_id: str) -> tuple[tuple[str, bytes] | None, _batches.Chunk | None]:
+        """``custom_id``'s downloaded (batch id, result line), if any, and the chunk not yet
+        collected that holds it, if any (its ``custom_ids`` left empty): one query."""
+        if not self._batch_tables:  # made on the first chunk's write; once there, always there
+            self._batch_tables = _batches.has_tables_op(self._db)
+            if not self._batch_tables:
+                return None, None
+        return _batches.line_state_op(self._db, custom_id)
 
     def chunk_ids(self, chunk: int) -> tuple[str, ...]:
         """The custom ids ``chunk`` was submitted with."""

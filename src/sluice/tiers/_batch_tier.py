@@ -111,7 +111,7 @@ class BatchJournal(Protocol):
     async def note_batch(self, chunk: int, batch_id: str | None, status: str) -> None: ...
     async def save_batch_results(self, chunk: int, batch_id: str, lines: list[tuple[str, bytes]]) -> None: ...
     def open_chunks(self, deployment: str | None = None) -> list[Chunk]: ...
-    def open_chunk_of(self, custom_id: str) -> Chunk | None: ...
+    def line_state(self, custom_id: str) -> tuple[tuple[str, bytes] | None, Chunk | None]: ...
     def chunk_ids(self, chunk: int) -> tuple[str, ...]: ...
     def batch_result(self, custom_id: str) -> tuple[str, bytes] | None: ...
 
@@ -187,11 +187,11 @@ class BatchTier:
         await asyncio.shield(self._recovery)  # every line waits until an earlier run's batches are known
         if self.settings.deadline is not None and self._planner is None:
             self._planner = asyncio.get_running_loop().create_task(self._plan())
-        saved = self._journal.batch_result(custom_id)
+        saved, held = self._journal.line_state(custom_id)
         if saved is None and self.moved:
             raise MovedToSyncError(f"sent synchronously: a batch could not answer it by the deadline ({_at(self)})")
         if saved is None and self.parks:
-            self._park_if_held(custom_id)
+            self._park_if_held(custom_id, held)
         if saved is None:
             answer = self._waiting.get(custom_id)
             if answer is None:
@@ -203,13 +203,13 @@ class BatchTier:
 
     # -- parking ---------------------------------------------------------------------------
 
-    def _park_if_held(self, custom_id: str) -> None:
+    def _park_if_held(self, custom_id: str, held: Chunk | None) -> None:
         """Raise the line's outcome if it has one without a new batch: parked again when a
-        batch still holds it; its error when batches failed it for good or too often."""
+        batch still holds it (``held``: its chunk); its error when batches failed it for
+        good or too often."""
         failed = self._unanswered.get(custom_id)
         if failed is not None and failed[0] >= _MAX_SUBMISSIONS:
             raise copy.copy(failed[1])  # a fresh one each time: one instance raised again grows its traceback
-        held = self._journal.open_chunk_of(custom_id)
         if held is not None and held.status == "submitted" and held.batch_id is not None:
             self._chunk_of.setdefault(held.batch_id, held.id)
             raise self._parked(held.batch_id)
@@ -389,11 +389,14 @@ class BatchTier:
         status = api.status(batch)
         delay = 1.0
         failed: dict[str, SluiceError] = {}  # parking: lines with no journalled outcome
+        seen: set[str] = set()  # parking: lines the result files named
         while True:
             try:
                 answered: list[tuple[str, bytes]] = []
                 async for custom_id, ok, line in api.results(batch):
                     if ok or self.parks:  # parked lines' failures are journalled too (the request's own)
+                        if self.parks:
+                            seen.add(custom_id)
                         answered.append((custom_id, line))
                         if len(answered) >= 1000:
                             await self._hand_out(chunk, batch_id, answered, waiting, failed)
@@ -422,7 +425,7 @@ class BatchTier:
         if self.parks:
             unanswered = BatchIncompleteError(f"batch {batch_id} {status}: {why}")
             for custom_id in self._journal.chunk_ids(chunk):
-                if custom_id not in failed and self._journal.batch_result(custom_id) is None:
+                if custom_id not in seen:
                     failed[custom_id] = unanswered
         await self._journal.note_batch(chunk, batch_id, "collected")
         if self.parks:

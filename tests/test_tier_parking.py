@@ -1,0 +1,149 @@
+"""``--tier batch`` with more lines at the provider than fit in memory: a line leaves the
+process once its batch is created and journalled, and is read from the input again when
+that batch ends. Checked against the fake's own record of its batches (when each was
+created and ended, what each held) and its ledger."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clitools import MODEL, questions, read_output, run_cli, start_cli, wait_until, write_jsonl
+
+from sluice.testing import FakeServer
+
+PRICE = (1.0, 2.0)
+BATCH = ("--tier", "batch", "--poll-every", "0.2", "--price", "1,2")
+
+
+@pytest.fixture
+def server(api_key: str) -> Iterator[FakeServer]:
+    fake = FakeServer(api_key=api_key, prices={"*": PRICE})
+    with fake.running_in_thread():
+        yield fake
+
+
+def _batches(server: FakeServer) -> list[Any]:
+    return list(server.batches.batches.values())
+
+
+def _most_open_at_once(server: FakeServer) -> int:
+    """The most batches that were open together, by the fake's own stamps."""
+    spans = []
+    for batch in _batches(server):
+        end = batch.stamps.get("completed_at") or batch.stamps.get("expired_at") or batch.stamps.get("cancelled_at")
+        spans.append((batch.stamps["created_at"], end if end is not None else float("inf")))
+    return max(sum(1 for start, end in spans if start <= t < end) for t, _ in spans)
+
+
+def _answered_once(server: FakeServer, out: Path, n: int) -> list[dict[str, Any]]:
+    records = read_output(out)
+    assert sorted(r["line"] for r in records) == list(range(1, n + 1))
+    assert all(r["ok"] for r in records), [r["error"] for r in records if not r["ok"]][:3]
+    assert {r["tier"] for r in records} == {"batch"}
+    assert server.stats.received == 0  # nothing synchronous
+    assert server.stats.duplicate_successes == 0
+    return records
+
+
+def _recorded_batches(state: Path) -> int:
+    with contextlib.closing(sqlite3.connect(state)) as db:
+        try:
+            return int(db.execute("SELECT count(*) FROM tier_chunks WHERE batch_id IS NOT NULL").fetchone()[0])
+        except sqlite3.OperationalError:
+            return 0
+
+
+def test_every_batch_of_the_job_waits_at_the_provider_at_once(server: FakeServer, tmp_path: Path) -> None:
+    """Twelve batches of 20 lines, none started before all are made: a job whose engine
+    holds at most two batches' lines (40) still puts all 240 at the provider together."""
+    server.batches.start_after = 4.0
+    src, out = write_jsonl(tmp_path / "in.jsonl", questions(240)), tmp_path / "out.jsonl"
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, "--batch-size", "20", timeout=90)
+    assert done.returncode == 0, done.stderr
+    records = _answered_once(server, out, 240)
+    assert len(_batches(server)) == 12
+    assert _most_open_at_once(server) == 12
+    assert sum(r["cost_usd"] for r in records) == pytest.approx(server.total_billed_usd, rel=1e-6)
+    assert {r["attempts"] for r in records} == {1}
+
+
+def test_the_budget_bounds_what_waits_at_the_provider(server: FakeServer, tmp_path: Path) -> None:
+    """A parked line keeps its worst case reserved: the lines at the provider at once are
+    what the budget can pay for at worst, and the rest go as answers settle below it."""
+    server.batches.start_after = 1.0
+    n = 120
+    src, out = write_jsonl(tmp_path / "in.jsonl", questions(n, max_tokens=200)), tmp_path / "out.jsonl"
+    budget = 0.005  # ~23 lines at their worst case (200 output tokens at $1/Mtok, the batch price)
+    args = ("--batch-size", "10", "--budget", f"{budget}")
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, *args, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _answered_once(server, out, n)
+    assert server.total_billed_usd <= budget
+    first_end = min(b.stamps["completed_at"] for b in _batches(server))
+    before = sum(len(b.lines) for b in _batches(server) if b.stamps["created_at"] < first_end)
+    assert 0 < before <= budget / (200 * PRICE[1] / 2 / 1e6)  # never more than the budget's worst case
+    assert len(_batches(server)) > 3  # the rest followed as money came back
+
+
+def test_kill_9_with_many_batches_open_then_the_rerun_collects_every_one(server: FakeServer, tmp_path: Path) -> None:
+    server.batches.start_after = 3.0
+    src, out = write_jsonl(tmp_path / "in.jsonl", questions(100)), tmp_path / "out.jsonl"
+    state = out.with_suffix(".sluice.db")
+    job = start_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, "--batch-size", "10")
+    try:
+        wait_until(lambda: _recorded_batches(state) >= 6, timeout=60)
+    finally:
+        job.kill()
+        job.communicate()
+    made = len(_batches(server))
+    assert server.stats.accepted == 0
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, "--batch-size", "10", timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _answered_once(server, out, 100)
+    assert server.stats.accepted == 100  # no line answered twice by the batches
+    assert sum(len(b.lines) for b in _batches(server)) == 100  # nor submitted twice
+    assert len(_batches(server)) <= made + 4
+
+
+def test_identical_lines_go_to_the_provider_once(server: FakeServer, tmp_path: Path) -> None:
+    """The second of two identical lines comes while the first waits in a batch: it waits
+    for that batch too (a line out of memory is still known to the journal)."""
+    server.batches.start_after = 1.0
+    lines = questions(30) + questions(30)
+    src, out = write_jsonl(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, "--batch-size", "10", timeout=90)
+    assert done.returncode == 0, done.stderr
+    records = read_output(out)
+    assert len(records) == 60
+    assert all(r["ok"] for r in records)
+    assert sum(len(b.lines) for b in _batches(server)) == 30
+    assert server.stats.accepted == 30
+
+
+def test_a_line_every_batch_fails_gives_up_after_five_batches(server: FakeServer, tmp_path: Path) -> None:
+    server.batches.fail_lines(10_000, status=500)
+    src, out = write_jsonl(tmp_path / "in.jsonl", questions(4)), tmp_path / "out.jsonl"
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    records = read_output(out)
+    assert len(records) == 4
+    assert not any(r["ok"] for r in records)
+    assert all("5 batches did not answer it" in r["error"]["message"] for r in records), records[0]["error"]
+    assert {r["attempts"] for r in records} == {5}
+    assert len(_batches(server)) == 5
+    again = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, timeout=60)  # a rerun tries again
+    assert len(_batches(server)) > 5, again.stderr
+
+
+def test_ordered_output_keeps_the_lines_in_memory_and_in_order(server: FakeServer, tmp_path: Path) -> None:
+    src, out = write_jsonl(tmp_path / "in.jsonl", questions(45)), tmp_path / "out.jsonl"
+    args = ("--batch-size", "10", "--ordered")
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, *args, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert [r["line"] for r in read_output(out)] == list(range(1, 46))
+    _answered_once(server, out, 45)
