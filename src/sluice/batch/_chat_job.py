@@ -1,19 +1,22 @@
 """A batch job of chat requests: the input's lines through ``Engine.map`` into the output,
 each answer durable in the state before its output line.
 
-With ``--tier batch`` (not ``--ordered``) a line leaves memory while a provider batch holds
-it (see ``_parked``): the input is read again for the lines of each batch that has ended.
+With ``--tier batch`` or ``auto`` (not ``--ordered``) a line leaves memory while a provider
+batch holds it (see ``_parked``): a second ``map`` over the same engine reads the lines of
+each batch that has ended from the input again, beside the first reading (which must
+not wait for it: a batch being gathered would go out part-full).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import itertools
 from collections.abc import AsyncIterator, Callable, Container, Iterator
 
 from .._errors import CancelledError, InvalidInputError, ParkedError, SluiceError
-from .._models import Request, Result
+from .._models import Priority, Request, Result
 from ..store import SqliteStore
 from ..tiers import batch_request
 from ._inputs import EMBEDDING_IN_CHAT_JOB, InputItem, read_inputs, request_of
@@ -25,8 +28,8 @@ from ._running import engine_for, running
 __all__ = ["stream_chat"]
 
 #: Lines read again (their batch ended) in the engine at once: most are answered from the
-#: journal at once, so a few hundred keep it busy.
-_REENTRY_WINDOW = 500
+#: state at once, so a burst would pile its results and output lines up in memory.
+_REENTRY_WINDOW = 2000
 
 
 async def stream_chat(
@@ -38,22 +41,27 @@ async def stream_chat(
     file: OutputFile,
 ) -> None:
     # ordered output must hold every line until its turn: it keeps lines waiting in memory
-    parking = ParkedLines() if spec.config.tier == "batch" and not spec.ordered else None
+    parking = ParkedLines() if spec.config.tier in ("batch", "auto") and not spec.ordered else None
     engine = engine_for(spec, progress, store, on_ended=parking.ended if parking is not None else None)
     auto = spec.config.tier == "auto"  # each line asks its model's batch tier first
-    pending: dict[int, InputItem] = {}
-    numbering = itertools.count()
+    pending: dict[int, InputItem] = {}  # lines of the first reading in the engine, by index
+    again: dict[int, InputItem] = {}  # lines read again in the engine, by index
+    first_done = False
 
-    def items(only: Container[int] | None, first: bool) -> Iterator[Request | SluiceError]:
+    def items(
+        only: Container[int] | None, into: dict[int, InputItem], numbering: Iterator[int]
+    ) -> Iterator[Request | SluiceError]:
+        """The input's lines (``only``: those), each kept in ``into`` under its index in the
+        map that takes it (``numbering``: that map's count)."""
         for item in read_inputs(spec.input, spec.inputs, only):
             if item.line in done:
                 continue
             if item.error is not None and spec.strict:
                 progress.strict_error = item.error.message
                 return  # the records before it still finish
-            if item.own_model is not None and first:
+            if item.own_model is not None and only is None:
                 progress.note_own_model(item.own_model)
-            pending[next(numbering)] = item
+            into[next(numbering)] = item
             if item.error is not None:
                 yield item.error
             elif item.embedding is not None:
@@ -61,22 +69,25 @@ async def stream_chat(
             else:
                 yield batch_request(request_of(item, spec.cache)) if auto else request_of(item, spec.cache)
 
-    async def source() -> AsyncIterator[Request | SluiceError]:
-        for each in items(None, first=True):
-            yield each
-        if progress.strict_error is not None:
-            return
-        while parking is not None:  # the lines of each ended batch, read again
-            due = await parking.next_due(lambda: not pending, lambda: progress.stopping)
+    def first_reading() -> Iterator[Request | SluiceError]:
+        nonlocal first_done
+        yield from items(None, pending, itertools.count())
+        first_done = progress.strict_error is None
+        if parking is not None:
+            parking.nudge()
+
+    async def reading_again() -> AsyncIterator[Request | SluiceError]:
+        """The lines of each batch that has ended, until none is parked or can still park."""
+        assert parking is not None
+        numbering = itertools.count()
+        while True:
+            due = await parking.next_due(lambda: first_done and not pending and not again, lambda: progress.stopping)
             if not due:
-                if progress.stopping:
-                    return
-                break
-            for each in items(due, first=False):
+                return
+            for each in items(due, again, numbering):
                 yield each
-                while len(pending) > _REENTRY_WINDOW and not progress.stopping:  # answered at once: a
-                    await parking.changed()  # burst would pile its results (and output lines) up in memory
-        progress.source_exhausted = True
+                while len(again) > _REENTRY_WINDOW and not progress.stopping:
+                    await parking.changed()
 
     output = JobOutput(file, progress)
     async with running(engine, store, output, progress, on_tick) as watch:
@@ -85,20 +96,36 @@ async def stream_chat(
             progress.count(result, sent)
             watch(result)
 
-        async for result in engine.map(source(), ordered=spec.ordered):
-            assert result.index is not None
-            item = pending.pop(result.index)
-            if parking is not None:
-                parking.nudge()  # room for the next line read again; and when empty, nothing more can park
-            if isinstance(result.error, ParkedError):
-                assert parking is not None
-                parking.park(result.error.chunk, item.line)
-                continue
-            if parking is not None and (parks := parking.times(item.line)):
-                # its sends: each batch that took it, and what followed its answer read from the journal
-                result = dataclasses.replace(result, attempts=parks + max(0, result.attempts - 1))
-            if isinstance(result.error, CancelledError):
-                progress.not_done += 1  # not written: the rerun does it
-                continue
-            sent = request_of(item, spec.cache) if item.request is not None else None
-            output.write_soon(output_record(item, result, sent), functools.partial(written, result, sent))
+        async def consume(results: AsyncIterator[Result], lines: dict[int, InputItem]) -> None:
+            async for result in results:
+                assert result.index is not None
+                item = lines.pop(result.index)
+                if parking is not None:
+                    parking.nudge()  # room for the next line read again; and when empty, nothing more can park
+                if isinstance(result.error, ParkedError):
+                    assert parking is not None
+                    parking.park(result.error.chunk, item.line)
+                    continue
+                if parking is not None and (parks := parking.times(item.line)):
+                    # its sends: each batch that took it, and what followed its answer read from the state
+                    result = dataclasses.replace(result, attempts=parks + max(0, result.attempts - 1))
+                if isinstance(result.error, CancelledError):
+                    progress.not_done += 1  # not written: the rerun does it
+                    continue
+                sent = request_of(item, spec.cache) if item.request is not None else None
+                output.write_soon(output_record(item, result, sent), functools.partial(written, result, sent))
+
+        first = consume(engine.map(first_reading(), ordered=spec.ordered), pending)
+        if parking is None:
+            await first
+            progress.source_exhausted = first_done
+            return
+        # read again ahead of lines waiting for a batch to gather (they are answered at once)
+        rest = asyncio.ensure_future(consume(engine.map(reading_again(), priority=Priority.NORMAL), again))
+        try:
+            await first
+        except BaseException:
+            rest.cancel()
+            raise
+        await rest
+        progress.source_exhausted = first_done and not progress.stopping and parking.waiting == 0

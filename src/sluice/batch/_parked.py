@@ -40,6 +40,15 @@ class ParkedLines:
         """Lines at the provider or due to be read again: not written yet, not in the engine."""
         return self.parked + len(self._due)
 
+    @property
+    def due(self) -> bool:
+        """Whether lines are due to be read again."""
+        return bool(self._due)
+
+    def take_due(self) -> set[int]:
+        due, self._due = self._due, set()
+        return due
+
     def park(self, chunk: int, line: int) -> None:
         byte, bit = divmod(line, 8)
         if byte >= len(self._once):
@@ -87,8 +96,7 @@ class ParkedLines:
             if stopping():
                 return set()
             if self._due:
-                due, self._due = self._due, set()
-                return due
+                return self.take_due()
             if not self.parked and idle():
                 return set()
             await self.changed()  # a stop is looked at every second

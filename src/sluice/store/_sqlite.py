@@ -30,6 +30,7 @@ and ``sluice report`` can open the file while a job is writing it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sqlite3
 import time
@@ -155,6 +156,7 @@ class SqliteStore:
         self._charge = _CHARGE
         self._next_intent = 1
         self._batch_tables = False  # the provider-batch journal's tables exist (see line_state)
+        self._chunk_states: dict[int, _batches.Chunk] | None = None  # read once, then kept here
         try:
             if readonly:
                 uri = f"file:{self.path.resolve()}?mode=ro"
@@ -169,6 +171,10 @@ class SqliteStore:
             #: For a state with no results when opened, the keys put since (a lookup of any
             #: other key needs no query: a first run asks for each request once).
             self._fresh = KeyFilter(expected_keys) if empty and exclusive and not readonly else None
+            #: Likewise for the provider-batch journal, when it had no chunks: the custom ids
+            #: chunked since (a line never chunked needs no query in ``line_state``).
+            journal_empty = not _batches.has_tables_op(self._db)
+            self._fresh_lines = KeyFilter(expected_keys) if journal_empty and exclusive and not readonly else None
             #: How a charge is written: appended, or added to its key's row in an older file.
             self._charge = _CHARGE_KEYED if _has_index(self._db, "sqlite_autoindex_charges_1") else _CHARGE
             #: Whether results has its key index (see the module's docstring).
@@ -287,11 +293,25 @@ class SqliteStore:
 
     async def new_chunk(self, deployment: str, custom_ids: Sequence[str]) -> int:
         """Record a chunk about to be uploaded; returns its id once durable."""
-        return int(await self._write().run(_batches.new_chunk_op(deployment, custom_ids)))
+        if self._fresh_lines is not None:
+            for custom_id in custom_ids:
+                self._fresh_lines.add(custom_id)
+        chunk = int(await self._write().run(_batches.new_chunk_op(deployment, custom_ids)))
+        self._chunks()[chunk] = _batches.Chunk(chunk, deployment, (), None, "submitting", time.time())
+        return chunk
 
     async def note_batch(self, chunk: int, batch_id: str | None, status: str) -> None:
         """Record the chunk's batch (or that it has none, or is collected); durable on return."""
         await self._write().run(_batches.note_batch_op(chunk, batch_id, status))
+        known = self._chunks().get(chunk)
+        if known is not None:
+            self._chunks()[chunk] = dataclasses.replace(known, batch_id=batch_id, status=status)
+
+    def _chunks(self) -> dict[int, _batches.Chunk]:
+        """The journal's chunks by id (custom ids left out): the only writer keeps it current."""
+        if self._chunk_states is None:
+            self._chunk_states = _batches.chunk_states_op(self._db)
+        return self._chunk_states
 
     async def save_batch_results(self, chunk: int, batch_id: str, lines: Sequence[tuple[str, bytes]]) -> None:
         """Downloaded result lines by custom id, in one transaction; durable on return."""
@@ -308,12 +328,17 @@ class SqliteStore:
 
     def line_state(self, custom_id: str) -> tuple[tuple[str, bytes] | None, _batches.Chunk | None]:
         """``custom_id``'s downloaded (batch id, result line), if any, and the chunk not yet
-        collected that holds it, if any (its ``custom_ids`` left empty): one query."""
+        collected that holds it, if any (its ``custom_ids`` left empty): one query, or none
+        for a line never chunked since a state with no chunks was opened."""
+        if self._fresh_lines is not None and not self._fresh_lines.may_hold(custom_id):
+            return None, None
         if not self._batch_tables:  # made on the first chunk's write; once there, always there
             self._batch_tables = _batches.has_tables_op(self._db)
             if not self._batch_tables:
                 return None, None
-        return _batches.line_state_op(self._db, custom_id)
+        saved, chunk = _batches.line_state_op(self._db, custom_id)
+        held = self._chunks().get(chunk) if chunk is not None else None
+        return saved, held if held is not None and held.status in ("submitting", "submitted") else None
 
     def chunk_ids(self, chunk: int) -> tuple[str, ...]:
         """The custom ids ``chunk`` was submitted with."""

@@ -170,6 +170,10 @@ class BatchTier:
         self.parks = settings.on_ended is not None
         self._chunk_of: dict[str, int] = {}
         self._unanswered: dict[str, tuple[int, SluiceError]] = {}
+        #: Parking under ``--tier auto``: chunks whose batch ran when the deadline moved their
+        #: lines (they may be billed there too), and the lines moved.
+        self._running_at_move: set[int] = set()
+        self._moved_ids: set[str] = set()
 
     # -- the Provider protocol -----------------------------------------------------------
 
@@ -189,7 +193,11 @@ class BatchTier:
             self._planner = asyncio.get_running_loop().create_task(self._plan())
         saved, held = self._journal.line_state(custom_id)
         if saved is None and self.moved:
-            raise MovedToSyncError(f"sent synchronously: a batch could not answer it by the deadline ({_at(self)})")
+            note = f"sent synchronously: a batch could not answer it by the deadline ({_at(self)})"
+            if not self.parks:
+                raise MovedToSyncError(note)
+            self._moved_ids.add(custom_id)  # if its batch answers it after all, it was answered twice
+            raise MovedToSyncError(note, maybe_billed=held is not None and held.id in self._running_at_move)
         if saved is None and self.parks:
             self._park_if_held(custom_id, held)
         if saved is None:
@@ -457,6 +465,8 @@ class BatchTier:
                 self._resolve(waiting, custom_id, None, exc, answered=True)
             else:
                 usable.append((custom_id, line))
+                if custom_id in self._moved_ids:  # parked, moved by the deadline, and answered here too
+                    self.answered_twice += 1
         await self._journal.save_batch_results(chunk, batch_id, usable)  # durable before anyone is told
         for custom_id, line in usable:
             self._resolve(waiting, custom_id, (batch_id, line), answered=True)
@@ -524,6 +534,13 @@ class BatchTier:
             running = self.batches.get(batch_id) not in ("validating", *_ENDED)
             self._fail(waiting, MovedToSyncError(note, maybe_billed=running))
         self._fail(dict(self._waiting), MovedToSyncError(note, maybe_billed=False))  # not yet created
+        if self.parks:  # the parked lines of every batch not over are asked again now, and go synchronously
+            for batch_id, chunk in list(self._chunk_of.items()):
+                status = self.batches.get(batch_id)
+                if status not in _ENDED:
+                    if status != "validating":
+                        self._running_at_move.add(chunk)
+                    self._chunk_over(chunk, {})
         for batch_id, status in list(self.batches.items()):
             if status not in _ENDED:
                 await self._cancel_quietly(batch_id)  # its answered lines still come (counted)
