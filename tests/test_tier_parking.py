@@ -6,6 +6,7 @@ created and ended, what each held) and its ledger."""
 from __future__ import annotations
 
 import contextlib
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,6 +71,7 @@ def test_every_batch_of_the_job_waits_at_the_provider_at_once(server: FakeServer
     assert _most_open_at_once(server) == 12
     assert sum(r["cost_usd"] for r in records) == pytest.approx(server.total_billed_usd, rel=1e-6)
     assert {r["attempts"] for r in records} == {1}
+    assert re.search(r"requests sent\s+240 \(0 retries", done.stdout), done.stdout  # once each, not twice
 
 
 def test_the_budget_bounds_what_waits_at_the_provider(server: FakeServer, tmp_path: Path) -> None:
@@ -128,16 +130,26 @@ def test_identical_lines_go_to_the_provider_once(server: FakeServer, tmp_path: P
 def test_a_line_every_batch_fails_gives_up_after_five_batches(server: FakeServer, tmp_path: Path) -> None:
     server.batches.fail_lines(10_000, status=500)
     src, out = write_jsonl(tmp_path / "in.jsonl", questions(4)), tmp_path / "out.jsonl"
-    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, timeout=120)
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, "--batch-size", "1", timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     records = read_output(out)
     assert len(records) == 4
     assert not any(r["ok"] for r in records)
     assert all("5 batches did not answer it" in r["error"]["message"] for r in records), records[0]["error"]
     assert {r["attempts"] for r in records} == {5}
-    assert len(_batches(server)) == 5
-    again = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, timeout=60)  # a rerun tries again
-    assert len(_batches(server)) > 5, again.stderr
+    assert len(_batches(server)) == 4 * 5  # a batch a line (--batch-size 1), five times
+    again = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, "--batch-size", "1", timeout=60)
+    assert len(_batches(server)) > 20, again.stderr  # a rerun tries again
+
+
+def test_a_job_that_fits_in_memory_waits_there(server: FakeServer, tmp_path: Path) -> None:
+    """Parking costs a line a second pass through the engine: a job of no more than two
+    batches' worth keeps its lines waiting in memory (each line sent once, as before)."""
+    src, out = write_jsonl(tmp_path / "in.jsonl", questions(40)), tmp_path / "out.jsonl"
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, "--batch-size", "20", timeout=60)
+    assert done.returncode == 0, done.stderr
+    _answered_once(server, out, 40)
+    assert re.search(r"requests sent\s+40 \(0 retries", done.stdout), done.stdout
 
 
 def test_ordered_output_keeps_the_lines_in_memory_and_in_order(server: FakeServer, tmp_path: Path) -> None:

@@ -288,13 +288,21 @@ def test_auto_keeps_to_the_batch_while_it_can_finish_in_time(server: FakeServer,
     _check_answered_once(server, out, 40)
 
 
-def test_auto_meets_the_deadline_synchronously_when_the_batch_never_starts(server: FakeServer, tmp_path: Path) -> None:
+#: Batches of the default size (every line waits in memory) and of 20 lines (200 lines park).
+SIZES = pytest.mark.parametrize("size", [(), ("--batch-size", "20")], ids=["in-memory", "parked"])
+
+
+@SIZES
+def test_auto_meets_the_deadline_synchronously_when_the_batch_never_starts(
+    server: FakeServer, tmp_path: Path, size: tuple[str, ...]
+) -> None:
     """200 lines at 20 a second take 10 s synchronously: with 20 s to go the plan waits
     for the batch a few seconds, then cancels it and sends the rest itself."""
     server.batches.start_after = math.inf
     src, out = _job(tmp_path, 200)
     started = time.monotonic()
-    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *AUTO, "--deadline", "20s", timeout=120)
+    args = ("--deadline", "20s", *size)
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *AUTO, *args, timeout=120)
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     records = read_output(out)
@@ -303,7 +311,7 @@ def test_auto_meets_the_deadline_synchronously_when_the_batch_never_starts(serve
     assert {r["tier"] for r in records} == {"sync"}
     assert took < 20 + 8  # the deadline, plus the process's start and a few seconds
     assert server.batches.open_batches == []  # nothing left running at the provider
-    assert [b.status for b in server.batches.batches.values()] == ["cancelled"]
+    assert {b.status for b in server.batches.batches.values()} == {"cancelled"}
     assert "answered twice" not in done.stdout  # the batch answered none of them
     assert server.stats.accepted == 200
     assert server.stats.duplicate_successes == 0
@@ -387,12 +395,16 @@ def test_kill_9_at_each_step_then_every_line_is_answered_once(
     assert len(server.batches.batches) == 1
 
 
-def test_auto_counts_the_lines_a_batch_answered_after_they_were_moved(server: FakeServer, tmp_path: Path) -> None:
+@SIZES
+def test_auto_counts_the_lines_a_batch_answered_after_they_were_moved(
+    server: FakeServer, tmp_path: Path, size: tuple[str, ...]
+) -> None:
     """A slow batch answers some lines before its cancel lands: those were billed by the
     batch and by their synchronous request. The summary's count is the fake's."""
-    server.batches.lines_per_second = 20
+    server.batches.lines_per_second = 20 if not size else 2  # 20 a second in all, however many batches
     src, out = _job(tmp_path, 200)
-    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *AUTO, "--deadline", "20s", timeout=120)
+    args = ("--deadline", "20s", *size)
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *AUTO, *args, timeout=120)
     assert done.returncode == 0, done.stderr
     records = read_output(out)
     assert sorted(r["line"] for r in records) == list(range(1, 201))

@@ -381,6 +381,8 @@ class Attempts(JobPlanning):
                 reply.slot = slot
                 kept = True
                 return reply
+            if getattr(reply, "kept", False):  # read back, not sent now (a batch's answer in the state)
+                self.stats.attempts -= 1
             if reply.ratelimit is not None:  # learn before the slot frees and wakes the next
                 route.limiter.observe(reply.ratelimit)
             usage = reply.usage

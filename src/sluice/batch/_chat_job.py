@@ -32,6 +32,15 @@ __all__ = ["stream_chat"]
 _REENTRY_WINDOW = 2000
 
 
+def parks(spec: JobSpec, progress: JobProgress) -> bool:
+    """Whether the job's lines leave memory while provider batches hold them: only when
+    more are left than the two batches' worth that may wait in memory anyway (parking costs
+    each line a second pass through the engine), and never for ordered output (which
+    holds every line until its turn)."""
+    tiered = spec.config.tier in ("batch", "auto")
+    return tiered and not spec.ordered and progress.left > 2 * spec.config.batch.max_lines
+
+
 async def stream_chat(
     spec: JobSpec,
     progress: JobProgress,
@@ -40,8 +49,7 @@ async def stream_chat(
     on_tick: Callable[[], None],
     file: OutputFile,
 ) -> None:
-    # ordered output must hold every line until its turn: it keeps lines waiting in memory
-    parking = ParkedLines() if spec.config.tier in ("batch", "auto") and not spec.ordered else None
+    parking = ParkedLines() if parks(spec, progress) else None
     engine = engine_for(spec, progress, store, on_ended=parking.ended if parking is not None else None)
     auto = spec.config.tier == "auto"  # each line asks its model's batch tier first
     pending: dict[int, InputItem] = {}  # lines of the first reading in the engine, by index

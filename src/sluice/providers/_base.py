@@ -33,6 +33,9 @@ class Reply:
     ratelimit: RateLimitSnapshot | None = None
     #: The provider batch that answered it (the Batch API tier).
     batch_id: str | None = None
+    #: Read back from where an earlier send's answer was kept (a provider batch's results
+    #: in the state): nothing was sent for it now.
+    kept: bool = False
 
 
 @runtime_checkable

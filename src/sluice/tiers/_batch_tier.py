@@ -200,13 +200,14 @@ class BatchTier:
             raise MovedToSyncError(note, maybe_billed=held is not None and held.id in self._running_at_move)
         if saved is None and self.parks:
             self._park_if_held(custom_id, held)
-        if saved is None:
-            answer = self._waiting.get(custom_id)
-            if answer is None:
-                answer = self._add(custom_id, request)
-            saved = await asyncio.shield(answer)  # a cancelled send leaves the batch's answer for the rerun
-            if not saved[1]:
-                raise self._parked(saved[0])
+        if saved is not None:  # answered by a batch of an earlier send (parked, or an earlier run)
+            return self._reply(*saved, kept=True)
+        answer = self._waiting.get(custom_id)
+        if answer is None:
+            answer = self._add(custom_id, request)
+        saved = await asyncio.shield(answer)  # a cancelled send leaves the batch's answer for the rerun
+        if not saved[1]:
+            raise self._parked(saved[0])
         return self._reply(*saved)
 
     # -- parking ---------------------------------------------------------------------------
@@ -499,9 +500,9 @@ class BatchTier:
 
     # -- a line's outcome ------------------------------------------------------------------
 
-    def _reply(self, batch_id: str, line: bytes) -> Reply:
+    def _reply(self, batch_id: str, line: bytes, *, kept: bool = False) -> Reply:
         reply = self._api_ready().reply(batch_id, line)
-        return Reply(reply.text, reply.usage, reply.raw, reply.finish_reason, reply.request_id, None, batch_id)
+        return Reply(reply.text, reply.usage, reply.raw, reply.finish_reason, reply.request_id, None, batch_id, kept)
 
     # -- the deadline (--tier auto) -------------------------------------------------------
 
