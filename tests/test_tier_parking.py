@@ -6,6 +6,7 @@ created and ended, what each held) and its ledger."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -159,3 +160,19 @@ def test_ordered_output_keeps_the_lines_in_memory_and_in_order(server: FakeServe
     assert done.returncode == 0, done.stderr
     assert [r["line"] for r in read_output(out)] == list(range(1, 46))
     _answered_once(server, out, 45)
+
+
+def test_strict_stops_a_parked_job_at_its_bad_line_without_hanging(server: FakeServer, tmp_path: Path) -> None:
+    """The lines before the bad one are collected from their batches, then the job stops."""
+    lines = [json.dumps(q) for q in questions(100)]
+    lines[79] = "not json"
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    args = ("--batch-size", "10", "--strict")
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, *args, timeout=60)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "line 80: not valid JSON" in done.stderr
+    records = read_output(out)
+    assert sorted(r["line"] for r in records) == list(range(1, 80))
+    assert all(r["ok"] for r in records)
+    assert server.stats.duplicate_successes == 0

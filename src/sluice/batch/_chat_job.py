@@ -54,7 +54,8 @@ async def stream_chat(
     auto = spec.config.tier == "auto"  # each line asks its model's batch tier first
     pending: dict[int, InputItem] = {}  # lines of the first reading in the engine, by index
     again: dict[int, InputItem] = {}  # lines read again in the engine, by index
-    first_done = False
+    first_done = False  # the first reading got to the end of the input
+    first_over = False  # it ended (at the end, or stopped by --strict)
 
     def items(
         only: Container[int] | None, into: dict[int, InputItem], numbering: Iterator[int]
@@ -78,18 +79,21 @@ async def stream_chat(
                 yield batch_request(request_of(item, spec.cache)) if auto else request_of(item, spec.cache)
 
     def first_reading() -> Iterator[Request | SluiceError]:
-        nonlocal first_done
-        yield from items(None, pending, itertools.count())
-        first_done = progress.strict_error is None
-        if parking is not None:
-            parking.nudge()
+        nonlocal first_done, first_over
+        try:
+            yield from items(None, pending, itertools.count())
+            first_done = progress.strict_error is None
+        finally:
+            first_over = True
+            if parking is not None:
+                parking.nudge()
 
     async def reading_again() -> AsyncIterator[Request | SluiceError]:
         """The lines of each batch that has ended, until none is parked or can still park."""
         assert parking is not None
         numbering = itertools.count()
         while True:
-            due = await parking.next_due(lambda: first_done and not pending and not again, lambda: progress.stopping)
+            due = await parking.next_due(lambda: first_over and not pending and not again, lambda: progress.stopping)
             if not due:
                 return
             for each in items(due, again, numbering):
