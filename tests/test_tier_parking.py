@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -175,4 +176,48 @@ def test_strict_stops_a_parked_job_at_its_bad_line_without_hanging(server: FakeS
     records = read_output(out)
     assert sorted(r["line"] for r in records) == list(range(1, 80))
     assert all(r["ok"] for r in records)
+    assert server.stats.duplicate_successes == 0
+
+
+def test_a_line_the_batch_rejects_is_recorded_once_and_retry_failed_sends_it_again(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    """The request's own failure (a 400 inside the batch) is that line's record, counted as
+    one request; ``--retry-failed`` sends it again in a new batch (the state's copy of the
+    old verdict is not an answer to a new ask)."""
+    server.batches.reject = lambda body: "rejected" if "REJECT" in json.dumps(body) else None
+    bad = [{"messages": [{"role": "user", "content": f"REJECT {i}"}], "max_tokens": 20} for i in range(3)]
+    lines = questions(15) + bad + questions(12, start=50)
+    src, out = write_jsonl(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+    args = ("--batch-size", "5")
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, *args, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    failed = [r for r in read_output(out) if not r["ok"]]
+    assert sorted(r["line"] for r in failed) == [16, 17, 18]
+    assert {r["error"]["type"] for r in failed} == {"bad_request"}
+    assert {r["attempts"] for r in failed} == {1}
+    submitted = [line.custom_id for b in _batches(server) for line in b.lines]
+    assert len(submitted) == len(set(submitted)) == 30  # none resubmitted
+    assert re.search(r"requests sent\s+30 \(0 retries", done.stdout), done.stdout
+    server.batches.reject = None
+    again = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, *args, "--retry-failed", timeout=60)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert all(r["ok"] for r in read_output(out))
+    assert sum(len(b.lines) for b in _batches(server)) == 33
+
+
+def test_auto_moves_lines_parked_at_a_create_the_token_limit_refused(server: FakeServer, tmp_path: Path) -> None:
+    """Only one batch fits the enqueued-token limit and none starts: the refused chunks'
+    lines were parked at their first create; the deadline's move must ask them too."""
+    server.batches.start_after = math.inf
+    server.batches.enqueued_token_limit = 200
+    src, out = write_jsonl(tmp_path / "in.jsonl", questions(30)), tmp_path / "out.jsonl"
+    auto = ("--tier", "auto", "--poll-every", "0.2", "--price", "1,2", "--rpm", "1200")
+    args = ("--batch-size", "5", "--deadline", "15s")
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *auto, *args, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = read_output(out)
+    assert sorted(r["line"] for r in records) == list(range(1, 31))
+    assert {r["tier"] for r in records} == {"sync"}
+    assert server.batches.open_batches == []
     assert server.stats.duplicate_successes == 0

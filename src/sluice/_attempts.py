@@ -358,6 +358,8 @@ class Attempts(JobPlanning):
         except ProviderError as exc:
             if not exc.maybe_billed:
                 charge = 0.0
+            if exc.read_back:  # a batch's verdict kept in the state: not sent now
+                self.stats.attempts -= 1
             failure = exc
             return exc
         except ParkedError as exc:  # journalled by the provider: its money stays held till it is asked again
@@ -367,6 +369,8 @@ class Attempts(JobPlanning):
                 assert job.key is not None  # a parking provider journals: there is a store
                 self.spending.park(job.key, hold)
             self.router.released(route)  # no verdict on the deployment
+            if exc.read_back:  # it joined a batch sent before (by an earlier run, or an identical line)
+                self.stats.attempts -= 1
             failure = exc
             return exc
         except SluiceError as exc:  # raised before anything went out (a missing key, say)
@@ -381,7 +385,7 @@ class Attempts(JobPlanning):
                 reply.slot = slot
                 kept = True
                 return reply
-            if getattr(reply, "kept", False):  # read back, not sent now (a batch's answer in the state)
+            if getattr(reply, "read_back", False):  # not sent now: a batch's answer kept in the state
                 self.stats.attempts -= 1
             if reply.ratelimit is not None:  # learn before the slot frees and wakes the next
                 route.limiter.observe(reply.ratelimit)

@@ -87,6 +87,9 @@ class SluiceError(Exception):
     #: Every other failure (configuration, keys, connections, the server, money, time) is
     #: redone by a plain rerun.
     kept_on_rerun: bool = False
+    #: Read back from where an earlier send's outcome was kept (a provider batch's results
+    #: in the state), not the outcome of a send made now: not counted as a request sent.
+    read_back: bool = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

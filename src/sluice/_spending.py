@@ -183,7 +183,10 @@ class Spending:
         kept by the key's hash: a parked request costs ~100 bytes here, so a million of
         them at a provider do not fill memory. A hold on a shared budget stays whole."""
         if hold.shared:  # a shared budget's hold cannot be merged: kept as it is
-            self._parked_whole[hash(key)] = hold
+            if hash(key) in self._parked_whole:  # an identical request's: one answer, billed once
+                hold.release()
+            else:
+                self._parked_whole[hash(key)] = hold
             return
         place = id(hold.chain[0])
         entry = self._parked.get(place)

@@ -35,7 +35,7 @@ class Reply:
     batch_id: str | None = None
     #: Read back from where an earlier send's answer was kept (a provider batch's results
     #: in the state): nothing was sent for it now.
-    kept: bool = False
+    read_back: bool = False
 
 
 @runtime_checkable

@@ -186,18 +186,18 @@ def forget_batched_intents_op(db: sqlite3.Connection) -> int:
     return len(batched)
 
 
-def line_state_op(db: sqlite3.Connection, custom_id: str) -> tuple[tuple[str, bytes] | None, int | None]:
+def line_state_op(db: sqlite3.Connection, custom_id: str) -> tuple[tuple[str, bytes, int] | None, int | None]:
     """In one query (it is made for every line sent): ``custom_id``'s downloaded result
-    line and its batch, if any, and the last chunk that took it, if any. The tables must
+    line, its batch and chunk, if any, and the last chunk that took it, if any. The tables must
     exist. (A chunk's own row is not read here: its columns after ``custom_ids`` sit
     behind that list's overflow pages, ~0.1 ms a read; see ``chunk_states_op``.)"""
     row = db.execute(
-        "SELECT r.batch_id, r.line, l.chunk FROM (SELECT ? AS id) q"
+        "SELECT r.batch_id, r.line, r.chunk, l.chunk FROM (SELECT ? AS id) q"
         " LEFT JOIN tier_results r ON r.custom_id = q.id LEFT JOIN tier_lines l ON l.custom_id = q.id",
         (custom_id,),
     ).fetchone()
-    saved = None if row[0] is None else (str(row[0]), bytes(row[1]))
-    return saved, None if row[2] is None else int(row[2])
+    saved = None if row[0] is None else (str(row[0]), bytes(row[1]), int(row[2]))
+    return saved, None if row[3] is None else int(row[3])
 
 
 def chunk_states_op(db: sqlite3.Connection) -> dict[int, Chunk]:

@@ -326,8 +326,8 @@ class SqliteStore:
         """(deployment, status, batches, lines) of the job's provider batches, for reports."""
         return _batches.chunk_counts_op(self._db)
 
-    def line_state(self, custom_id: str) -> tuple[tuple[str, bytes] | None, _batches.Chunk | None]:
-        """``custom_id``'s downloaded (batch id, result line), if any, and the chunk not yet
+    def line_state(self, custom_id: str) -> tuple[tuple[str, bytes, int] | None, _batches.Chunk | None]:
+        """``custom_id``'s downloaded (batch id, result line, chunk), if any, and the chunk not yet
         collected that holds it, if any (its ``custom_ids`` left empty): one query, or none
         for a line never chunked since a state with no chunks was opened."""
         if self._fresh_lines is not None and not self._fresh_lines.may_hold(custom_id):

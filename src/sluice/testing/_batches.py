@@ -114,6 +114,9 @@ class BatchDesk:
         #: Called with ``"METHOD /path"`` as each Files or Batches request arrives (a test
         #: kills the client at a chosen step of its protocol).
         self.on_request: Callable[[str], None] | None = None
+        #: Says why a line's body is refused as the request's own fault (a 400 in the
+        #: batch's error file), or None to answer it.
+        self.reject: Callable[[Mapping[str, Any]], str | None] | None = None
         self.files: dict[str, _File] = {}
         self.batches: dict[str, _Batch] = {}
         self._line_faults: list[int] = []
@@ -574,6 +577,9 @@ def _parsed(custom_id: str, body: Any, server: FakeServer, endpoint: str) -> _Li
         line.call = fmt.parse(body, {"anthropic-version": "2023-06-01"})  # the batch request carried it
     except ApiError as exc:
         line.problem = exc
+    refused = server.batches.reject(body) if server.batches.reject is not None and isinstance(body, Mapping) else None
+    if line.problem is None and refused:
+        line.problem = ApiError(400, "invalid_request", refused)
     return line
 
 

@@ -111,7 +111,7 @@ class BatchJournal(Protocol):
     async def note_batch(self, chunk: int, batch_id: str | None, status: str) -> None: ...
     async def save_batch_results(self, chunk: int, batch_id: str, lines: list[tuple[str, bytes]]) -> None: ...
     def open_chunks(self, deployment: str | None = None) -> list[Chunk]: ...
-    def line_state(self, custom_id: str) -> tuple[tuple[str, bytes] | None, Chunk | None]: ...
+    def line_state(self, custom_id: str) -> tuple[tuple[str, bytes, int] | None, Chunk | None]: ...
     def chunk_ids(self, chunk: int) -> tuple[str, ...]: ...
     def batch_result(self, custom_id: str) -> tuple[str, bytes] | None: ...
 
@@ -168,6 +168,10 @@ class BatchTier:
         #: Parking: each created batch's chunk, and the lines its batches left unanswered
         #: (how many batches did, and why the last one did) or failed for good.
         self.parks = settings.on_ended is not None
+        #: Chunks collected by this run (a failure journalled by an earlier run is not answered again).
+        self._collected: set[int] = set()
+        #: Parking: chunks waiting to be submitted again after an enqueued-token refusal.
+        self._refused: set[int] = set()
         self._chunk_of: dict[str, int] = {}
         self._unanswered: dict[str, tuple[int, SluiceError]] = {}
         #: Parking under ``--tier auto``: chunks whose batch ran when the deadline moved their
@@ -192,23 +196,29 @@ class BatchTier:
         if self.settings.deadline is not None and self._planner is None:
             self._planner = asyncio.get_running_loop().create_task(self._plan())
         saved, held = self._journal.line_state(custom_id)
-        if saved is None and self.moved:
+        if saved is not None:  # answered by a batch of an earlier send (parked, or an earlier run)
+            try:
+                return self._reply(saved[0], saved[1], read_back=True)
+            except SluiceError as exc:
+                if saved[2] in self._collected:  # this run's batch refused the request itself: its verdict
+                    exc.read_back = True
+                    raise
+                # an earlier run's verdict, recorded then: asked again (--retry-failed), it goes to a new batch
+        if self.moved:
             note = f"sent synchronously: a batch could not answer it by the deadline ({_at(self)})"
             if not self.parks:
                 raise MovedToSyncError(note)
             self._moved_ids.add(custom_id)  # if its batch answers it after all, it was answered twice
             raise MovedToSyncError(note, maybe_billed=held is not None and held.id in self._running_at_move)
-        if saved is None and self.parks:
+        if self.parks:
             self._park_if_held(custom_id, held)
-        if saved is not None:  # answered by a batch of an earlier send (parked, or an earlier run)
-            return self._reply(*saved, kept=True)
         answer = self._waiting.get(custom_id)
         if answer is None:
             answer = self._add(custom_id, request)
-        saved = await asyncio.shield(answer)  # a cancelled send leaves the batch's answer for the rerun
-        if not saved[1]:
-            raise self._parked(saved[0])
-        return self._reply(*saved)
+        got = await asyncio.shield(answer)  # a cancelled send leaves the batch's answer for the rerun
+        if not got[1]:
+            raise self._parked(got[0])
+        return self._reply(*got)
 
     # -- parking ---------------------------------------------------------------------------
 
@@ -218,10 +228,14 @@ class BatchTier:
         good or too often."""
         failed = self._unanswered.get(custom_id)
         if failed is not None and failed[0] >= _MAX_SUBMISSIONS:
-            raise copy.copy(failed[1])  # a fresh one each time: one instance raised again grows its traceback
+            error = copy.copy(failed[1])  # a fresh one each time: one instance raised again grows its traceback
+            error.read_back = True
+            raise error
         if held is not None and held.status == "submitted" and held.batch_id is not None:
             self._chunk_of.setdefault(held.batch_id, held.id)
-            raise self._parked(held.batch_id)
+            parked = self._parked(held.batch_id)
+            parked.read_back = True  # it joins a batch sent before: nothing is sent now
+            raise parked
 
     def _parked(self, batch_id: str) -> ParkedError:
         return ParkedError(f"waiting in batch {batch_id}", chunk=self._chunk_of[batch_id], batch_id=batch_id)
@@ -309,6 +323,8 @@ class BatchTier:
             while True:
                 if self.moved:  # the deadline moved its lines before it was created
                     await self._journal.note_batch(chunk, None, "abandoned")
+                    if self.parks and not waiting:  # parked at an earlier (refused) create
+                        self._chunk_over(chunk, {})
                     return
                 batch = await api.submit(lines, self._tags(chunk), count=count)
                 batch_id = str(batch["id"])
@@ -333,7 +349,11 @@ class BatchTier:
                         f"enqueued-token limit of {limit:,}: lower --batch-size and rerun"
                     )
                 await self._journal.note_batch(chunk, None, "submitting")
-                await self._wait_for_room(refusals)
+                self._refused.add(chunk)
+                try:
+                    await self._wait_for_room(refusals)
+                finally:
+                    self._refused.discard(chunk)
             await self._collect(chunk, final, waiting)
         except asyncio.CancelledError:
             raise
@@ -418,6 +438,7 @@ class BatchTier:
                 lost = BatchResultsLostError(f"batch {batch_id}'s results could not be read: {exc.message}")
                 self._fail(waiting, lost)
                 await self._journal.note_batch(chunk, batch_id, "collected")
+                self._collected.add(chunk)
                 if self.parks:
                     self._chunk_over(chunk, {}, lost)
                 return
@@ -437,6 +458,7 @@ class BatchTier:
                 if custom_id not in seen:
                     failed[custom_id] = unanswered
         await self._journal.note_batch(chunk, batch_id, "collected")
+        self._collected.add(chunk)
         if self.parks:
             self._chunk_over(chunk, failed)
 
@@ -500,9 +522,11 @@ class BatchTier:
 
     # -- a line's outcome ------------------------------------------------------------------
 
-    def _reply(self, batch_id: str, line: bytes, *, kept: bool = False) -> Reply:
+    def _reply(self, batch_id: str, line: bytes, *, read_back: bool = False) -> Reply:
         reply = self._api_ready().reply(batch_id, line)
-        return Reply(reply.text, reply.usage, reply.raw, reply.finish_reason, reply.request_id, None, batch_id, kept)
+        return Reply(
+            reply.text, reply.usage, reply.raw, reply.finish_reason, reply.request_id, None, batch_id, read_back
+        )
 
     # -- the deadline (--tier auto) -------------------------------------------------------
 
@@ -536,6 +560,8 @@ class BatchTier:
             self._fail(waiting, MovedToSyncError(note, maybe_billed=running))
         self._fail(dict(self._waiting), MovedToSyncError(note, maybe_billed=False))  # not yet created
         if self.parks:  # the parked lines of every batch not over are asked again now, and go synchronously
+            for chunk in list(self._refused):  # parked at a create the token limit refused: none runs
+                self._chunk_over(chunk, {})
             for batch_id, chunk in list(self._chunk_of.items()):
                 status = self.batches.get(batch_id)
                 if status not in _ENDED:
