@@ -17,7 +17,7 @@ from redis_server import redis_server
 
 from sluice.testing import FakeServer
 
-__all__ = ["api_key", "redis_server", "server", "shared_bytecode_cache"]
+__all__ = ["api_key", "fake_prices", "redis_server", "server", "shared_bytecode_cache"]
 
 
 @pytest.fixture
@@ -27,14 +27,22 @@ def api_key() -> str:
 
 
 @pytest.fixture
-async def server(request: pytest.FixtureRequest, api_key: str) -> AsyncIterator[FakeServer]:
-    """The fake provider, requiring ``api_key``.
+def fake_prices() -> dict[str, tuple[float, float]] | None:
+    """What ``server`` bills (model -> USD per Mtok in, out); a module overrides it."""
+    return None
+
+
+@pytest.fixture
+async def server(
+    request: pytest.FixtureRequest, api_key: str, fake_prices: dict[str, tuple[float, float]] | None
+) -> AsyncIterator[FakeServer]:
+    """The fake provider, requiring ``api_key`` and billing ``fake_prices``.
 
     An async test gets it in the test's own event loop, so ``await server.until(...)``
     and ``server.on_arrival`` run beside the test. A sync test blocks (it runs the
     ``sluice`` command, it waits), so it gets the server answering from a thread.
     """
-    fake = FakeServer(api_key=api_key)
+    fake = FakeServer(api_key=api_key, prices=fake_prices)
     if inspect.iscoroutinefunction(request.function):
         async with fake:
             yield fake

@@ -10,7 +10,6 @@ import json
 import math
 import re
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +23,8 @@ BATCH = ("--tier", "batch", "--poll-every", "0.2", "--price", "1,2")
 
 
 @pytest.fixture
-def server(api_key: str) -> Iterator[FakeServer]:
-    fake = FakeServer(api_key=api_key, prices={"*": PRICE})
-    with fake.running_in_thread():
-        yield fake
+def fake_prices() -> dict[str, tuple[float, float]]:
+    return {"*": PRICE}
 
 
 def _batches(server: FakeServer) -> list[Any]:

@@ -10,7 +10,7 @@ import os
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +25,8 @@ BATCH = ("--tier", "batch", "--poll-every", "0.2", "--price", "1,2")
 
 
 @pytest.fixture
-def server(api_key: str) -> Iterator[FakeServer]:
-    fake = FakeServer(api_key=api_key, prices={"*": PRICE})
-    with fake.running_in_thread():
-        yield fake
+def fake_prices() -> dict[str, tuple[float, float]]:
+    return {"*": PRICE}
 
 
 def _job(tmp_path: Path, n: int) -> tuple[Path, Path]:
