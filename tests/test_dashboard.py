@@ -290,9 +290,9 @@ async def test_the_dashboard_renders_live_data_in_headless_chromium(tmp_path: Pa
                 visit.console_errors.clear()  # the browser's word on the 401 itself: not a script error
                 await visit.page.fill("input[name=key]", ADMIN_KEY)
                 await visit.page.click("button[type=submit]")
-                await visit.wait_for("Number(document.getElementById('updated').dataset.polls) >= 1")
+                await visit.wait_for("Number(document.getElementById('updated')?.dataset.polls) >= 1")
                 first = await visit.texts("#answered")
-                await visit.wait_for("Number(document.getElementById('updated').dataset.polls) >= 3")
+                await visit.wait_for("Number(document.getElementById('updated')?.dataset.polls) >= 3")
                 await visit.wait_for("document.querySelectorAll('#chart-requests polyline').length > 0")
                 later = await visit.texts("#answered")
                 await _check_page(visit)

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 from .._errors import ConfigError
 from .._models import BATCH_SUFFIX, Deployment, Request, asked_as
-from ._batch_tier import BatchJournal, BatchSettings, BatchTier
+from ._batch_tier import BatchTier
+from ._settings import BatchJournal, BatchSettings
 
 __all__ = [
     "TIER_CHOICES",
