@@ -218,3 +218,18 @@ def test_auto_moves_lines_parked_at_a_create_the_token_limit_refused(server: Fak
     assert {r["tier"] for r in records} == {"sync"}
     assert server.batches.open_batches == []
     assert server.stats.duplicate_successes == 0
+
+
+def test_lines_waiting_for_money_leave_room_for_the_parked_ones_to_come_back(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    """More lines than the engine runs at once wait for money that only parked lines can
+    give back (by being answered): those must still get into the engine."""
+    n = 200
+    src, out = write_jsonl(tmp_path / "in.jsonl", questions(n, max_tokens=200)), tmp_path / "out.jsonl"
+    budget = 0.005  # ~23 lines at their worst case; the others wait for what they give back
+    args = ("--batch-size", "10", "--concurrency", "1", "--budget", f"{budget}")  # 20 lines in the engine at once
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *BATCH, *args, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _answered_once(server, out, n)
+    assert server.total_billed_usd <= budget

@@ -78,10 +78,23 @@ async def stream_chat(
             else:
                 yield batch_request(request_of(item, spec.cache)) if auto else request_of(item, spec.cache)
 
-    def first_reading() -> Iterator[Request | SluiceError]:
+    # the engine's room is shared: lines of the first reading waiting for money that only
+    # parked lines can give back (once answered) must leave them room to come back in
+    again_room = min(_REENTRY_WINDOW, engine.concurrency // 2)
+    first_room = engine.concurrency - again_room
+
+    def whole_input() -> Iterator[Request | SluiceError]:
+        nonlocal first_done
+        yield from items(None, pending, itertools.count())
+        first_done = progress.strict_error is None  # read to its end (not cut off by a stop)
+
+    async def first_reading() -> AsyncIterator[Request | SluiceError]:
         nonlocal first_done, first_over
         try:
-            yield from items(None, pending, itertools.count())
+            for each in items(None, pending, itertools.count()):
+                yield each
+                while parking is not None and len(pending) >= first_room and not progress.stopping:
+                    await parking.changed()
             first_done = progress.strict_error is None
         finally:
             first_over = True
@@ -98,7 +111,7 @@ async def stream_chat(
                 return
             for each in items(due, again, numbering):
                 yield each
-                while len(again) > _REENTRY_WINDOW and not progress.stopping:
+                while len(again) >= again_room and not progress.stopping:
                     await parking.changed()
 
     output = JobOutput(file, progress)
@@ -127,11 +140,11 @@ async def stream_chat(
                 sent = request_of(item, spec.cache) if item.request is not None else None
                 output.write_soon(output_record(item, result, sent), functools.partial(written, result, sent))
 
-        first = consume(engine.map(first_reading(), ordered=spec.ordered), pending)
-        if parking is None:
-            await first
+        if parking is None:  # one reading, as a plain generator (the common path: no await per line)
+            await consume(engine.map(whole_input(), ordered=spec.ordered), pending)
             progress.source_exhausted = first_done
             return
+        first = consume(engine.map(first_reading(), ordered=spec.ordered), pending)
         # read again ahead of lines waiting for a batch to gather (they are answered at once)
         rest = asyncio.ensure_future(consume(engine.map(reading_again(), priority=Priority.NORMAL), again))
         try:
