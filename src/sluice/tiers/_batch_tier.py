@@ -508,6 +508,8 @@ class BatchTier:
         filling, self._filling = self._filling, _Filling()
         if filling.timer is not None:
             filling.timer.cancel()
+        if self.parks:  # lines still in memory go too: a batch created as they moved may answer some
+            self._moved_ids.update(filling.waiting, self._waiting)
         self._fail(filling.waiting, MovedToSyncError(note, maybe_billed=False))
         for batch_id, waiting in list(self._followed.items()):
             running = self.batches.get(batch_id) not in ("validating", *_ENDED)
