@@ -38,7 +38,6 @@ __all__ = [
     "line_state_op",
     "new_chunk_op",
     "note_batch_op",
-    "results_op",
     "save_results_op",
 ]
 
@@ -210,7 +209,8 @@ def chunk_states_op(db: sqlite3.Connection) -> dict[int, Chunk]:
 
 def has_tables_op(db: sqlite3.Connection) -> bool:
     """Whether the journal's tables are there (every one of them: made together)."""
-    return _has_lines(db)
+    row = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tier_lines'").fetchone()
+    return row is not None
 
 
 def chunk_ids_op(db: sqlite3.Connection, chunk: int) -> tuple[str, ...]:
@@ -219,16 +219,3 @@ def chunk_ids_op(db: sqlite3.Connection, chunk: int) -> tuple[str, ...]:
         return ()
     row = db.execute("SELECT custom_ids FROM tier_chunks WHERE id = ?", (chunk,)).fetchone()
     return () if row is None else tuple(_json.loads(row[0]))
-
-
-def _has_lines(db: sqlite3.Connection) -> bool:
-    row = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tier_lines'").fetchone()
-    return row is not None
-
-
-def results_op(db: sqlite3.Connection, custom_id: str) -> tuple[str, bytes] | None:
-    """The downloaded result line of ``custom_id`` and its batch, if there is one."""
-    if not _has_tables(db):
-        return None
-    row = db.execute("SELECT batch_id, line FROM tier_results WHERE custom_id = ?", (custom_id,)).fetchone()
-    return None if row is None else (str(row[0]), bytes(row[1]))

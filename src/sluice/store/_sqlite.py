@@ -344,10 +344,6 @@ class SqliteStore:
         """The custom ids ``chunk`` was submitted with."""
         return _batches.chunk_ids_op(self._db, chunk)
 
-    def batch_result(self, custom_id: str) -> tuple[str, bytes] | None:
-        """(batch id, result line) downloaded for ``custom_id``, if any."""
-        return _batches.results_op(self._db, custom_id)
-
     @property
     def error(self) -> StoreError | None:
         """Why writing failed, once it has (the store then refuses every write)."""
