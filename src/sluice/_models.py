@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _json
 from ._errors import ConfigError, InvalidRequestError, SluiceError
+from ._fastinit import fast_frozen_init
 from .structured._ask import ASK_MODES
 from .structured._schema import Schema
 
@@ -79,6 +80,7 @@ class Native:
             raise InvalidRequestError(f"a native body must be a JSON object, got {type(self.body).__name__}")
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True, eq=False)
 class Request:
     """One chat completion to run.
@@ -254,6 +256,7 @@ def request_key(request: Request) -> str:
     return hashlib.sha256(_json.canonical(payload)).hexdigest()[:32]
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class Usage:
     """Tokens as the provider reported them."""
@@ -281,6 +284,7 @@ class Usage:
         )
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class Timings:
     """Where a job's time went, in seconds.
@@ -299,6 +303,7 @@ class Timings:
     first_token: float | None = None
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True, eq=False)
 class Result:
     """The outcome of one request: ``ok`` with text and usage, or a typed ``error``.

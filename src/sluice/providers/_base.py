@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, runtime_checkable
 
+from .._fastinit import fast_frozen_init
 from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request, Usage
 from .._tokens import estimate_message_tokens
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["Provider", "Reply", "estimate_request_tokens", "max_output_tokens"]
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class Reply:
     """A successful answer, already parsed."""

@@ -1,0 +1,81 @@
+"""``fast_frozen_init``: the hot dataclasses keep dataclasses' own behaviour."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import pickle
+
+import pytest
+
+from sluice import InvalidRequestError, Request, Result, Usage
+from sluice._fastinit import fast_frozen_init
+from sluice._models import Timings
+from sluice.providers import Reply
+
+
+def _plain_twin(cls: type) -> type:
+    """The same fields as a dataclass with dataclasses' own __init__."""
+    spec = [(f.name, f.type, f) for f in dataclasses.fields(cls)]
+    rebuilt = [
+        (n, t, dataclasses.field(default=f.default, default_factory=f.default_factory, init=f.init)) for n, t, f in spec
+    ]
+    for i, (n, t, f) in enumerate(rebuilt):
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            rebuilt[i] = (n, t, dataclasses.field(init=f.init))
+    return dataclasses.make_dataclass(cls.__name__, rebuilt, frozen=True, slots=True)
+
+
+@pytest.mark.parametrize("cls", [Request, Usage, Timings, Result, Reply])
+def test_the_signature_is_the_one_dataclasses_writes(cls: type) -> None:
+    ours = inspect.signature(cls).parameters
+    theirs = inspect.signature(_plain_twin(cls)).parameters
+    assert list(ours) == list(theirs)
+    for name, parameter in ours.items():
+        default = theirs[name].default
+        if repr(default) == "<factory>":
+            assert repr(parameter.default) == "<factory>"
+        else:
+            assert parameter.default == default
+
+
+def test_instances_stay_frozen_equal_hashable_and_picklable() -> None:
+    usage = Usage(3, 4, reasoning_tokens=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        usage.input_tokens = 5  # type: ignore[misc]
+    assert usage == Usage(3, 4, 0, 1, 0)
+    assert hash(usage) == hash(Usage(3, 4, 0, 1, 0))
+    assert pickle.loads(pickle.dumps(usage)) == usage
+    assert dataclasses.replace(usage, output_tokens=9) == Usage(3, 9, 0, 1, 0)
+
+
+def test_default_factories_give_each_instance_its_own() -> None:
+    first, second = Request("m", [{"role": "user", "content": "x"}]), Request("m", [{"role": "user", "content": "x"}])
+    assert first.params == {}
+    assert first.params is not second.params
+    assert Result(None).usage == Usage()
+    assert Result(None).timings == Timings()
+    assert first._key is None  # init=False field: its default set
+
+
+def test_post_init_still_validates() -> None:
+    with pytest.raises(InvalidRequestError, match="max_tokens must be a positive integer"):
+        Request("m", [{"role": "user", "content": "x"}], max_tokens=0)
+    with pytest.raises(TypeError):
+        Request("m")  # type: ignore[call-arg]
+
+
+def test_it_refuses_what_it_does_not_handle() -> None:
+    @dataclasses.dataclass
+    class Loose:
+        a: int = 0
+
+    with pytest.raises(TypeError, match="not a frozen, slotted dataclass"):
+        fast_frozen_init(Loose)
+
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class KeywordOnly:
+        a: int = 0
+
+    with pytest.raises(TypeError, match="keyword-only"):
+        fast_frozen_init(KeywordOnly)
