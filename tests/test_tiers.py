@@ -260,7 +260,7 @@ def test_an_anthropic_job_runs_through_message_batches(server: FakeServer, tmp_p
 def test_an_unrecorded_anthropic_batch_is_found_by_what_can_be_seen_of_it(server: FakeServer, tmp_path: Path) -> None:
     """Anthropic's batches carry no tags: the rerun takes the one batch created after the
     chunk was journalled, still running, with as many requests."""
-    server.batches.start_after = 1.0
+    server.batches.start_after = 3600.0  # still running when the rerun looks, however slow it starts
     src, out = _job(tmp_path, 30)
     env = _anthropic_env(server)
     job = start_cli(server, "run", src, "-o", out, "--model", ANTHROPIC, *BATCH, env=env)
@@ -270,6 +270,12 @@ def test_an_unrecorded_anthropic_batch_is_found_by_what_can_be_seen_of_it(server
     finally:
         server.batches.on_created = None
     assert job.returncode == -signal.SIGKILL
+
+    def once_it_follows_one(call: str) -> None:  # the rerun asks for a batch by id: it adopted one
+        if call.startswith("GET /v1/messages/batches/"):
+            server.batches.start_after = 0.0
+
+    server.batches.on_request = once_it_follows_one
     done = run_cli(server, "run", src, "-o", out, "--model", ANTHROPIC, *BATCH, env=env)
     assert done.returncode == 0, done.stderr
     _check_answered_once(server, out, 30)

@@ -336,8 +336,10 @@ class BatchDesk:
         batch.task = asyncio.get_running_loop().create_task(self._run(batch))
 
     async def _run(self, batch: _Batch) -> None:
-        if not await self._wait(batch, batch.created_at + self.start_after):
-            return
+        # start_after is read again while the batch waits: a test may let a waiting batch start
+        while time.time() < batch.created_at + self.start_after:
+            if not await self._wait(batch, min(batch.created_at + self.start_after, time.time() + 0.25)):
+                return
         batch.status = "in_progress"
         batch.stamps["in_progress_at"] = time.time()
         step = 0.0 if self.lines_per_second is None else 1.0 / self.lines_per_second
