@@ -389,7 +389,7 @@ class HttpProvider(ABC):
                 f"{deployment.label} answered 200 with a body that is not JSON ({len(payload)} bytes)",
                 request_id=request_id,
             ) from None
-        if not isinstance(body, Mapping):
+        if type(body) is not dict and not isinstance(body, Mapping):
             raise MalformedResponseError(f"{deployment.label} answered 200 with JSON that is not an object")
         try:
             reply = (parse or self.parse_reply)(body)

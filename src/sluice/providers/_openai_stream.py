@@ -22,13 +22,13 @@ __all__ = ["OpenAIStreamDecoder", "openai_usage"]
 def openai_usage(usage: Mapping[str, Any]) -> Usage:
     """A ``usage`` object of a chat completion (or of its last chunk) as a Usage. Raises
     AttributeError for details that are not objects (the caller's malformed response)."""
-    prompt_details = usage.get("prompt_tokens_details") or {}
-    completion_details = usage.get("completion_tokens_details") or {}
+    prompt_details = usage.get("prompt_tokens_details")
+    completion_details = usage.get("completion_tokens_details")
     return Usage(
-        input_tokens=token_count(usage.get("prompt_tokens")),
-        output_tokens=token_count(usage.get("completion_tokens")),
-        cached_input_tokens=token_count(prompt_details.get("cached_tokens")),
-        reasoning_tokens=token_count(completion_details.get("reasoning_tokens")),
+        token_count(usage.get("prompt_tokens")),
+        token_count(usage.get("completion_tokens")),
+        token_count(prompt_details.get("cached_tokens")) if prompt_details else 0,
+        token_count(completion_details.get("reasoning_tokens")) if completion_details else 0,
     )
 
 
