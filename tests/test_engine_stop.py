@@ -195,6 +195,29 @@ async def test_close_without_draining_gives_every_taken_item_a_result(server: Fa
     assert all(isinstance(r.error, CancelledError) for r in results)
 
 
+async def test_a_close_without_draining_as_an_answer_is_handed_out_sends_nothing_more(server: FakeServer) -> None:
+    """One request at a time: a close without draining as the first answer is handed out
+    sends nothing more (the reader may have taken further items; none of them has begun),
+    and every other item taken gets its cancelled, never-sent result."""
+    engine = Engine(deployment_at(server), concurrency=1, retry=RetryPolicy(max_attempts=1))
+    await engine.start()
+    results: list[Result] = []
+
+    async def consume() -> None:
+        async for result in engine.map(prompts(3)):
+            results.append(result)
+            if len(results) == 1:
+                await engine.close(drain=False)
+
+    with pytest.raises(EngineClosedError):
+        await consume()
+    assert server.stats.received == 1
+    assert results[0].ok
+    assert len(results) >= 2  # every item taken from the source has its result
+    assert all(isinstance(r.error, CancelledError) for r in results[1:])
+    assert all(not r.attempts for r in results[1:])
+
+
 async def test_two_closes_at_once_both_return() -> None:
     started = asyncio.Event()
 

@@ -119,28 +119,35 @@ class _Workers:
         self._attempts = attempts
         self._finished = finished
         self._jobs: collections.deque[Job] = collections.deque()
-        self._sleeping: collections.deque[asyncio.Future[None]] = collections.deque()
+        #: Idle workers: the future each sleeps on, and its task.
+        self._sleeping: collections.deque[tuple[asyncio.Future[None], asyncio.Task[None]]] = collections.deque()
         self._closed = False
         self.tasks: set[asyncio.Task[None]] = set()
 
     def hand(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
-        """Run ``job`` (its gate slot taken): on a sleeping worker, else on a new one."""
+        """Run ``job`` (its gate slot taken): on a sleeping worker, else on a new one. The
+        worker is in the runtime's registry from now until it sleeps again, so a
+        ``close(drain=False)`` or a stop's grace running out cancels a job handed but not
+        yet started, as it would a job's own task."""
         self._jobs.append(job)
+        runtime = self._attempts.runtime
         sleeping = self._sleeping
         while sleeping:
-            waiter = sleeping.popleft()
+            waiter, task = sleeping.popleft()
             if not waiter.done():
                 waiter.set_result(None)
+                runtime.track(task)
                 return
         task = loop.create_task(self._work())
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._ended)
+        runtime.track(task)
 
     def close(self) -> None:
         """No more jobs: sleeping workers end, busy ones after their job."""
         self._closed = True
         while self._sleeping:
-            waiter = self._sleeping.popleft()
+            waiter, _ = self._sleeping.popleft()
             if not waiter.done():
                 waiter.set_result(None)
 
@@ -152,18 +159,21 @@ class _Workers:
         assert me is not None
         while True:
             if not jobs:
+                runtime.untrack(me)  # a sleeping worker holds nothing close() waits for
                 if self._closed:
                     return
                 waiter = loop.create_future()
-                self._sleeping.append(waiter)
+                self._sleeping.append((waiter, me))
                 try:
                     await waiter
-                except asyncio.CancelledError:
+                except asyncio.CancelledError:  # woken for a job, then cancelled before it began
                     self._abandon()
-                    raise
+                    absorbed = runtime.absorb_stop()
+                    runtime.untrack(me)
+                    if not absorbed:
+                        raise
                 continue
             job = jobs.popleft()
-            runtime.track(me)  # while it runs a job only: a sleeping worker holds nothing close() waits for
             try:
                 # nothing to share or serve from a store: one coroutine less
                 result = await (attempts.run(job) if job.key is None else attempts.execute(job))
@@ -171,8 +181,8 @@ class _Workers:
                 runtime.gate.release()
                 finished.put((_index(job), job.cancelled or self._never_started(job)))
                 if not runtime.absorb_stop():
-                    runtime.untrack(me)
                     self._abandon()
+                    runtime.untrack(me)
                     raise
                 # stop()'s, absorbed: on to the next job (which ends "stopped" at once)
             except Exception as exc:  # a bug: the consumer raises it
@@ -181,15 +191,21 @@ class _Workers:
             else:
                 runtime.gate.release()
                 finished.put((_index(job), result))
-            runtime.untrack(me)
 
     def _abandon(self) -> None:
-        """A worker cancelled for good: the jobs waiting for one end as never started
-        (the others are being cancelled with it: the fan-out is ending)."""
+        """A worker cancelled before its next job: the jobs waiting for a worker end as
+        never started (a cancellation that reaches one reaches all: the fan-out is
+        ending, the engine closing, or a stop's grace is over)."""
         while self._jobs:
             job = self._jobs.popleft()
             self._attempts.runtime.gate.release()
             self._finished.put((_index(job), self._never_started(job)))
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if task.cancelled():  # perhaps before it ever ran: its job still gets its result
+            self._abandon()
+        self._attempts.runtime.untrack(task)
 
     def _never_started(self, job: Job) -> Result:
         result = Result(job.request, error=CancelledError(_NEVER_STARTED), index=job.index)
