@@ -38,10 +38,30 @@ def run_cli(
     )
 
 
+#: Every command start_cli started during the current test (reaped after it by conftest).
+started: list[subprocess.Popen[str]] = []
+
+
 def start_cli(server: FakeServer, *args: str | Path, **popen: Any) -> subprocess.Popen[str]:
     popen.setdefault("stdout", subprocess.PIPE)
     popen.setdefault("stderr", subprocess.PIPE)
-    return subprocess.Popen(sluice_cmd(*args), env=popen.pop("env", None) or env_for(server), text=True, **popen)
+    process = subprocess.Popen(sluice_cmd(*args), env=popen.pop("env", None) or env_for(server), text=True, **popen)
+    started.append(process)
+    return process
+
+
+def reap_started() -> None:
+    """Kill what a test left running and close every pipe it left open: a test that fails
+    half-way must not leave a process behind, nor unclosed files whose ResourceWarning the
+    garbage collector raises later, in whichever test is running then."""
+    while started:
+        process = started.pop()
+        if process.poll() is None:
+            process.kill()
+        try:
+            process.communicate(timeout=30)
+        except ValueError:  # its pipes were already read to the end and closed
+            process.wait(timeout=30)
 
 
 def write_jsonl(path: Path, records: list[Any]) -> Path:

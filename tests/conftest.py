@@ -13,11 +13,12 @@ import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from clitools import reap_started
 from redis_server import redis_server
 
 from sluice.testing import FakeServer
 
-__all__ = ["api_key", "fake_prices", "redis_server", "server", "shared_bytecode_cache"]
+__all__ = ["api_key", "fake_prices", "reap_commands", "redis_server", "server", "shared_bytecode_cache"]
 
 
 @pytest.fixture
@@ -49,6 +50,13 @@ async def server(
     else:
         with fake.running_in_thread():
             yield fake
+
+
+@pytest.fixture(autouse=True)
+def reap_commands() -> Iterator[None]:
+    """After each test, the ``sluice`` commands it started are ended and their pipes closed."""
+    yield
+    reap_started()
 
 
 @pytest.fixture(scope="session", autouse=True)

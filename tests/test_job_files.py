@@ -299,13 +299,17 @@ def test_under_a_budget_an_uncapped_answer_is_never_silently_cut(server: FakeSer
 
 @pytest.mark.parametrize("flag", ["--adopt-output", "--overwrite"])
 def test_no_flag_lets_a_second_job_write_an_output_in_use(server: FakeServer, tmp_path: Path, flag: str) -> None:
-    server.latency = 0.05
+    # Slow answers keep the first job running however long the second takes to start on a loaded
+    # machine (60 lines, two at a time, 0.5 s each: 15 s); once the second is refused, answers come at once.
+    server.latency = 0.5
     source = write_jsonl(tmp_path / "in.jsonl", questions(60))
     output = tmp_path / "out.jsonl"
     first = start_cli(server, "run", source, "-o", output, "--model", MODEL, "--concurrency", "2")
     try:
         wait_until(lambda: server.stats.accepted >= 4)
         second = run_cli(server, "run", source, "-o", output, "--model", MODEL, "--state", tmp_path / "b.db", flag)
+        assert first.poll() is None, "the first job ended before the second was tried; the test proves nothing"
+        server.latency = 0
         assert second.returncode == 2, second.stderr
         assert "being written by another sluice job" in second.stderr
         _, stderr = first.communicate(timeout=60)

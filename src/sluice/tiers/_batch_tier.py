@@ -132,6 +132,9 @@ class BatchTier:
         #: lines (they may be billed there too), and the lines moved.
         self._running_at_move: set[int] = set()
         self._moved_ids: set[str] = set()
+        #: Lines whose batch answers are being journalled: a line asked again meanwhile waits
+        #: and reads its answer instead of finding none and being sent again (billed twice).
+        self._saving: dict[str, asyncio.Future[None]] = {}
 
     # -- the Provider protocol -----------------------------------------------------------
 
@@ -149,6 +152,9 @@ class BatchTier:
         await asyncio.shield(self._recovery)  # every line waits until an earlier run's batches are known
         if self.settings.deadline is not None and self._planner is None:
             self._planner = asyncio.get_running_loop().create_task(self._plan())
+        saving = self._saving.get(custom_id)
+        if saving is not None:  # its batch's answer is on its way to the journal
+            await asyncio.shield(saving)
         saved, held = self._journal.line_state(custom_id)
         if saved is not None:  # answered by a batch of an earlier send (parked, or an earlier run)
             try:
@@ -444,7 +450,16 @@ class BatchTier:
                 usable.append((custom_id, line))
                 if custom_id in self._moved_ids:  # parked, moved by the deadline, and answered here too
                     self.answered_twice += 1
-        await self._journal.save_batch_results(chunk, batch_id, usable)  # durable before anyone is told
+        saving: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for custom_id, _ in usable:
+            self._saving[custom_id] = saving
+        try:
+            await self._journal.save_batch_results(chunk, batch_id, usable)  # durable before anyone is told
+        finally:
+            for custom_id, _ in usable:
+                if self._saving.get(custom_id) is saving:
+                    del self._saving[custom_id]
+            saving.set_result(None)  # a failed save: the lines asked meanwhile find no answer, as before
         for custom_id, line in usable:
             self._resolve(waiting, custom_id, (batch_id, line), answered=True)
 
