@@ -32,12 +32,54 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._errors import SluiceError
 
-__all__ = ["Connection", "RedisDown", "RedisFailed", "redis_target"]
+__all__ = ["UNREACHABLE", "Connection", "RedisDown", "RedisFailed", "closed_socket_aware", "redis_target"]
 
 log = logging.getLogger("sluice.redis")
 
 #: Errors that mean "Redis cannot be reached right now" (retry), as opposed to a bug.
 UNREACHABLE: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class _ClosedSocketIsUnreachable:
+    """A command written to a socket Redis has closed under it: the default event loop
+    drops the bytes and the read fails with a ConnectionError; uvloop (the CLI's loop)
+    raises ``RuntimeError: unable to perform operation on <TCPTransport closed=True ...>;
+    the handler is closed`` from the write (MagicStack/uvloop#506). That is Redis going
+    away, not a bug: it is raised as redis-py's ConnectionError (retried once, then down)."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        try:
+            await super().send_packed_command(command, check_health)  # type: ignore[misc]
+        except RuntimeError as exc:
+            if "handler is closed" not in str(exc):
+                raise
+            raise RedisConnectionError("Redis closed the connection while a command was being written") from exc
+
+
+class _Tcp(_ClosedSocketIsUnreachable, aioredis.Connection):
+    pass
+
+
+class _Tls(_ClosedSocketIsUnreachable, aioredis.SSLConnection):
+    pass
+
+
+class _Unix(_ClosedSocketIsUnreachable, aioredis.UnixDomainSocketConnection):
+    pass
+
+
+_CLOSED_SOCKET_AWARE: dict[type[Any], type[Any]] = {
+    aioredis.Connection: _Tcp,
+    aioredis.SSLConnection: _Tls,
+    aioredis.UnixDomainSocketConnection: _Unix,
+}
+
+
+def closed_socket_aware(pool: aioredis.ConnectionPool) -> aioredis.ConnectionPool:
+    """``pool``, its connections (of the class its URL chose) made with the translation above;
+    before the pool makes its first connection."""
+    pool.connection_class = _CLOSED_SOCKET_AWARE.get(pool.connection_class, pool.connection_class)
+    return pool
 
 
 class RedisDown(SluiceError):
@@ -78,6 +120,7 @@ class Connection:
             retry=Retry(NoBackoff(), 1),
             health_check_interval=0,
         )
+        closed_socket_aware(self.client.connection_pool)
         #: Whether the owner grants from local limits while Redis is down (said in ``problem``).
         self.fail_open = False
         #: What is wrong with Redis right now, in words; None while it answers.
@@ -198,7 +241,7 @@ class Connection:
                 await asyncio.sleep(self.backoff())
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
 
     def _fire_all(self) -> None:
         for callbacks in list(self._listeners.values()):

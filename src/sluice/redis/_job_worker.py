@@ -201,7 +201,7 @@ class Worker:
                 await asyncio.sleep(self._backoff())  # _down() is said by the job loop's own calls
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
 
     async def _heartbeat(self) -> None:
         registry = WorkerRegistry(self.client, self.namespace)

@@ -31,11 +31,10 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..structured import MAX_REASKS
+from ._connection import UNREACHABLE, closed_socket_aware
 
 __all__ = [
     "UNREACHABLE",
@@ -48,9 +47,6 @@ __all__ = [
     "jobs_channel",
     "running_jobs",
 ]
-
-#: Errors that mean Redis cannot be reached now (wait and try again), not a bug.
-UNREACHABLE: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
 
 WORKERS_GROUP = "workers"
 COORDINATOR_GROUP = "coordinator"
@@ -109,7 +105,7 @@ def connect(url: str, *, timeout: float = 5.0) -> aioredis.Redis:
         socket_timeout=timeout + 2.0,
         health_check_interval=0,
     )
-    client: aioredis.Redis = aioredis.Redis.from_pool(pool)
+    client: aioredis.Redis = aioredis.Redis.from_pool(closed_socket_aware(pool))
     return client
 
 
