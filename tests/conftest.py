@@ -18,7 +18,15 @@ from redis_server import redis_server
 
 from sluice.testing import FakeServer
 
-__all__ = ["api_key", "fake_prices", "reap_commands", "redis_server", "server", "shared_bytecode_cache"]
+__all__ = [
+    "api_key",
+    "fake_prices",
+    "private_price_cache",
+    "reap_commands",
+    "redis_server",
+    "server",
+    "shared_bytecode_cache",
+]
 
 
 @pytest.fixture
@@ -75,4 +83,13 @@ def shared_bytecode_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("PYTHONDONTWRITEBYTECODE")
         patch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path_factory.mktemp("pycache")))
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_price_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The price cache (``sluice._price_cache``) of the session and every command it starts
+    lives in its temporary directory, never in the user's own cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SLUICE_CACHE_DIR", str(tmp_path_factory.mktemp("sluice-cache")))
         yield

@@ -2,8 +2,9 @@
 
 Prices come from a deployment's own ``price`` (self-hosted or unlisted models) or from
 the ``genai-prices`` package, whose data ships with it (no network at run time; it is
-imported only when a price is first needed). A model with no known price costs
-``None`` — never a silent zero.
+imported only when a price is first needed, and a process that finds today's answer in
+the price cache, ``_price_cache``, does not import it at all). A model with no known
+price costs ``None`` — never a silent zero.
 
 genai-prices takes ~200 µs per calculation, too slow for a hot path at thousands of
 requests a second, so each deployment's per-token rates are looked up once and the
@@ -13,12 +14,15 @@ context length) keep using the library's exact calculation.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ._errors import ConfigError
 from ._models import BATCH_SUFFIX, TIER_DISCOUNT, Deployment, Price, Usage
+from ._price_cache import PriceCache, price_cache
 
 __all__ = ["Price", "Pricing", "cost_of", "worst_case_cost"]
 
@@ -60,13 +64,14 @@ class _Known:
 class Pricing:
     """Prices per deployment, looked up once and cached."""
 
-    def __init__(self) -> None:
+    def __init__(self, cache: PriceCache | None = None) -> None:
         self._cache: dict[int, tuple[Deployment, _Known | None]] = {}
+        self._disk = cache
 
     def known(self, deployment: Deployment) -> _Known | None:
         entry = self._cache.get(id(deployment))
         if entry is None or entry[0] is not deployment:
-            entry = (deployment, _look_up(deployment))
+            entry = (deployment, _look_up(deployment, self._disk or price_cache()))
             self._cache[id(deployment)] = entry
         return entry[1]
 
@@ -96,7 +101,7 @@ class Pricing:
         (provider/model), or unknown and why."""
         known = self.known(deployment)
         if known is None:
-            return f"unknown: {_why_unknown(deployment)}"
+            return f"unknown: {_why_unknown(deployment, self._disk or price_cache())}"
         if known.price is None:
             return f"tiered ({known.source})"
         p = known.price
@@ -117,12 +122,12 @@ def effective_base_url(deployment: Deployment) -> str | None:
     return (os.environ.get(env) or None) if env else None
 
 
-def _route(deployment: Deployment) -> tuple[dict[str, Any], str] | None:
+def _route(deployment: Deployment, cache: PriceCache) -> tuple[dict[str, Any], str] | None:
     """How to ask genai-prices, and how to say it: a known provider's URL prices by that
     provider; any other server (vLLM, a proxy, a test server) by the provider prefix, so a
     model is priced the same whether its URL comes from the config or the environment."""
     url = effective_base_url(deployment)
-    if url is not None and _known_url(url):
+    if url is not None and _known_url(url, cache):
         return {"provider_api_url": url}, url
     provider = _PROVIDER_IDS.get(deployment.provider_name)
     if provider is not None:
@@ -132,8 +137,12 @@ def _route(deployment: Deployment) -> tuple[dict[str, Any], str] | None:
     return {}, "any provider"  # a custom provider: genai-prices matches by model name
 
 
-def _known_url(url: str) -> bool:
+def _known_url(url: str, cache: PriceCache) -> bool:
     """Does the URL belong to a provider genai-prices lists (its ``api_pattern``)?"""
+    if cache.usable():
+        known = cache.known_url(url)
+        if known is not None:
+            return known
     from genai_prices.data_snapshot import get_snapshot
 
     try:
@@ -143,10 +152,10 @@ def _known_url(url: str) -> bool:
     return True
 
 
-def _why_unknown(deployment: Deployment) -> str:
+def _why_unknown(deployment: Deployment, cache: PriceCache) -> str:
     if deployment.provider_name == "simulate":
         return "the simulated provider has no price (give one to rehearse a budget)"
-    route = _route(deployment)
+    route = _route(deployment, cache)
     where = "an unlisted server" if route is None else route[1]
     return (
         f"genai-prices has no {deployment.model_name!r} for {where} "
@@ -154,9 +163,9 @@ def _why_unknown(deployment: Deployment) -> str:
     )
 
 
-def _look_up(deployment: Deployment) -> _Known | None:
+def _look_up(deployment: Deployment, cache: PriceCache) -> _Known | None:
     """The deployment's price, at its tier's discount (flex and batch: half price)."""
-    known = _sync_price(deployment)
+    known = _sync_price(deployment, cache)
     if known is None or deployment.tier == "sync":
         return known
     share = tier_discount(deployment)
@@ -184,23 +193,58 @@ def tier_discount(deployment: Deployment) -> float:
     return TIER_DISCOUNT.get(deployment.tier, 1.0)
 
 
-def _sync_price(deployment: Deployment) -> _Known | None:
+def _sync_price(deployment: Deployment, cache: PriceCache) -> _Known | None:
     if deployment.price is not None:
         return _Known(deployment.price, source="configured")
     if deployment.provider_name == "simulate":
         return None  # a rehearsal has no real price unless the user gives one
-    try:
-        from genai_prices import Usage as PriceUsage
-        from genai_prices import calc_price
-    except ImportError:  # pragma: no cover - a declared dependency
-        return None
-    route = _route(deployment)
+    route = _route(deployment, cache)
     if route is None:
         return None
     name = deployment.model_name.removesuffix(BATCH_SUFFIX)  # a model's batch tier is priced as the model
+    key = json.dumps([name, route[0]], sort_keys=True)
+    if cache.usable():
+        found, known = _from_entry(cache.get(key))
+        if found:
+            return known
+    return _genai_price(name, route[0], key, cache)
+
+
+def _from_entry(entry: dict[str, Any] | None) -> tuple[bool, _Known | None]:
+    """A cached answer, as (found, price): flat rates, or None for a model genai-prices
+    does not know; not found for no entry, a tiered price or an entry that does not read."""
+    if entry is None:
+        return False, None
+    if entry.get("unknown") is True:
+        return True, None
+    rates, source = entry.get("rates"), entry.get("source")
+    if not (isinstance(rates, list) and len(rates) == 4 and isinstance(source, str)):
+        return False, None
     try:
-        found = calc_price(PriceUsage(input_tokens=1, output_tokens=1), name, **route[0])
+        return True, _Known(Price(*rates), source=source)
+    except (ConfigError, TypeError):
+        return False, None
+
+
+def _genai_price(name: str, route: dict[str, Any], key: str, cache: PriceCache) -> _Known | None:
+    """Ask genai-prices itself; an answer from its bundled data is kept in the cache."""
+    try:
+        from genai_prices import Usage as PriceUsage
+        from genai_prices import calc_price
+        from genai_prices.data import providers as bundled
+        from genai_prices.data_snapshot import get_snapshot
+    except ImportError:  # pragma: no cover - a declared dependency
+        return None
+    snapshot = get_snapshot()
+
+    def keep(entry: dict[str, Any]) -> None:
+        if snapshot.providers is bundled:  # never an answer from a custom or updated snapshot
+            cache.put(key, entry, [provider.api_pattern for provider in snapshot.providers])
+
+    try:
+        found = calc_price(PriceUsage(input_tokens=1, output_tokens=1), name, **route)
     except LookupError:
+        keep({"unknown": True})
         return None
     source = f"genai-prices: {found.provider.id}/{found.model.id}"
     model_price = found.model_price
@@ -215,7 +259,10 @@ def _sync_price(deployment: Deployment) -> _Known | None:
     ]
     if all(r is not _TIERED for r in rates) and isinstance(rates[0], float):
         output, read, write = (r if isinstance(r, float) else None for r in rates[1:])
-        return _Known(Price(rates[0], output or 0.0, read, write), source=source)
+        price = Price(rates[0], output or 0.0, read, write)
+        keep({"rates": [price.input_per_mtok, price.output_per_mtok, read, write], "source": source})
+        return _Known(price, source=source)
+    keep({"tiered": True})
 
     def exact(usage: Usage) -> float:
         priced = model_price.calc_price(

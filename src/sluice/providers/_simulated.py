@@ -42,7 +42,6 @@ from .._tokens import estimate_message_tokens, estimate_text_tokens
 
 # the fake server's way of making an answer of a schema's shape: one way, for both
 from ..structured._ask import sent_params
-from ..testing._structured import instance
 from ._base import Reply, estimate_request_tokens
 from ._embed import EmbedReply, simulated_vector
 from ._events import Finish, StreamEvent, StreamStart, TextDelta, UsageUpdate
@@ -192,6 +191,10 @@ class SimulatedProvider:
         output = min(limit, state.rng.randint(low, high))
         state.counter += 1
         if request.schema is not None:  # a rehearsal of a structured job: JSON of its shape
+            # The fake's schema-instance maker, imported here: sluice.testing (the fake server
+            # and aiohttp.web) stays out of the engine's import path.
+            from ..testing._structured import instance
+
             text = json.dumps(instance(request.schema.json_schema, request.schema.json_schema))
             output = max(output, 1)
         else:
