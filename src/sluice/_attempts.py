@@ -200,7 +200,7 @@ class Attempts(JobPlanning):
 
     async def run(self, job: Job) -> Result:
         """Attempt until an outcome, then record it (durably, with a store) and report it."""
-        tally = Tally(asyncio.get_running_loop().time())
+        tally = Tally(self.loop.time())
         deadline = self.deadline(tally)
         try:
             outcome = await self.until_outcome(job, tally, deadline, hand_over=self.settling)
@@ -219,6 +219,10 @@ class Attempts(JobPlanning):
             note = "it was sent and may have been answered" if tally.sent else "it was never sent"
             job.cancelled = self.finish(job, tally, error=CancelledError(f"cancelled; {note}"))
             raise
+        if self.store is None:  # nothing to make durable: no coroutine for it
+            settle_unsettled(tally, None, self.runtime.store_failed)
+            self.runtime.emit(result)
+            return result
         try:
             await self.record(job, tally, result)
         except asyncio.CancelledError:  # cut off while its outcome was being stored (a grace ran out)
@@ -302,7 +306,7 @@ class Attempts(JobPlanning):
             return slot
         route: Route = slot.route
         retry = self.retry
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         slot.sending(slot.ready_at)
         trace = job.trace
         sent_at = slot.sent_at
@@ -459,7 +463,7 @@ class Attempts(JobPlanning):
                 router.released(route)
                 runtime.store_failed(failed)
                 return CancelledError(f"not sent: {failed.message}")
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         now = loop.time()
         delay = slot.send_delay(now)  # 0 unless what came before it left late
         if delay > 0:
@@ -587,7 +591,7 @@ class Attempts(JobPlanning):
     ) -> Result:
         """The job's Result from its tally and its outcome (reported too, with ``emit``);
         ``parsed``: a schema's answer, and what was charged before its re-asks."""
-        now = asyncio.get_running_loop().time()
+        now = self.loop.time()
         priced = self.spending.pricing.has_price(job.route.deployment)
         result = Result(
             job.request,

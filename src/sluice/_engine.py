@@ -34,8 +34,6 @@ from ._runtime import Runtime
 from ._session import Session
 from ._spending import CheaperModel, Spending
 from ._stats import Stats
-from ._streaming import Stream
-from ._tracing import Tracing, make_tracer
 from .providers import HttpProvider, ProviderSet
 from .structured import MAX_REASKS
 
@@ -44,6 +42,8 @@ if TYPE_CHECKING:
 
     from ._embeddings import EmbeddingResult
     from ._errors import StoreError
+    from ._streaming import Stream
+    from ._tracing import Tracing
     from .store import Store
 
 __all__ = ["Engine", "RequestLike", "RetryEvent"]
@@ -159,7 +159,10 @@ class Engine:
             on_retry=on_retry,
             max_reasks=max_reasks,
         )
-        self.attempts.tracer = make_tracer(tracing)
+        if tracing is not None and tracing is not False:  # spans' module only when asked for
+            from ._tracing import make_tracer
+
+            self.attempts.tracer = make_tracer(tracing)
 
     # -- configuration -------------------------------------------------------------------
 
@@ -312,6 +315,8 @@ class Engine:
         if request.schema is not None:  # its answer is checked whole, and may be asked again
             raise InvalidRequestError("a request with a schema cannot be streamed; use complete() or map()")
         job = self.attempts.job(request, priority if request.priority is None else request.priority, budget=budget)
+        from ._streaming import Stream  # imported on the first stream: most engines never open one
+
         return Stream(self.attempts, job)
 
     async def run(

@@ -85,7 +85,7 @@ async def fan_out(
     in_order: InOrder[Result] = InOrder()
     try:
         while not producer_done or received < taken:
-            item = await finished.get()
+            item = finished.take() if finished.ready else await finished.get()  # no coroutine while results wait
             if item is None:
                 producer_done = True
                 continue
@@ -233,6 +233,15 @@ class _Finished(Generic[T]):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    @property
+    def ready(self) -> bool:
+        """Something is waiting to be taken."""
+        return bool(self._items)
+
+    def take(self) -> T:
+        """The next item, when :attr:`ready`."""
+        return self._items.popleft()
 
     async def get(self) -> T:
         while not self._items:

@@ -172,6 +172,9 @@ class Grant:
         just before sending: it takes the request's place in the send pacer."""
         if self._paced or self._counted is None:
             return 0.0
+        if not self._limiter._active:  # nothing paces it: its place is taken, at once
+            self._paced = True
+            return 0.0
         return self._limiter._send_delay(self, now)
 
     def sent(self, at: float) -> None:
@@ -306,12 +309,15 @@ class LocalLimiter:
     # -- the public protocol -------------------------------------------------------
 
     def check(self, tokens: int, *, output: int = 0) -> None:
+        if not self._active:  # no limit known: anything fits
+            return
         error = self._too_large(tokens, output)
         if error is not None:
             raise error
 
     def try_acquire(self, tokens: int, *, output: int = 0) -> Grant | None:
-        self.check(tokens, output=output)
+        if self._active:
+            self.check(tokens, output=output)
         if self._heap:
             return None  # first come, first served: never jump the queue
         now = (self._loop or self._bind()).time()
@@ -538,19 +544,21 @@ class LocalLimiter:
     def _adjust(self, entry: Entry, delta: tuple[int, ...], *, sent: bool = False) -> None:
         """Correct a grant after the fact (reconcile or refund) by ``delta`` per meter, in
         ledger and pacers (``sent``: it has its place in the send pacer, which counts it too)."""
-        now = self._now()
-        self._expire(now)
-        counted = not entry.gone  # still in the ledger (a later send may keep it past its time)
+        active = self._active  # none while no limit is known: only the ledger keeps count then
+        if active:
+            self._expire(self._now())
         held = entry.amounts
         held[REQUESTS] += delta[REQUESTS]
         held[TOKENS] += delta[TOKENS]
         held[INPUT] += delta[INPUT]
         held[OUTPUT] += delta[OUTPUT]
-        for meter in self._active:
-            change = delta[meter.index]
-            if change:
-                meter.adjust(change, counted=counted, sent=sent)
-        if min(delta) < 0:
+        if active:
+            counted = not entry.gone  # still in the ledger (a later send may keep it past its time)
+            for meter in active:
+                change = delta[meter.index]
+                if change:
+                    meter.adjust(change, counted=counted, sent=sent)
+        if (self._heap or self._timer is not None) and min(delta) < 0:
             self._wake()
 
     def _release_slot(self) -> None:

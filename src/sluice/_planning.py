@@ -34,6 +34,17 @@ class JobPlanning:
     spending: Spending
     stats: Stats
     store: Store | None
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, asked for once: on Python 3.11 every ``get_running_loop()`` is
+        a ``getpid`` system call, and a request asked ~5 times. Asked again once that loop
+        has closed (an engine is used on one loop at a time: its HTTP pool is bound to it)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def job(self, request: Request, priority: int, index: int | None = None, budget: Budget | None = None) -> Job:
         """The Job of ``request``; raises (before anything is sent) when it cannot be one."""
@@ -51,8 +62,8 @@ class JobPlanning:
         if not fits:
             route.limiter.check(tokens, output=output)  # no deployment it may use can ever take it
         self.stats.submitted += 1
-        loop = asyncio.get_running_loop()
-        job = Job(request, route, tokens, priority, self.runtime.next_seq(), loop.time(), index, key, budget, worst)
+        now = self.loop.time()
+        job = Job(request, route, tokens, priority, self.runtime.next_seq(), now, index, key, budget, worst)
         job.output = output
         job.groups = groups
         job.guarded = self.router.has_alternative(groups)

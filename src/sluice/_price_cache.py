@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +111,8 @@ class PriceCache:
         fresh = {"source": self._source(), "entries": entries, "api_patterns": api_patterns}
         self._loaded = fresh
         path = self.path
+        import tempfile
+
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".prices-", suffix=".json")

@@ -36,6 +36,7 @@ from .._retry import parse_retry_after, parse_should_retry
 from ..structured._ask import shaped
 from ._base import Reply, estimate_request_tokens
 from ._events import StreamEvent, StreamStart, reply_events
+from ._read_buffers import raise_mmap_threshold
 from ._sse import SseDecoder, SseError, SseEvent
 
 if TYPE_CHECKING:
@@ -125,6 +126,7 @@ class HttpTransport:
         if self._session is None or self._session.closed:
             import aiohttp
 
+            raise_mmap_threshold()  # asyncio's 256 KiB read buffers from the heap, not mmap
             connector = aiohttp.TCPConnector(limit=self._limit, limit_per_host=0, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(
                 connector=connector,

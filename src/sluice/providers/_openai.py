@@ -14,17 +14,21 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 from urllib.parse import urlsplit
 
 from .._errors import ConfigError, MalformedResponseError
 from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request, Usage
 from ._base import Reply
-from ._embed import EmbedReply, post_embeddings
 from ._http import HttpProvider, HttpTransport, StreamDecoder, header_number, missing_key_message, resolve_key
 from ._openai_stream import OpenAIStreamDecoder, openai_usage
-from ._responses import ResponsesStreamDecoder, responses_reply
+
+if TYPE_CHECKING:
+    from ._embed import EmbedReply
+
+# The Responses API's parsing (``._responses``) and embeddings (``._embed``) are imported
+# where they are used: a chat job needs neither, and compiling them is import time.
 
 __all__ = ["AzureOpenAIProvider", "OpenAIProvider", "parse_openai_duration"]
 
@@ -127,11 +131,15 @@ class OpenAIProvider(HttpProvider):
 
     def reply_parser(self, request: Request, deployment: Deployment) -> Callable[[Mapping[str, Any]], Reply]:
         if self.api_of(request, deployment) == "responses":
+            from ._responses import responses_reply
+
             return responses_reply
         return self.parse_reply
 
     def decoder_of(self, request: Request, deployment: Deployment, request_id: str | None) -> StreamDecoder:
         if self.api_of(request, deployment) == "responses":
+            from ._responses import ResponsesStreamDecoder
+
             return ResponsesStreamDecoder(deployment.label, request_id)
         return self.stream_decoder(deployment, request_id)
 
@@ -140,6 +148,8 @@ class OpenAIProvider(HttpProvider):
     def parse_reply(self, body: Mapping[str, Any]) -> Reply:
         """A chat completion; or a Response (a ``/v1/responses`` batch line's result)."""
         if body.get("object") == "response":
+            from ._responses import responses_reply
+
             return responses_reply(body)
         choices = body.get("choices")
         # ``type(x) is dict`` first: the answer is orjson's dicts, and an ABC check costs ~0.2 µs
@@ -201,6 +211,8 @@ class OpenAIProvider(HttpProvider):
         """One ``POST .../embeddings`` carrying every text of ``texts``."""
         url = self.embeddings_url(deployment)
         encoding = self.embedding_encoding(deployment)
+        from ._embed import post_embeddings
+
         return await post_embeddings(
             self, url, texts, deployment, params, encoding=encoding, idempotency_key=idempotency_key
         )
