@@ -7,8 +7,8 @@ it nothing is retried), an embeddings pack (sending itself). Around the loop:
 * :meth:`Attempts.job` makes a :class:`~sluice._job.Job` of a Request: its store key,
   the model its budget lets it use, the groups it may go to (its model's deployments,
   then its fallbacks'), its token estimate and worst case;
-* :meth:`Attempts.admit` takes money, then capacity, then (with a store) the durable
-  intent: a :class:`~sluice._slot.Slot`, settled exactly once whatever happens;
+* :meth:`Attempts.admit` (``_admission``) takes money, then capacity, then (with a store)
+  the durable intent: a :class:`~sluice._slot.Slot`, settled exactly once whatever happens;
 * :meth:`Attempts.after_failure` learns from a failed attempt (a 429 pauses the
   deployment, failures cool it, a model that cannot take the request hands it to the
   next of its fallbacks) and says how long to wait, or to give up;
@@ -25,14 +25,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
 
+from ._admission import Admission
 from ._arrival import listening
-from ._budget import BudgetHold
 from ._errors import (
     AttemptTimeoutError,
     CancelledError,
-    DeadlineExceededError,
     FatalProviderError,
-    GroupExhausted,
     MovedToSyncError,
     ParkedError,
     ProviderError,
@@ -41,9 +39,8 @@ from ._errors import (
     StoreError,
 )
 from ._job import Job
-from ._limits import RateLimitSnapshot, Reservation
+from ._limits import RateLimitSnapshot
 from ._models import Request, Result, Timings, Usage
-from ._planning import JobPlanning
 from ._records import result_from_record
 from ._retry import RetryPolicy
 from ._router import Route, Router, deployment_fault, model_cannot_take
@@ -102,7 +99,7 @@ class RetryEvent:
     deployment: str
 
 
-class Attempts(JobPlanning):
+class Attempts(Admission):
     """One engine's attempt core (see the module docstring)."""
 
     def __init__(
@@ -301,7 +298,13 @@ class Attempts(JobPlanning):
         is silent until it is ready, so its ``idle_timeout`` is timed here too (moved on
         while a slow body keeps arriving); a stream's (``streamed``) is its transport's,
         between chunks."""
-        slot = await self.admit(job, tally, deadline)
+        slot = self.admit_at_once(job, tally)
+        if slot is None:
+            slot = await self.admit(job, tally, deadline)
+        elif isinstance(slot, SluiceError):
+            return slot
+        elif slot.held_back:  # placed, but the send pacer holds it back a moment
+            slot = await self.admit(job, tally, deadline, placed=slot)
         if isinstance(slot, SluiceError):
             return slot
         route: Route = slot.route
@@ -413,117 +416,6 @@ class Attempts(JobPlanning):
                 )
                 if cut_off:  # cancelled at the provider: no verdict on the deployment (a probe is freed)
                     self.router.released(route)
-
-    async def admit(self, job: Job, tally: Tally, deadline: float | None) -> Slot | SluiceError:
-        """Money, then capacity, then (with a store) the durable intent: a Slot ready to
-        send, or why the attempt cannot be made (final: it was not sent)."""
-        router, runtime = self.router, self.runtime
-        batch = job.batch
-        tally.sent_this_time = False
-        hold: BudgetHold | None = None
-        try:
-            granted = None
-            if job.budget is None:  # the common case, no budget and room at once: no timer, no await
-                can_fall_back = job.step + 1 < len(job.groups)
-                group = job.groups[job.step]
-                granted = router.try_acquire(
-                    group, job.tokens, job.tried, guarded=job.guarded, can_fall_back=can_fall_back, output=job.output
-                )
-            if granted is None:
-                granted, hold = await self._wait_for_room(job, tally, deadline)
-        except TimeoutError:
-            return DeadlineExceededError(f"its deadline ({self.retry.deadline:g} s) passed while it waited")
-        except SluiceError as exc:  # no money left, or a limit learnt since that it can never fit
-            return exc
-        route, reservation = granted
-        job.route = route
-        job.placed_at = route.health.epoch
-        store = self.store if job.key is not None else None
-        slot = Slot(
-            route,
-            reservation,
-            hold,
-            tally,
-            self.stats,
-            self._worst_of,
-            job,
-            store,
-            runtime.store_failed,
-            job.placed_at,
-            self.timeline,
-        )
-        if store is not None:
-            assert job.key is not None
-            try:
-                failed = await slot.note(job.key)
-            except BaseException:
-                router.released(route)
-                raise
-            if failed is not None:
-                router.released(route)
-                runtime.store_failed(failed)
-                return CancelledError(f"not sent: {failed.message}")
-        loop = self.loop
-        now = loop.time()
-        delay = slot.send_delay(now)  # 0 unless what came before it left late
-        if delay > 0:
-            try:
-                with runtime.waiting_while(batch):
-                    await asyncio.sleep(delay)
-            except BaseException:
-                slot.unsent()
-                router.released(route)
-                raise
-            now = loop.time()
-        if runtime.stopping and batch:
-            slot.unsent()
-            router.released(route)
-            return CancelledError(stopped_note(tally))
-        slot.ready_at = now
-        return slot
-
-    async def _wait_for_room(
-        self, job: Job, tally: Tally, deadline: float | None
-    ) -> tuple[tuple[Route, Reservation], BudgetHold | None]:
-        """The slow path of admission: wait for money, then for a deployment with room
-        (moving to a fallback when the group is exhausted); the grant and the hold."""
-        loop = asyncio.get_running_loop()
-        router = self.router
-        waited_from = loop.time()
-        hold: BudgetHold | None = None
-        try:
-            granted = None
-            while granted is None:
-                with self.runtime.waiting_while(job.batch):
-                    async with asyncio.timeout_at(deadline):
-                        hold = self._parked_hold(job) or await self.spending.reserve(job.budget, job.worst_cost)
-                        try:
-                            granted = await router.acquire(
-                                job.groups[job.step],
-                                job.tokens,
-                                job.priority,
-                                job.seq,
-                                job.tried,
-                                guarded=job.guarded,
-                                can_fall_back=job.step + 1 < len(job.groups),
-                                output=job.output,
-                            )
-                        except GroupExhausted:
-                            _commit(hold, 0.0)
-                            hold = None
-                            self.fall_back(job)
-            return granted, hold
-        except BaseException:
-            _commit(hold, 0.0)
-            raise
-        finally:
-            tally.waited += loop.time() - waited_from
-
-    def _parked_hold(self, job: Job) -> BudgetHold | None:
-        """The hold this request kept when it was parked (asked again now), if any."""
-        if job.budget is None or job.key is None:
-            return None
-        return self.spending.unpark(job.budget, job.key, job.worst_cost)
 
     def after_failure(self, job: Job, error: SluiceError, attempt: int, deadline: float | None) -> float | None:
         """Learn from a failed attempt; the delay before the next, or None to give up.
@@ -669,8 +561,3 @@ def _timed_out(route: Route, timeout: float | None, idle: float | None) -> Attem
     if timeout is None:  # the provider's own timeout
         return AttemptTimeoutError(f"timed out talking to {label}")
     return AttemptTimeoutError(f"no answer from {label} within {timeout:g} s")
-
-
-def _commit(hold: BudgetHold | None, charge: float) -> None:
-    if hold is not None:
-        hold.commit(charge)

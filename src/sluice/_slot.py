@@ -73,6 +73,7 @@ class Slot:
         "_timeline",
         "_worst",
         "first_at",
+        "held_back",
         "placed_at",
         "ready_at",
         "reservation",
@@ -116,6 +117,8 @@ class Slot:
         self._timeline = timeline
         #: When a stream's first delta came (the loop's time), set by the stream.
         self.first_at: float | None = None
+        #: Seconds the send pacer holds it back before it may leave (admission waits them).
+        self.held_back = 0.0
 
     async def note(self, key: str) -> StoreError | None:
         """Durably record the attempt before it is sent; the error if that cannot be done
