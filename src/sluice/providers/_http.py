@@ -15,8 +15,8 @@ import io
 import json
 import os
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import urlsplit
 
 from .. import _json
@@ -121,12 +121,16 @@ class HttpTransport:
         self._limit = limit
         self.idle_timeout = idle_timeout
         self._session: aiohttp.ClientSession | None = None
+        #: What a round trip can fail with that :meth:`failure` maps (aiohttp's errors once
+        #: the session, and with it aiohttp, is there: no import statement per request).
+        self.failures: tuple[type[BaseException], ...] = (TimeoutError,)
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             import aiohttp
 
             raise_mmap_threshold()  # asyncio's 256 KiB read buffers from the heap, not mmap
+            self.failures = (TimeoutError, aiohttp.ClientError)
             connector = aiohttp.TCPConnector(limit=self._limit, limit_per_host=0, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(
                 connector=connector,
@@ -344,12 +348,36 @@ class HttpProvider(ABC):
         """One round trip to ``deployment`` (its endpoint, or ``url``) through the pooled
         session: the 200 body, the provider's request id and what the rate-limit headers
         said. Any other status, and a failure on the way, raise the typed ProviderError."""
-        import aiohttp
+        answer = await self._exchange(deployment, data, url, idempotency_key, None)
+        assert isinstance(answer, tuple)
+        return answer
 
+    def send(
+        self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None
+    ) -> Coroutine[Any, Any, Reply]:
+        """One attempt: the body is built and encoded now (a request that cannot be sent
+        raises here, before anything goes out) and the returned coroutine makes the round
+        trip and reads the answer: one level of coroutine, not ``send``'s and ``post``'s
+        (every level is resumed at each of the round trip's suspensions)."""
+        data = self._encode(self.body_of(request, deployment))  # a translation error stays as it is
+        url = self.url_of(request, deployment)
+        exchange = self._exchange(deployment, data, url, idempotency_key, self.reply_parser(request, deployment))
+        return cast("Coroutine[Any, Any, Reply]", exchange)  # with a parse: a Reply
+
+    async def _exchange(
+        self,
+        deployment: Deployment,
+        data: bytes | io.BytesIO,
+        url: str | None,
+        idempotency_key: str | None,
+        parse: Callable[[Mapping[str, Any]], Reply] | None,
+    ) -> Reply | tuple[bytes, str | None, RateLimitSnapshot | None]:
+        """:meth:`post`'s round trip; with ``parse``, the Reply it reads (:meth:`send`)."""
         endpoint, headers = self._endpoint_for(deployment)
         if idempotency_key is not None:
             headers = {**headers, "idempotency-key": idempotency_key}
-        session = self._transport.session()
+        transport = self._transport
+        session = transport.session()
         try:
             # never follow a redirect: aiohttp would carry x-api-key / api-key to the new origin
             async with session.post(url or endpoint, data=data, headers=headers, allow_redirects=False) as response:
@@ -359,19 +387,15 @@ class HttpProvider(ABC):
                     payload = await _read_arriving(response)
                 status = response.status
                 response_headers: Mapping[str, str] = response.headers
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise self._transport.failure(exc, deployment.label) or exc from None
+        except transport.failures as exc:
+            raise transport.failure(exc, deployment.label) or exc from None
         request_id = response_headers.get(self.request_id_header)
         ratelimit = self.parse_ratelimit(response_headers)
         if status != 200:
             raise self.error_of(status, payload, response_headers, request_id, ratelimit, deployment)
-        return payload, request_id, ratelimit
-
-    async def send(self, request: Request, deployment: Deployment, *, idempotency_key: str | None = None) -> Reply:
-        data = self._encode(self.body_of(request, deployment))  # a translation error stays as it is
-        url = self.url_of(request, deployment)
-        payload, request_id, ratelimit = await self.post(deployment, data, url=url, idempotency_key=idempotency_key)
-        return self.reply_of(payload, request_id, ratelimit, deployment, parse=self.reply_parser(request, deployment))
+        if parse is None:
+            return payload, request_id, ratelimit
+        return self.reply_of(payload, request_id, ratelimit, deployment, parse=parse)
 
     def reply_of(
         self,
