@@ -76,19 +76,23 @@ def prompt(i: int) -> str:
 
 async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     settings = Settings(url=args.url, concurrency=args.concurrency, max_tokens=args.max_tokens, model=args.model)
+    prompts = [prompt(i) for i in range(args.n)]
+    # --cold: the clock runs from before the client's library is imported, with no warm-up
+    # (what a script pays for its first N calls: imports, setup, price lookup, ramp-up)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     try:
         client = make_client(args.client, settings)
     except NotInstalledError as exc:
         return {"status": "not installed", "detail": str(exc)}
     profiler = cProfile.Profile() if args.profile_out else None
     try:
-        if args.warmup:
-            await client.run([prompt(i) for i in range(args.n, args.n + args.warmup)])
-        prompts = [prompt(i) for i in range(args.n)]
-        gc.collect()
+        if not args.cold:
+            if args.warmup:
+                await client.run([prompt(i) for i in range(args.n, args.n + args.warmup)])
+            gc.collect()
+            wall0, cpu0 = time.perf_counter(), time.process_time()
         if profiler is not None:
             profiler.enable()
-        wall0, cpu0 = time.perf_counter(), time.process_time()
         tally = await client.run(prompts)
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         if profiler is not None:
@@ -114,6 +118,11 @@ def worker(args: argparse.Namespace) -> int:
 # -- the orchestrator --------------------------------------------------------------------
 
 
+def warmed(args: argparse.Namespace) -> int:
+    """Untimed calls before each timed run."""
+    return 0 if args.cold else args.warmup
+
+
 def _worker_args(args: argparse.Namespace, client: str, url: str) -> list[str]:
     return [
         "--client",
@@ -130,6 +139,7 @@ def _worker_args(args: argparse.Namespace, client: str, url: str) -> list[str]:
         str(args.max_tokens),
         "--model",
         args.model,
+        *(["--cold"] if args.cold else []),
     ]
 
 
@@ -157,7 +167,7 @@ def _rounds(args: argparse.Namespace, clients: Sequence[str]) -> dict[str, list[
                 if server_cpu is not None and outcome.result is not None:
                     after = process_cpu_seconds(server.pid)
                     if after is not None:  # warm-up calls included: the server answered those too
-                        record["server_cpu_per_call"] = (after - server_cpu) / (args.n + args.warmup)
+                        record["server_cpu_per_call"] = (after - server_cpu) / (args.n + warmed(args))
                 if outcome.result is None:
                     record["stderr"] = outcome.stderr_tail
                 record["round"] = round_no
@@ -495,7 +505,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\n## Throughput — {started}; {machine_line()}\n\n{versions}.\n")
     print(
         f"Zero-latency {args.server} server in its own process; {args.n:,} calls per run, concurrency "
-        f"{args.concurrency}, {args.warmup} warm-up calls first; {args.rounds} interleaved rounds, "
+        f"{args.concurrency}, "
+        + (
+            "timed from before the client's library is imported, no warm-up (--cold); "
+            if args.cold
+            else f"{args.warmup} warm-up calls first; "
+        )
+        + f"{args.rounds} interleaved rounds, "
         "median shown. x raw aiohttp: median of the per-round req/s ratios; x raw (CPU per call): "
         "median of the per-round ratios of raw aiohttp's CPU per call to the client's (steadier when "
         "other work shares the machine).\n"
@@ -542,6 +558,11 @@ def _parser() -> argparse.ArgumentParser:
     add("--concurrency", type=int, default=100, help="calls in flight at once (default 100)")
     add("--rounds", type=int, default=3, help="interleaved rounds; the median is reported (default 3)")
     add("--warmup", type=int, default=200, help="untimed calls before each timed run (default 200)")
+    add(
+        "--cold",
+        action="store_true",
+        help="time each run from before its client's library is imported, with no warm-up: a script's first --n calls",
+    )
     add("--max-tokens", type=int, default=16, help="max_tokens of every call (default 16)")
     add(
         "--model",
