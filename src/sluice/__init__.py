@@ -23,8 +23,7 @@ if is_the_command(sys.orig_argv):  # `sluice` or `python -m sluice` is starting,
 
     quiet_interrupts()  # first, so a Ctrl-C while the rest loads is not a traceback
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._errors import (
     AttemptTimeoutError,
@@ -54,6 +53,7 @@ from ._errors import (
     StoreError,
     UnknownPriceError,
 )
+from ._lazy import lazy_attributes
 from ._models import (
     Deployment,
     Native,
@@ -112,13 +112,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sluice' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())
 
 
 def __dir__() -> list[str]:

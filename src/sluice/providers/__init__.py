@@ -8,11 +8,11 @@ A model is named ``provider/model``; a bare name means the OpenAI-compatible pro
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._errors import ConfigError
+from .._lazy import lazy_attributes
 from .._models import Deployment
 from ._base import Provider, Reply, estimate_request_tokens, max_output_tokens
 from ._events import Finish, StreamEvent, StreamingProvider, StreamStart, TextDelta, ToolCallDelta, UsageUpdate
@@ -29,13 +29,7 @@ if TYPE_CHECKING:
 _LAZY = {"AnthropicProvider": "._anthropic", "CallableProvider": "._callable", "SimulatedProvider": "._simulated"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())
 
 
 __all__ = [
