@@ -66,6 +66,7 @@ class Admission(JobPlanning):
             tally.sent_this_time = False
             hold: BudgetHold | None = None
             try:
+                # tried again after admit_at_once found no room: one call, on the path that waits anyway
                 granted = self._room_at_once(job) if job.budget is None else None
                 if granted is None:
                     granted, hold = await self._wait_for_room(job, tally, deadline)
