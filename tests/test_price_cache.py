@@ -197,3 +197,22 @@ def test_a_custom_snapshot_is_obeyed_and_never_written_to_the_cache(tmp_path: Pa
     assert json.loads(result.stdout) == pytest.approx(16.0)  # the custom price, not the cached one
     assert _cache_file(tmp_path).read_text() == before
     assert _lookup(tmp_path, MINI)["prices"] == good["prices"]
+
+
+@pytest.mark.parametrize(
+    "base_url",
+    [
+        "https://user:sk-secret-in-url@myres.openai.azure.com",
+        "https://myres.openai.azure.com/openai?api-key=sk-secret-in-url",
+    ],
+)
+def test_a_url_holding_a_key_is_priced_but_never_kept_on_disk_nor_shown(tmp_path: Path, base_url: str) -> None:
+    first = _lookup(tmp_path, ("azure/gpt-4o-mini", base_url), ("azure/no-such-model-anywhere", base_url))
+    assert first["prices"][0]["cost"] is not None  # priced by the URL, as without the key
+    assert "sk-secret-in-url" not in json.dumps(first)  # not in what describe() says
+    assert "myres.openai.azure.com" in first["prices"][1]["describe"]
+    cached = list(tmp_path.rglob("*"))
+    assert all("sk-secret-in-url" not in path.read_text() for path in cached if path.is_file())
+    # the same deployment without the key in its URL is kept: the test can see a write
+    _lookup(tmp_path, ("azure/gpt-4o-mini", "https://myres.openai.azure.com"))
+    assert _cache_file(tmp_path).exists()

@@ -128,13 +128,26 @@ def _route(deployment: Deployment, cache: PriceCache) -> tuple[dict[str, Any], s
     model is priced the same whether its URL comes from the config or the environment."""
     url = effective_base_url(deployment)
     if url is not None and _known_url(url, cache):
-        return {"provider_api_url": url}, url
+        return {"provider_api_url": url}, _without_credentials(url)
     provider = _PROVIDER_IDS.get(deployment.provider_name)
     if provider is not None:
         return {"provider_id": provider}, provider
     if url is not None:
         return None  # an unknown provider on an unknown server: no honest guess
     return {}, "any provider"  # a custom provider: genai-prices matches by model name
+
+
+def _without_credentials(url: str) -> str:
+    """``url`` as it may be shown or kept on disk: no user, password or query (a key may be
+    written in either)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None and not parts.query:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _known_url(url: str, cache: PriceCache) -> bool:
@@ -203,6 +216,9 @@ def _sync_price(deployment: Deployment, cache: PriceCache) -> _Known | None:
         return None
     name = deployment.model_name.removesuffix(BATCH_SUFFIX)  # a model's batch tier is priced as the model
     key = json.dumps([name, route[0]], sort_keys=True)
+    url = route[0].get("provider_api_url")
+    if url is not None and _without_credentials(url) != url:  # never a key on disk: looked up each time
+        return _genai_price(name, route[0], None, cache)
     if cache.usable():
         found, known = _from_entry(cache.get(key))
         if found:
@@ -226,8 +242,9 @@ def _from_entry(entry: dict[str, Any] | None) -> tuple[bool, _Known | None]:
         return False, None
 
 
-def _genai_price(name: str, route: dict[str, Any], key: str, cache: PriceCache) -> _Known | None:
-    """Ask genai-prices itself; an answer from its bundled data is kept in the cache."""
+def _genai_price(name: str, route: dict[str, Any], key: str | None, cache: PriceCache) -> _Known | None:
+    """Ask genai-prices itself; an answer from its bundled data is kept in the cache (under
+    ``key``; None: not kept)."""
     try:
         from genai_prices import Usage as PriceUsage
         from genai_prices import calc_price
@@ -238,7 +255,7 @@ def _genai_price(name: str, route: dict[str, Any], key: str, cache: PriceCache) 
     snapshot = get_snapshot()
 
     def keep(entry: dict[str, Any]) -> None:
-        if snapshot.providers is bundled:  # never an answer from a custom or updated snapshot
+        if key is not None and snapshot.providers is bundled:  # never one from a custom or updated snapshot
             cache.put(key, entry, [provider.api_pattern for provider in snapshot.providers])
 
     try:
