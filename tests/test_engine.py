@@ -229,6 +229,67 @@ def test_a_burst_allowance_sends_that_many_at_once_then_paces() -> None:
     assert [t - start for t in sent] == pytest.approx([0.0] * 6 + [1.0, 2.0], abs=0.02)  # (the pace margin)
 
 
+class _HeldBack:
+    """A LocalLimiter's reservation whose send pacer holds it back ``hold`` seconds (as
+    when the requests before it left late): the engine must wait before it sends."""
+
+    def __init__(self, inner: Any, hold: float) -> None:
+        self._inner, self._hold = inner, hold
+
+    def send_delay(self, now: float) -> float:
+        self._inner.send_delay(now)
+        return self._hold
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _PacedLimiter(LocalLimiter):
+    """Grants at once (no limit), each reservation held back 5 s by the pacer."""
+
+    def try_acquire(self, tokens: int, *, output: int = 0) -> Any:
+        granted = super().try_acquire(tokens, output=output)
+        return None if granted is None else _HeldBack(granted, 5.0)
+
+
+def test_a_request_the_send_pacer_holds_back_leaves_when_it_says() -> None:
+    sent: list[float] = []
+
+    async def answer(request: Request) -> str:
+        sent.append(asyncio.get_running_loop().time())
+        return "ok"
+
+    async def scenario() -> tuple[float, list[Result]]:
+        deployment = Deployment("mine/x", provider=CallableProvider(answer))
+        async with Engine(deployment, limiter_factory=lambda d: _PacedLimiter(name=d.label)) as engine:
+            start = asyncio.get_running_loop().time()
+            return start, await asyncio.gather(*(engine.complete("mine/x", f"q{i}") for i in range(3)))
+
+    start, results = run_in_virtual_time(scenario())
+    assert all(result.ok for result in results)
+    assert [t - start for t in sent] == pytest.approx([5.0] * 3, abs=0.01)
+
+
+def test_a_stop_while_the_send_pacer_holds_a_map_request_back_sends_nothing() -> None:
+    sent: list[str] = []
+
+    async def answer(request: Request) -> str:
+        sent.append(str(request.messages[0]["content"]))
+        return "ok"
+
+    async def scenario() -> list[Result]:
+        deployment = Deployment("mine/x", provider=CallableProvider(answer))
+        async with Engine(deployment, limiter_factory=lambda d: _PacedLimiter(name=d.label)) as engine:
+            loop = asyncio.get_running_loop()
+            loop.call_later(1.0, engine.stop)  # before the pacer's 5 s are up
+            return [result async for result in engine.map([f"q{i}" for i in range(3)], model="mine/x")]
+
+    results = run_in_virtual_time(scenario())
+    assert sent == []
+    assert len(results) == 3
+    assert all(not result.ok and result.error is not None and result.error.kind == "cancelled" for result in results)
+
+
 async def test_a_429_pauses_the_whole_deployment_for_retry_after(server: FakeServer) -> None:
     loop = asyncio.get_running_loop()
     server.inject("429", times=1, retry_after=0.4)
