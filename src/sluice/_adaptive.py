@@ -82,8 +82,8 @@ class Adaptive:
         answered = [x for x in self._samples if not math.isnan(x[0])]
         self._samples = []
         if answered:
-            per_token = sorted(x[0] for x in answered)[len(answered) // 2]
-            seconds = sorted(x[1] for x in answered)[len(answered) // 2]
+            per_token = sorted([x[0] for x in answered])[len(answered) // 2]  # lists: a generator resumes per item
+            seconds = sorted([x[1] for x in answered])[len(answered) // 2]
             self._floor = min(self._floor, per_token)
             self._floor_seconds = min(self._floor_seconds, seconds)
             # a rise counts when it is large both relatively and in seconds: a fast server's

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ._budget import BudgetHold
+    from ._errors import StoreError
     from ._job import Job
     from ._limits import Reservation
     from ._retry import RetryPolicy
@@ -35,6 +36,7 @@ class Admission(JobPlanning):
     retry: RetryPolicy
     timeline: AttemptLog | None
     _worst_of: Callable[[Job], float]
+    _store_failed: Callable[[StoreError], None]
 
     def admit_at_once(self, job: Job, tally: Tally) -> Slot | SluiceError | None:
         """:meth:`admit` when nothing has to be waited for (no budget, no intent to write,
@@ -50,7 +52,9 @@ class Admission(JobPlanning):
         if granted is None:
             return None
         slot = self._slot(job, tally, granted, None)
-        now = self.loop.time()
+        loop = self._loop  # as the job's making left it (see JobPlanning.loop)
+        assert loop is not None
+        now = loop.time()
         slot.held_back = slot.send_delay(now)  # 0 unless what came before it left late
         return slot if slot.held_back > 0 else self._ready(job, tally, slot, now)
 
@@ -125,7 +129,7 @@ class Admission(JobPlanning):
             self._worst_of,
             job,
             store,
-            self.runtime.store_failed,
+            self._store_failed,
             job.placed_at,
             self.timeline,
         )

@@ -134,6 +134,7 @@ class Attempts(Admission):
         self.timeline: AttemptLog | None = getattr(store, "timeline", None)
         self._inflight: dict[str, asyncio.Future[Result]] = {}
         self._worst_of = self.worst  # bound once: every Slot calls it with its job
+        self._store_failed = runtime.store_failed  # ...and holds this (a bound method made once, not per Slot)
 
     # -- jobs ------------------------------------------------------------------------------
 
@@ -197,7 +198,9 @@ class Attempts(Admission):
 
     async def run(self, job: Job) -> Result:
         """Attempt until an outcome, then record it (durably, with a store) and report it."""
-        tally = Tally(self.loop.time())
+        loop = self._loop  # as job() left it (see JobPlanning.loop)
+        assert loop is not None
+        tally = Tally(loop.time())
         deadline = self.deadline(tally)
         try:
             outcome = await self.until_outcome(job, tally, deadline, hand_over=self.settling)
@@ -216,8 +219,8 @@ class Attempts(Admission):
             note = "it was sent and may have been answered" if tally.sent else "it was never sent"
             job.cancelled = self.finish(job, tally, error=CancelledError(f"cancelled; {note}"))
             raise
-        if self.store is None:  # nothing to make durable: no coroutine for it
-            settle_unsettled(tally, None, self.runtime.store_failed)
+        if self.store is None:  # nothing to make durable (nor an intent to settle): no coroutine for it
+            tally.unsettled = None
             self.runtime.emit(result)
             return result
         try:
@@ -309,7 +312,8 @@ class Attempts(Admission):
             return slot
         route: Route = slot.route
         retry = self.retry
-        loop = self.loop
+        loop = self._loop  # as the job's making left it (see JobPlanning.loop)
+        assert loop is not None
         slot.sending(slot.ready_at)
         trace = job.trace
         sent_at = slot.sent_at
@@ -483,7 +487,9 @@ class Attempts(Admission):
     ) -> Result:
         """The job's Result from its tally and its outcome (reported too, with ``emit``);
         ``parsed``: a schema's answer, and what was charged before its re-asks."""
-        now = self.loop.time()
+        loop = self._loop  # as the job's making left it (see JobPlanning.loop)
+        assert loop is not None
+        now = loop.time()
         priced = self.spending.pricing.has_price(job.route.deployment)
         result = Result(
             job.request,

@@ -40,7 +40,11 @@ class JobPlanning:
     def loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, asked for once: on Python 3.11 every ``get_running_loop()`` is
         a ``getpid`` system call, and a request asked ~5 times. Asked again once that loop
-        has closed (an engine is used on one loop at a time: its HTTP pool is bound to it)."""
+        has closed (an engine is used on one loop at a time: its HTTP pool is bound to it).
+
+        Every job is made through this (:meth:`job`, an embeddings pack's tally), so what
+        runs a job after it reads ``_loop`` as it was left: no property call, no
+        ``is_closed()``, four times a request."""
         loop = self._loop
         if loop is None or loop.is_closed():
             loop = self._loop = asyncio.get_running_loop()

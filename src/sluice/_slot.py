@@ -66,7 +66,6 @@ class Slot:
         "_hold",
         "_intent",
         "_on_store_error",
-        "_sent_at",
         "_stats",
         "_store",
         "_subject",
@@ -78,6 +77,7 @@ class Slot:
         "ready_at",
         "reservation",
         "route",
+        "sent_at",
         "tally",
     )
 
@@ -110,7 +110,8 @@ class Slot:
         self._store = store
         self._on_store_error = on_store_error
         self._intent: int | None = None
-        self._sent_at = 0.0
+        #: When it went to the provider (the loop's time; see :meth:`sending`).
+        self.sent_at = 0.0
         #: When admission finished (the loop's time): the moment it is sent, unless it waits.
         self.ready_at: float | None = None
         #: Told of the attempt when it settles (the store's timeline, for ``sluice report``).
@@ -162,14 +163,10 @@ class Slot:
         self._stats.attempts += 1
         if now is None:
             now = asyncio.get_running_loop().time()
-        self._sent_at = now
+        self.sent_at = now
         sent = getattr(self.reservation, "sent", None)  # optional in the Reservation protocol
         if sent is not None:
             sent(now)
-
-    @property
-    def sent_at(self) -> float:
-        return self._sent_at
 
     def reconcile(self, usage: Usage, estimate: int) -> None:
         """Settle the reservation to what the answer used: its tokens, and its input and
@@ -201,7 +198,7 @@ class Slot:
         tally = self.tally
         tally.at_provider = cut_off
         ended = asyncio.get_running_loop().time() if now is None else now
-        tally.latency = ended - self._sent_at
+        tally.latency = ended - self.sent_at
         self.reservation.done()
         charge = self._worst(self._subject) if charge is None else max(0.0, charge)  # a cost is never a refund
         if self._hold is not None:
@@ -212,7 +209,7 @@ class Slot:
             if error is None and not answered:
                 error = _UNANSWERED
             self._timeline.attempt(
-                self.route.deployment, self._sent_at, ended, tally.attempts, error, usage, charge, self.first_at
+                self.route.deployment, self.sent_at, ended, tally.attempts, error, usage, charge, self.first_at
             )
         if self._intent is not None and not cut_off:
             if hand_over:

@@ -73,7 +73,8 @@ def estimate_message_tokens(messages: Sequence[Mapping[str, Any]], extra: Mappin
     """Prompt tokens for chat ``messages`` (plus tools or a system prompt in ``extra``)."""
     total = REPLY_PRIMER
     for message in messages:
-        total += PER_MESSAGE + _content_tokens(message.get("content"))
+        content = message.get("content")
+        total += PER_MESSAGE + (estimate_text_tokens(content) if type(content) is str else _content_tokens(content))
         name = message.get("name")
         if isinstance(name, str):
             total += estimate_text_tokens(name)

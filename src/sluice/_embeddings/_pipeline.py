@@ -438,7 +438,7 @@ class EmbedPipeline:
         """The pack's attempts, by the attempt core's one loop, sending the pack as one
         embeddings request."""
         attempts = self.attempts
-        tally = Tally(asyncio.get_running_loop().time())
+        tally = Tally(attempts.loop.time())  # the property: what runs the job reads the loop it left
         job = self._job(group, pack, tally)
 
         async def send(route: Route) -> EmbedReply:

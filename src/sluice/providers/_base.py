@@ -80,7 +80,8 @@ def max_output_tokens(request: Request, deployment: Deployment) -> int:
     times ``params["n"]`` choices."""
     params = request.params
     if not params:  # the common case: the request's own cap, or the deployment's default
-        return request.max_tokens if _positive_int(request.max_tokens) else deployment.default_max_tokens
+        cap = request.max_tokens  # _positive_int, inlined: this runs twice a request
+        return cap if type(cap) is int and cap > 0 else deployment.default_max_tokens
     caps = [value for value in (request.max_tokens, *map(params.get, _OUTPUT_CAPS)) if _positive_int(value)]
     cap = max(caps) if caps else deployment.default_max_tokens
     choices = params.get("n", 1)

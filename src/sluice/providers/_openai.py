@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .._errors import ConfigError, MalformedResponseError
@@ -153,17 +153,17 @@ class OpenAIProvider(HttpProvider):
             return responses_reply(body)
         choices = body.get("choices")
         # ``type(x) is dict`` first: the answer is orjson's dicts, and an ABC check costs ~0.2 µs
-        if not isinstance(choices, list) or not choices or not _is_mapping(choices[0]):
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        if not (type(choice) is dict or isinstance(choice, Mapping)):
             raise MalformedResponseError("response has no choices")
-        choice = choices[0]
         message = choice.get("message")
-        if not _is_mapping(message):
+        if not (type(message) is dict or isinstance(message, Mapping)):
             raise MalformedResponseError("response choice has no message")
         content = message.get("content")
         usage = body.get("usage")
         return Reply(
             text=content if isinstance(content, str) else None,
-            usage=openai_usage(usage) if _is_mapping(usage) else Usage(),
+            usage=openai_usage(usage) if type(usage) is dict or isinstance(usage, Mapping) else Usage(),
             finish_reason=choice.get("finish_reason"),
         )
 
@@ -277,7 +277,3 @@ class AzureOpenAIProvider(OpenAIProvider):
     def embedding_encoding(self, deployment: Deployment) -> str:
         configured = deployment.options.get("embedding_encoding")
         return str(configured) if configured in ("float", "base64") else "base64"
-
-
-def _is_mapping(value: object) -> TypeGuard[Mapping[str, Any]]:
-    return type(value) is dict or isinstance(value, Mapping)
