@@ -579,3 +579,26 @@ async def test_callable_provider_wraps_any_async_function() -> None:
         result = await engine.complete("mine/echo", "ping")
     assert result.text == "you said ping"
     assert result.attempts == 2
+
+
+def test_an_engine_runs_on_one_loop_after_another_whatever_it_is_asked_first() -> None:
+    """The attempt core reads the running loop as the job's making left it (no property
+    call a request): every way a job is made must ask for it, embeddings as well as chat,
+    or an attempt would time itself on no loop, or on the last run's closed one."""
+    engine = Engine(Deployment("simulate/demo", options={"latency": 0.001}), concurrency=4)
+
+    async def embeddings_first(tag: str) -> tuple[int, bool, int]:
+        vectors = await engine.embed([f"a {tag}", f"b {tag}"], model="simulate/demo")
+        answer = await engine.complete("simulate/demo", f"one {tag}")
+        mapped = [r async for r in engine.map([f"q{i} {tag}" for i in range(6)], model="simulate/demo")]
+        return len(vectors), answer.ok, sum(r.ok for r in mapped)
+
+    assert asyncio.run(embeddings_first("first")) == (2, True, 6)
+    assert asyncio.run(embeddings_first("second")) == (2, True, 6)
+
+    async def chat_then_close() -> bool:
+        answer = await engine.complete("simulate/demo", "third")
+        await engine.close()
+        return answer.ok
+
+    assert asyncio.run(chat_then_close())
