@@ -380,6 +380,35 @@ async def test_cancellation_leaves_no_stray_tasks_and_reports_in_flight(server: 
     assert [str(r.error) for r in cancelled if r not in sent] in ([], ["not started: the engine was stopping"])
 
 
+async def test_a_call_waiting_beside_a_map_is_served_by_priority() -> None:
+    """One slot, a map's items and a call waiting for it: the slot each item frees goes by
+    priority, so a lower-priority call waits behind the map's remaining items and a
+    higher-priority one goes next (a hand-off that kept the slot for the map's next item,
+    or gave it to whoever waited, fails one of the two)."""
+    order: list[str] = []
+    calls: list[asyncio.Task[Result]] = []
+    setup: dict[str, Any] = {}
+
+    async def answer(request: Request) -> str:
+        if not calls:  # the first item holds the one slot: the call queues for it meanwhile
+            call = setup["engine"].complete("local/echo", "call", id="call", priority=setup["call_priority"])
+            calls.append(asyncio.create_task(call))
+            for _ in range(3):
+                await asyncio.sleep(0)
+        return "ok"
+
+    deployment = Deployment("local/echo", provider=CallableProvider(answer, name="local"))
+    for map_priority, call_priority, call_at in ((0, 100, 5), (100, 0, 1)):
+        order.clear()
+        calls.clear()
+        async with Engine([deployment], concurrency=1, on_result=lambda r: order.append(r.request.id)) as engine:
+            setup.update(engine=engine, call_priority=call_priority)
+            items = [Request.from_prompt("local/echo", f"item {i}", id=f"m{i}") for i in range(5)]
+            assert all([r.ok async for r in engine.map(items, priority=map_priority)])
+            assert (await calls[0]).ok
+        assert order.index("call") == call_at, (map_priority, order)
+
+
 def engine_tasks() -> list[asyncio.Task[Any]]:
     """Tasks running the engine's code (the fake server's handler tasks are not counted)."""
     return [
