@@ -4,8 +4,10 @@
 
 On a shared VM the wall-clock figures of ``throughput.py`` move by +-25 % from one run to
 the next, as much as the differences worth measuring. Valgrind's ``callgrind`` counts the
-instructions a client executes, which repeats to within ~0.3 %. Each client (the same
-clients as ``throughput.py``, the same request shape and concurrency) runs twice under
+instructions a client executes, which repeats far better: within ~0.3 % most runs, but
+the garbage collector's timing moves a run by up to ~3 % now and then, so compare the
+medians of a few runs. Each client (the same clients as ``throughput.py``, the same
+request shape and concurrency) runs twice under
 callgrind, once with ``--small`` and once with ``--large`` calls after the same warm-up;
 the difference divided by the difference in calls is its cost per call, without the
 interpreter's start-up and imports. Instructions are not time: syscalls (the same for
