@@ -75,18 +75,11 @@ class Pricing:
             self._cache[id(deployment)] = entry
         return entry[1]
 
-    # has_price and cost look in the cache themselves first: each runs once an answer, and
-    # a call of known() is a third of what they cost
-
     def has_price(self, deployment: Deployment) -> bool:
-        entry = self._cache.get(id(deployment))
-        if entry is not None and entry[0] is deployment:
-            return entry[1] is not None
         return self.known(deployment) is not None
 
     def cost(self, deployment: Deployment, usage: Usage) -> float | None:
-        entry = self._cache.get(id(deployment))
-        known = entry[1] if entry is not None and entry[0] is deployment else self.known(deployment)
+        known = self.known(deployment)
         if known is None:
             return None
         if known.exact is not None:
