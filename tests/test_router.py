@@ -376,7 +376,11 @@ async def test_aimd_finds_a_self_hosted_servers_capacity(adaptive: bool) -> None
         # the cap follows latency measured on the real clock: a loaded CI machine slows the
         # answers and the cap settles lower (3 seen twice in a day), never past the server
         assert 2 <= route.adaptive.cap <= 24, route.adaptive
-        assert server.stats.max_in_flight <= 40  # slow start overshoots a little, then backs off
+        # slow start overshoots, then backs off: by one doubling on an idle machine (16-32 at
+        # once), by up to three under a loaded CI run, where the first rounds' latency (the
+        # floor it compares against) is inflated by the client's own delays (64 seen twice in
+        # a day, with four test workers on two cores); without adaptation it is ~300
+        assert server.stats.max_in_flight <= 64
 
 
 async def test_aimd_steps_aside_once_the_server_says_its_limits() -> None:
