@@ -79,3 +79,42 @@ def test_it_refuses_what_it_does_not_handle() -> None:
 
     with pytest.raises(TypeError, match="keyword-only"):
         fast_frozen_init(KeywordOnly)
+
+
+@pytest.mark.parametrize("cls", [Usage, Timings, Result])
+def test_an_instance_is_of_its_class_once_made(cls: type) -> None:
+    made = cls() if cls is not Result else cls(None)
+    assert type(made) is cls
+    field = dataclasses.fields(made)[-1].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(made, field, 1)  # the open twin's plain assignment went with it
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        delattr(made, field)
+
+
+def test_a_subclass_keeps_its_class_and_its_fields() -> None:
+    class Mine(Usage):
+        __slots__ = ()
+
+        def doubled(self) -> int:
+            return 2 * self.total_tokens
+
+    mine = Mine(3, 4, reasoning_tokens=1)
+    assert type(mine) is Mine
+    assert (mine.input_tokens, mine.output_tokens, mine.reasoning_tokens, mine.doubled()) == (3, 4, 1, 14)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        mine.input_tokens = 5  # type: ignore[misc]
+
+
+def test_a_failing_default_factory_leaves_nothing_half_made() -> None:
+    @fast_frozen_init
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Flaky:
+        a: int = 0
+        b: list[int] = dataclasses.field(default_factory=lambda: [1 // 0])
+
+    with pytest.raises(ZeroDivisionError):
+        Flaky()
+    made = Flaky(1, [2])
+    assert type(made) is Flaky
+    assert made == Flaky(1, [2])
