@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 from sluice import InvalidRequestError, Request, Result, Usage
-from sluice._fastinit import fast_frozen_init
+from sluice._fastinit import fast_frozen_init, maker
 from sluice._models import Timings
 from sluice.providers import Reply
 
@@ -118,3 +118,31 @@ def test_a_failing_default_factory_leaves_nothing_half_made() -> None:
     made = Flaky(1, [2])
     assert type(made) is Flaky
     assert made == Flaky(1, [2])
+
+
+@pytest.mark.parametrize("cls", [Request, Usage, Timings, Result, Reply])
+def test_a_maker_makes_what_the_class_makes(cls: type) -> None:
+    make = maker(cls)
+    arguments: dict[str, object] = {
+        Request: {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "id": "r"},
+        Usage: {"input_tokens": 3, "output_tokens": 4, "reasoning_tokens": 1},
+        Timings: {"queued": 0.5, "total": 2.0},
+        Result: {"request": None, "text": "t", "attempts": 2, "cost_usd": 0.25},
+        Reply: {"text": "t", "usage": Usage(1, 2), "request_id": "q"},
+    }[cls]
+    made, constructed = make(**arguments), cls(**arguments)
+    assert type(made) is cls
+    for field in dataclasses.fields(cls):
+        assert getattr(made, field.name) == getattr(constructed, field.name), field.name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(made, dataclasses.fields(cls)[0].name, None)
+
+
+def test_a_maker_validates_and_refuses_a_class_it_does_not_know() -> None:
+    with pytest.raises(InvalidRequestError, match="max_tokens must be a positive integer"):
+        maker(Request)("m", [{"role": "user", "content": "x"}], max_tokens=0)
+    first, second = maker(Result)(None), maker(Result)(None)
+    assert first.usage == Usage()
+    assert first.timings is not second.timings  # each its own default
+    with pytest.raises(TypeError, match="did not go through fast_frozen_init"):
+        maker(dataclasses.make_dataclass("Plain", ["a"], frozen=True, slots=True))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, runtime_checkable
 
-from .._fastinit import fast_frozen_init
+from .._fastinit import fast_frozen_init, maker
 from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request, Usage
 from .._tokens import estimate_message_tokens
@@ -19,7 +19,7 @@ from ..structured._ask import sent_params
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["Provider", "Reply", "estimate_request_tokens", "max_output_tokens"]
+__all__ = ["Provider", "Reply", "estimate_request_tokens", "make_reply", "max_output_tokens"]
 
 
 @fast_frozen_init
@@ -38,6 +38,11 @@ class Reply:
     #: Read back from where an earlier send's answer was kept (a provider batch's results
     #: in the state): nothing was sent for it now.
     read_back: bool = False
+
+
+#: ``Reply(...)`` without ``type.__call__``'s keyword dict (see ``_fastinit.maker``): every
+#: answer makes one or two.
+make_reply = maker(Reply)
 
 
 @runtime_checkable

@@ -34,7 +34,7 @@ from .._limits import RateLimitSnapshot
 from .._models import Deployment, Native, Request, Secret
 from .._retry import parse_retry_after, parse_should_retry
 from ..structured._ask import shaped
-from ._base import Reply, estimate_request_tokens
+from ._base import Reply, estimate_request_tokens, make_reply
 from ._events import StreamEvent, StreamStart, reply_events
 from ._read_buffers import raise_mmap_threshold
 from ._sse import SseDecoder, SseError, SseEvent
@@ -424,7 +424,7 @@ class HttpProvider(ABC):
                 f"{deployment.label} answered 200 with an unexpected body ({type(exc).__name__}: {exc})",
                 request_id=request_id,
             ) from None
-        return Reply(
+        return make_reply(
             text=reply.text,
             usage=reply.usage,
             raw=body if reply.raw is None else reply.raw,  # a provider may give the common shape

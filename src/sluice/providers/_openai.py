@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from .._errors import ConfigError, MalformedResponseError
 from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request, Usage
-from ._base import Reply
+from ._base import Reply, make_reply
 from ._http import HttpProvider, HttpTransport, StreamDecoder, header_number, missing_key_message, resolve_key
 from ._openai_stream import OpenAIStreamDecoder, openai_usage
 
@@ -161,7 +161,7 @@ class OpenAIProvider(HttpProvider):
             raise MalformedResponseError("response choice has no message")
         content = message.get("content")
         usage = body.get("usage")
-        return Reply(
+        return make_reply(
             text=content if isinstance(content, str) else None,
             usage=openai_usage(usage) if type(usage) is dict or isinstance(usage, Mapping) else Usage(),
             finish_reason=choice.get("finish_reason"),
