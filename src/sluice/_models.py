@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _json
 from ._errors import ConfigError, InvalidRequestError, SluiceError
-from ._fastinit import fast_frozen_init
+from ._fastinit import fast_frozen_init, maker
 from .structured._ask import ASK_MODES
 from .structured._schema import Schema
 
@@ -135,7 +135,12 @@ class Request:
     @classmethod
     def from_prompt(cls, model: str, prompt: str, **kwargs: Any) -> Request:
         """A one-message request: the everyday "ask this" case."""
+        if cls is Request:  # not through type.__call__ (see _fastinit.maker): a map's every item
+            return _make_request(model, [{"role": "user", "content": prompt}], **kwargs)
         return cls(model=model, messages=[{"role": "user", "content": prompt}], **kwargs)
+
+
+_make_request = maker(Request)
 
 
 def _request_problem(r: Request) -> str | None:
