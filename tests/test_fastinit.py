@@ -11,6 +11,7 @@ import pytest
 from sluice import InvalidRequestError, Request, Result, Usage
 from sluice._fastinit import fast_frozen_init, maker
 from sluice._models import Timings
+from sluice._ratelimit import RateLimitSnapshot
 from sluice.providers import Reply
 
 
@@ -26,7 +27,7 @@ def _plain_twin(cls: type) -> type:
     return dataclasses.make_dataclass(cls.__name__, rebuilt, frozen=True, slots=True)
 
 
-@pytest.mark.parametrize("cls", [Request, Usage, Timings, Result, Reply])
+@pytest.mark.parametrize("cls", [Request, Usage, Timings, Result, Reply, RateLimitSnapshot])
 def test_the_signature_is_the_one_dataclasses_writes(cls: type) -> None:
     ours = inspect.signature(cls).parameters
     theirs = inspect.signature(_plain_twin(cls)).parameters
@@ -120,7 +121,7 @@ def test_a_failing_default_factory_leaves_nothing_half_made() -> None:
     assert made == Flaky(1, [2])
 
 
-@pytest.mark.parametrize("cls", [Request, Usage, Timings, Result, Reply])
+@pytest.mark.parametrize("cls", [Request, Usage, Timings, Result, Reply, RateLimitSnapshot])
 def test_a_maker_makes_what_the_class_makes(cls: type) -> None:
     make = maker(cls)
     arguments: dict[str, object] = {
@@ -129,6 +130,7 @@ def test_a_maker_makes_what_the_class_makes(cls: type) -> None:
         Timings: {"queued": 0.5, "total": 2.0},
         Result: {"request": None, "text": "t", "attempts": 2, "cost_usd": 0.25},
         Reply: {"text": "t", "usage": Usage(1, 2), "request_id": "q"},
+        RateLimitSnapshot: {"limit_requests": 500.0, "remaining_tokens": 9.0, "tokens_window": 1.0},
     }[cls]
     made, constructed = make(**arguments), cls(**arguments)
     assert type(made) is cls

@@ -12,9 +12,12 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["RateLimitSnapshot", "Reading", "per_window", "readings", "sane_snapshot"]
+from ._fastinit import fast_frozen_init, maker
+
+__all__ = ["RateLimitSnapshot", "Reading", "make_snapshot", "per_window", "readings", "sane_snapshot"]
 
 
+@fast_frozen_init
 @dataclass(frozen=True, slots=True)
 class RateLimitSnapshot:
     """What a response's rate-limit headers said (None where a header was absent).
@@ -42,6 +45,11 @@ class RateLimitSnapshot:
     reset_output_tokens: float | None = None
 
 
+#: ``RateLimitSnapshot(...)`` without ``type.__call__``'s keyword dict (see
+#: ``_fastinit.maker``): a server that sends the headers makes two an answer.
+make_snapshot = maker(RateLimitSnapshot)
+
+
 class Reading(NamedTuple):
     """One limit's figures from a snapshot, in the provider's unit (per ``window`` seconds)."""
 
@@ -63,37 +71,32 @@ def readings(snapshot: RateLimitSnapshot) -> tuple[Reading, Reading, Reading, Re
 
 
 def _keep(value: float | None, minimum: float) -> float | None:
-    return value if value is not None and math.isfinite(value) and value >= minimum else None
+    # NaN fails both comparisons, inf the second
+    return value if value is not None and minimum <= value < math.inf else None
 
 
 def sane_snapshot(snapshot: RateLimitSnapshot) -> RateLimitSnapshot:
     """Drop header values that cannot be limits: 0, negatives ("unlimited"), NaN, inf,
     and every count whose window is not a positive number of seconds."""
-    requests_ok = math.isfinite(snapshot.requests_window) and snapshot.requests_window > 0
-    tokens_ok = math.isfinite(snapshot.tokens_window) and snapshot.tokens_window > 0
-
-    def limit(value: float | None, ok: bool) -> float | None:
-        return _keep(value, 1.0) if ok else None
-
-    def remaining(value: float | None, ok: bool) -> float | None:
-        return _keep(value, 0.0) if ok else None
-
+    requests_ok = 0 < snapshot.requests_window < math.inf
+    tokens_ok = 0 < snapshot.tokens_window < math.inf
+    keep = _keep  # a local: every answer that carries the headers comes here
     s = snapshot
-    return RateLimitSnapshot(
-        limit_requests=limit(s.limit_requests, requests_ok),
-        remaining_requests=remaining(s.remaining_requests, requests_ok),
-        reset_requests=_keep(s.reset_requests, 0.0),
-        limit_tokens=limit(s.limit_tokens, tokens_ok),
-        remaining_tokens=remaining(s.remaining_tokens, tokens_ok),
-        reset_tokens=_keep(s.reset_tokens, 0.0),
+    return make_snapshot(
+        limit_requests=keep(s.limit_requests, 1.0) if requests_ok else None,
+        remaining_requests=keep(s.remaining_requests, 0.0) if requests_ok else None,
+        reset_requests=keep(s.reset_requests, 0.0),
+        limit_tokens=keep(s.limit_tokens, 1.0) if tokens_ok else None,
+        remaining_tokens=keep(s.remaining_tokens, 0.0) if tokens_ok else None,
+        reset_tokens=keep(s.reset_tokens, 0.0),
         requests_window=s.requests_window if requests_ok else 60.0,
         tokens_window=s.tokens_window if tokens_ok else 60.0,
-        limit_input_tokens=limit(s.limit_input_tokens, tokens_ok),
-        remaining_input_tokens=remaining(s.remaining_input_tokens, tokens_ok),
-        reset_input_tokens=_keep(s.reset_input_tokens, 0.0),
-        limit_output_tokens=limit(s.limit_output_tokens, tokens_ok),
-        remaining_output_tokens=remaining(s.remaining_output_tokens, tokens_ok),
-        reset_output_tokens=_keep(s.reset_output_tokens, 0.0),
+        limit_input_tokens=keep(s.limit_input_tokens, 1.0) if tokens_ok else None,
+        remaining_input_tokens=keep(s.remaining_input_tokens, 0.0) if tokens_ok else None,
+        reset_input_tokens=keep(s.reset_input_tokens, 0.0),
+        limit_output_tokens=keep(s.limit_output_tokens, 1.0) if tokens_ok else None,
+        remaining_output_tokens=keep(s.remaining_output_tokens, 0.0) if tokens_ok else None,
+        reset_output_tokens=keep(s.reset_output_tokens, 0.0),
     )
 
 

@@ -16,6 +16,7 @@ from .. import _json
 from .._errors import ConfigError, MalformedResponseError
 from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request
+from .._ratelimit import make_snapshot
 from ._anthropic_stream import AnthropicStreamDecoder
 from ._base import Reply
 from ._http import HttpProvider, header_number, missing_key_message, resolve_key, token_count
@@ -102,7 +103,7 @@ class AnthropicProvider(HttpProvider):
         split = any(value is not None for kind in ("input-tokens", "output-tokens") for value in figures[kind][:2])
         requests, given, output = figures["requests"], figures["input-tokens"], figures["output-tokens"]
         tokens = (None, None, None) if split else figures["tokens"]
-        return RateLimitSnapshot(
+        return make_snapshot(
             *requests,
             *tokens,
             requests_window=60.0,

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from .._errors import ConfigError, MalformedResponseError
 from .._limits import RateLimitSnapshot
 from .._models import Deployment, Request, Usage
+from .._ratelimit import make_snapshot
 from ._base import Reply, make_reply
 from ._http import HttpProvider, HttpTransport, StreamDecoder, header_number, missing_key_message, resolve_key
 from ._openai_stream import OpenAIStreamDecoder, openai_usage
@@ -220,7 +221,7 @@ class OpenAIProvider(HttpProvider):
     def parse_ratelimit(self, headers: Mapping[str, str]) -> RateLimitSnapshot | None:
         if "x-ratelimit-remaining-requests" not in headers and "x-ratelimit-remaining-tokens" not in headers:
             return None
-        return RateLimitSnapshot(
+        return make_snapshot(
             limit_requests=header_number(headers, "x-ratelimit-limit-requests"),
             remaining_requests=header_number(headers, "x-ratelimit-remaining-requests"),
             reset_requests=parse_openai_duration(headers.get("x-ratelimit-reset-requests")),
