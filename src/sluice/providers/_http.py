@@ -256,6 +256,7 @@ class HttpProvider(ABC):
         return native.api if native is not None and native.api == self.speaks(deployment) else None
 
     # -- what a native API changes (the URL, the reply's parse, the stream's decoder) --------
+    # (``send`` takes a request without a native body to the endpoint, read by parse_reply)
 
     def url_of(self, request: Request, deployment: Deployment) -> str:
         """The URL ``request`` is sent to: the deployment's endpoint, unless its API has another."""
@@ -360,8 +361,10 @@ class HttpProvider(ABC):
         trip and reads the answer: one level of coroutine, not ``send``'s and ``post``'s
         (every level is resumed at each of the round trip's suspensions)."""
         data = self._encode(self.body_of(request, deployment))  # a translation error stays as it is
+        # with a parse it makes a Reply (the ignores, not a cast(): that is a call a request)
+        if request.native is None:  # this provider's own API: its endpoint, its parse (see url_of)
+            return self._exchange(deployment, data, None, idempotency_key, self.parse_reply)  # type: ignore[return-value]
         url = self.url_of(request, deployment)
-        # with a parse it makes a Reply (the ignore, not a cast(): that is a call a request)
         return self._exchange(deployment, data, url, idempotency_key, self.reply_parser(request, deployment))  # type: ignore[return-value]
 
     async def _exchange(
