@@ -80,23 +80,22 @@ def sane_snapshot(snapshot: RateLimitSnapshot) -> RateLimitSnapshot:
     and every count whose window is not a positive number of seconds."""
     requests_ok = 0 < snapshot.requests_window < math.inf
     tokens_ok = 0 < snapshot.tokens_window < math.inf
-    keep = _keep  # a local: every answer that carries the headers comes here
     s = snapshot
     return make_snapshot(
-        limit_requests=keep(s.limit_requests, 1.0) if requests_ok else None,
-        remaining_requests=keep(s.remaining_requests, 0.0) if requests_ok else None,
-        reset_requests=keep(s.reset_requests, 0.0),
-        limit_tokens=keep(s.limit_tokens, 1.0) if tokens_ok else None,
-        remaining_tokens=keep(s.remaining_tokens, 0.0) if tokens_ok else None,
-        reset_tokens=keep(s.reset_tokens, 0.0),
+        limit_requests=_keep(s.limit_requests, 1.0) if requests_ok else None,
+        remaining_requests=_keep(s.remaining_requests, 0.0) if requests_ok else None,
+        reset_requests=_keep(s.reset_requests, 0.0),
+        limit_tokens=_keep(s.limit_tokens, 1.0) if tokens_ok else None,
+        remaining_tokens=_keep(s.remaining_tokens, 0.0) if tokens_ok else None,
+        reset_tokens=_keep(s.reset_tokens, 0.0),
         requests_window=s.requests_window if requests_ok else 60.0,
         tokens_window=s.tokens_window if tokens_ok else 60.0,
-        limit_input_tokens=keep(s.limit_input_tokens, 1.0) if tokens_ok else None,
-        remaining_input_tokens=keep(s.remaining_input_tokens, 0.0) if tokens_ok else None,
-        reset_input_tokens=keep(s.reset_input_tokens, 0.0),
-        limit_output_tokens=keep(s.limit_output_tokens, 1.0) if tokens_ok else None,
-        remaining_output_tokens=keep(s.remaining_output_tokens, 0.0) if tokens_ok else None,
-        reset_output_tokens=keep(s.reset_output_tokens, 0.0),
+        limit_input_tokens=_keep(s.limit_input_tokens, 1.0) if tokens_ok else None,
+        remaining_input_tokens=_keep(s.remaining_input_tokens, 0.0) if tokens_ok else None,
+        reset_input_tokens=_keep(s.reset_input_tokens, 0.0),
+        limit_output_tokens=_keep(s.limit_output_tokens, 1.0) if tokens_ok else None,
+        remaining_output_tokens=_keep(s.remaining_output_tokens, 0.0) if tokens_ok else None,
+        reset_output_tokens=_keep(s.reset_output_tokens, 0.0),
     )
 
 
