@@ -379,13 +379,15 @@ async def test_a_body_that_stops_arriving_is_an_idle_timeout(server: FakeServer)
 
 
 async def test_a_body_arriving_for_longer_than_the_attempt_timeout_is_cut_off_at_it(server: FakeServer) -> None:
+    """Bytes every 0.1 s for 3 s: never silent for the idle timeout (six gaps of it: a
+    loaded CI run once stalled a 0.1 s gap past a 0.3 s one), cut off at the attempt's."""
     server.inject("trickle", times=1, after=30, every=0.1)
-    policy = RetryPolicy(max_attempts=1, attempt_timeout=0.8, idle_timeout=0.3)
+    policy = RetryPolicy(max_attempts=1, attempt_timeout=1.2, idle_timeout=0.6)
     async with Engine(deployment_at(server), retry=policy) as engine:
         result = await asyncio.wait_for(engine.complete(MODEL, "hello"), 10)
     assert result.error is not None
     assert result.error.kind == "timeout"
-    assert "within 0.8 s" in result.error.message
+    assert "within 1.2 s" in result.error.message
 
 
 async def test_models_without_a_deployment_get_the_defaults_and_their_price_before_sending() -> None:
