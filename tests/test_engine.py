@@ -58,6 +58,23 @@ async def test_openai_round_trip(server: FakeServer) -> None:
     assert result.timings.total >= result.timings.latency > 0
 
 
+async def test_a_deployments_own_headers_go_with_every_request_one_of_a_name(server: FakeServer) -> None:
+    """``Deployment(headers=...)`` joins the provider's own: a name given again in another
+    case replaces it (one Content-Type on the wire, the deployment's), and a new one is added."""
+    seen: list[list[tuple[str, str]]] = []
+    server.on_arrival = lambda headers: seen.append(list(headers.items()))
+    own = {"Content-Type": "application/json; charset=utf-8", "X-Team": "search"}
+    async with Engine(deployment_at(server, headers=own)) as engine:
+        results = [await engine.complete("openai/gpt-test", f"hello {i}") for i in range(2)]
+    assert all(result.ok for result in results), [result.error for result in results]
+    assert len(seen) == 2
+    for headers in seen:
+        content_types = [value for name, value in headers if name.lower() == "content-type"]
+        assert content_types == ["application/json; charset=utf-8"]
+        assert [value for name, value in headers if name.lower() == "x-team"] == ["search"]
+        assert [value for name, value in headers if name.lower() == "authorization"] == ["Bearer sk-test"]
+
+
 async def test_anthropic_round_trip(server: FakeServer) -> None:
     deployment = Deployment("anthropic/claude-test", base_url=server.anthropic_url, api_key="sk-test")
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi claude"}]

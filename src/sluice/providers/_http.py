@@ -232,7 +232,7 @@ class HttpProvider(ABC):
 
     def __init__(self, transport: HttpTransport) -> None:
         self._transport = transport
-        self._prepared: dict[int, tuple[Deployment, str, dict[str, str]]] = {}
+        self._prepared: dict[int, tuple[Deployment, str, Mapping[str, str]]] = {}
         self._secrets: dict[int, tuple[str, ...]] = {}
 
     # -- what a subclass provides ------------------------------------------------------
@@ -321,14 +321,21 @@ class HttpProvider(ABC):
         """Raise :class:`ConfigError` now if the deployment cannot be called (no key, no URL)."""
         self._endpoint_for(deployment)
 
-    def _endpoint_for(self, deployment: Deployment) -> tuple[str, dict[str, str]]:
+    def _endpoint_for(self, deployment: Deployment) -> tuple[str, Mapping[str, str]]:
+        """The deployment's URL and headers, worked out once. The headers are kept as
+        aiohttp's own read-only multidict, which it takes as it is: from a dict it would
+        build one every request (~0.4 µs)."""
         cached = self._prepared.get(id(deployment))
         if cached is None or cached[0] is not deployment:
+            from multidict import CIMultiDict, CIMultiDictProxy  # aiohttp's; here once a deployment
+
             url, headers = self.endpoint(deployment)
-            headers = {"content-type": "application/json", **headers, **deployment.headers}
-            cached = (deployment, url, headers)
+            merged: CIMultiDict[str] = CIMultiDict()
+            for name, value in {"content-type": "application/json", **headers, **deployment.headers}.items():
+                merged[name] = value  # a later one of the same name (any case) wins, as aiohttp would
+            cached = (deployment, url, CIMultiDictProxy(merged))
             self._prepared[id(deployment)] = cached
-            self._secrets[id(deployment)] = _secrets_in(headers)
+            self._secrets[id(deployment)] = _secrets_in(merged)
         return cached[1], cached[2]
 
     def _redact(self, text: str, deployment: Deployment) -> str:
