@@ -854,6 +854,29 @@ def test_grants_in_one_millisecond_share_a_ledger_entry_and_settle_apart() -> No
     assert in_flight == 4
 
 
+def test_a_limiter_that_knows_no_limit_keeps_a_window_of_ledger_and_counts_it_when_it_learns_one() -> None:
+    """No limit known: grants skip the meters, but the ledger still forgets what left the
+    window (it must stay small for the garbage collector), and a limit learnt from the
+    headers starts from what the window holds, not from every grant ever made."""
+
+    async def scenario() -> tuple[int, int, int]:
+        limiter = LocalLimiter(window=1.0)
+        longest = 0
+        for _ in range(300):  # 30 s of virtual time, a grant every 0.1 s
+            grant = limiter.try_acquire(10)
+            assert grant is not None
+            grant.done()
+            longest = max(longest, len(limiter._ledger))
+            await asyncio.sleep(0.1)
+        limiter.observe(RateLimitSnapshot(limit_requests=1000.0, remaining_requests=1000.0, requests_window=1.0))
+        return longest, limiter.used[0], len(limiter._ledger)
+
+    longest, used, kept = run_in_virtual_time(scenario())
+    assert longest <= 13  # a window's grants (10) and the margin, never the 300
+    assert used == kept
+    assert used <= 11
+
+
 # -- grants that reach the server late: the window counts from the send ------------------
 
 

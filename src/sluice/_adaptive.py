@@ -64,8 +64,10 @@ class Adaptive:
 
     def answered(self, latency: float, output_tokens: int) -> None:
         if self._still_active():
-            self._samples.append((latency / output_tokens if output_tokens > 0 else latency, latency))
-            self._end_round_if_due()
+            samples = self._samples
+            samples.append((latency / output_tokens if output_tokens > 0 else latency, latency))
+            if len(samples) >= self.cap:  # here, not in _end_round_if_due: every answer comes here
+                self._end_round()
 
     def failed(self) -> None:
         """A timeout, 5xx, 529, 429 or dropped connection: back off at once."""
@@ -77,8 +79,10 @@ class Adaptive:
         self._end_round_if_due()
 
     def _end_round_if_due(self) -> None:
-        if len(self._samples) < self.cap:
-            return
+        if len(self._samples) >= self.cap:
+            self._end_round()
+
+    def _end_round(self) -> None:
         answered = [x for x in self._samples if not math.isnan(x[0])]
         self._samples = []
         if answered:

@@ -321,6 +321,9 @@ class LocalLimiter:
         if self._heap:
             return None  # first come, first served: never jump the queue
         now = (self._loop or self._bind()).time()
+        if not self._active:  # no limit known: only the in-flight cap and a pause hold it back
+            full = self.max_in_flight is not None and self._in_flight >= self.max_in_flight
+            return None if full or self._paused_until > now else self._grant(tokens, now, output)
         return self._grant(tokens, now, output) if self._ready_at(tokens, now, output) <= now else None
 
     async def acquire(
@@ -501,6 +504,8 @@ class LocalLimiter:
             held[INPUT] += given
             held[OUTPUT] += output
         else:
+            if not self._active:  # nothing expired it on the way here (see try_acquire): as it grows
+                self._expire(now)
             entry = Entry(now, [1, tokens, given, output])
             ledger.append(entry)
         amounts = 1, tokens, given, output

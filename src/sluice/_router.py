@@ -514,10 +514,12 @@ class Router:
         route.answered += 1
         if route.adaptive is not None and latency is not None:
             route.adaptive.answered(latency, output_tokens)
-        was_cooling = route.health.opens > 0
-        route.health.succeeded(placed_at)
-        if was_cooling:
-            self._group_changed(route)
+        health = route.health
+        if health.opens or health.failures or health.probing:  # a healthy one has nothing to reset
+            was_cooling = health.opens > 0
+            health.succeeded(placed_at)
+            if was_cooling:
+                self._group_changed(route)
 
     def failed(self, route: Route, error: SluiceError, *, guarded: bool, placed_at: int | None = None) -> bool:
         """Count a failed attempt; True when the deployment went into a cooldown
