@@ -9,9 +9,9 @@ the garbage collector's timing moves a run by up to ~3 % now and then, so compar
 medians of a few runs; ``--frozen`` (the start-up heap left out of every collection)
 narrows that to ~1 %, still too much to see a change of 1 % in one run; more calls
 (``--small 1000 --large 8000``) spread a run's few large events over more of them and
-repeat to ~1 % (two of three runs within 0.1 % in the runs recorded). Each client (the same clients as ``throughput.py``, the same
-request shape and concurrency) runs twice under
-callgrind, once with ``--small`` and once with ``--large`` calls after the same warm-up;
+repeat to ~1 % (two of three runs within 0.1 % in the runs recorded). Each client (the
+same clients as ``throughput.py``, the same request shape and concurrency) runs twice
+under callgrind, once with ``--small`` and once with ``--large`` calls after the same warm-up;
 the difference divided by the difference in calls is its cost per call, without the
 interpreter's start-up and imports. Instructions are not time: syscalls (the same for
 every client) and cache misses are not in them, so the ratio overstates the gap in CPU
