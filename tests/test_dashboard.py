@@ -9,6 +9,7 @@ import html
 import io
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -338,6 +339,47 @@ async def _check_page(visit: Any) -> None:
     isolated = "getComputedStyle(document.querySelector('%s')).unicodeBidi"
     for cell in ("#clients tbody td b", "#errors tbody td.why bdi", "#deployments tbody .why bdi"):
         assert await visit.page.evaluate(isolated % cell) == "isolate", cell
+    await _check_axes(visit)
+
+
+async def _check_axes(visit: Any) -> None:
+    """Issue 34, point 28: each chart has a y axis (several labels, from 0 to a round value
+    within twice its data's top, so a small series has height) and a time axis; money
+    labels share one format."""
+    for chart in ("requests", "tokens", "load", "spend"):
+        y_labels = await visit.texts(f"#chart-{chart} text.y-label")
+        x_labels = await visit.texts(f"#chart-{chart} text.x-label")
+        assert len(y_labels) >= 3, (chart, y_labels)
+        assert y_labels[0] in ("0", "$0.00", "$0.000", "$0.0000"), (chart, y_labels)
+        assert len(x_labels) >= 2, (chart, x_labels)
+        assert all(re.fullmatch(r"\d\d:\d\d(:\d\d)?", label) for label in x_labels), (chart, x_labels)
+        top = float(await visit.attribute(f"#chart-{chart} svg", "data-data-max") or "nan")
+        y_max = float(await visit.attribute(f"#chart-{chart} svg", "data-y-max") or "nan")
+        assert top <= y_max, chart
+        if top > 0:
+            assert y_max <= 2 * top, (chart, top, y_max)
+    money = await visit.texts("#chart-spend text.y-label")
+    assert all(re.fullmatch(r"\$\d[\d,]*\.\d+", label) for label in money), money
+    assert len({len(label.split(".")[1]) for label in money}) == 1, money
+
+
+def test_a_polls_last_point_is_a_rate_over_a_whole_tick() -> None:
+    """A poll moments after a tick adds a point a few hundredths of a second on: its rates
+    are measured over the tick before too, not over that sliver (1 answer in 0.05 s would
+    plot as 20/s where the server answers 10/s)."""
+    from types import SimpleNamespace
+
+    def sample(at: float, answered: int) -> Any:
+        return SimpleNamespace(
+            **{"at": at, "succeeded": answered, "failed": 0, "rate_limited": 0, "retries": 0},
+            **{"tokens": answered * 100, "spent": 0.0, "in_flight": 3, "waiting": 0, "requests": {}},
+        )
+
+    series = Live._series([sample(0.0, 0), sample(2.0, 20), sample(4.0, 40), sample(4.05, 41)])
+    assert series["t"] == [2.0, 4.0, 4.05]
+    assert series["answered_per_s"][:2] == [10.0, 10.0]
+    assert 9.5 <= series["answered_per_s"][2] <= 10.5, series
+    assert 57_000 <= series["tokens_per_min"][2] <= 63_000, series
 
 
 async def test_sluice_serve_names_its_dashboard_and_never_logs_the_admin_key(tmp_path: Path) -> None:
