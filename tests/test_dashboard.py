@@ -382,6 +382,27 @@ def test_a_polls_last_point_is_a_rate_over_a_whole_tick() -> None:
     assert 57_000 <= series["tokens_per_min"][2] <= 63_000, series
 
 
+#: The login page's red (an error) as the browser computes it.
+_RED = "rgb(198, 40, 40)"
+_COLOUR = "getComputedStyle(document.getElementById('message')).color"
+
+
+async def test_the_login_page_shows_red_only_after_a_failed_attempt(tmp_path: Path) -> None:
+    """Issue 34, point 29: the first visit's prompt is plain text; a wrong key, or a
+    client's, is said in red."""
+    async with browse() as browser, fake() as upstream, dashboard_server([deployment(upstream)], tmp_path / "s") as url:
+        visit = await browser.visit(url + "/dashboard")
+        assert await visit.texts("#message") == ["Log in with the admin key."]
+        assert await visit.page.evaluate(_COLOUR) != _RED
+        for key, said in (("sk-wrong-0123456789abcdef", "Wrong key."), (ALICE_KEY, "That is a client's key")):
+            await visit.page.fill("input[name=key]", key)
+            async with visit.page.expect_navigation():
+                await visit.page.click("button[type=submit]")
+            (shown,) = await visit.texts("#message")
+            assert shown.startswith(said), shown
+            assert await visit.page.evaluate(_COLOUR) == _RED
+
+
 async def test_sluice_serve_names_its_dashboard_and_never_logs_the_admin_key(tmp_path: Path) -> None:
     async with fake() as upstream:
         config = tmp_path / "sluice.toml"
