@@ -442,8 +442,51 @@ async def test_sluice_serve_names_its_dashboard_and_never_logs_the_admin_key(tmp
                 out, err = await process.communicate()
         assert process.returncode == 0, err.decode()
         logs = line + out.decode() + err.decode()
-        assert "/dashboard/data" in logs  # the access log is on
+        assert "POST /dashboard/login" in logs  # the access log is on
         assert ADMIN_KEY not in logs
+
+
+async def test_sluice_serve_logs_api_traffic_not_the_dashboards_polls(tmp_path: Path) -> None:
+    """Issue 34, point 29: a dashboard polls every 2 s while its tab is open; the access log
+    keeps the API's requests and a refused poll, not the answered polls."""
+    async with fake() as upstream:
+        config = tmp_path / "sluice.toml"
+        config.write_text(
+            '[serve]\nadmin_key_env = "SLUICE_ADMIN_KEY"\n'
+            f'[[deployment]]\nmodel = "openai/gpt-test"\nbase_url = "{upstream.url}"\napi_key_env = "UPSTREAM_KEY"\n'
+            '[[client]]\nname = "alice"\nkey_env = "ALICE_KEY"\n'
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+        env.update(UPSTREAM_KEY=UPSTREAM_KEY, ALICE_KEY=ALICE_KEY, SLUICE_ADMIN_KEY=ADMIN_KEY)
+        args = ["-m", "sluice", "serve", "--config", str(config), "--port", "0", "--state", str(tmp_path / "s")]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            assert process.stdout is not None
+            async with asyncio.timeout(30):
+                line = (await process.stdout.readline()).decode()
+            url = line.split("listening on ")[1].split()[0]
+            for _ in range(5):
+                status, _, _ = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
+                assert status == 200
+            status, _, _ = await _get(url + "/dashboard/data")  # no key: refused, and logged
+            assert status == 401
+            status, _, _ = await _get(url + "/v1/models", _bearer(ALICE_KEY))
+            assert status == 200
+            status, _, _ = await _get(url + "/dashboard", _bearer(ADMIN_KEY))  # the page itself: a visit
+            assert status == 200
+        finally:
+            process.terminate()
+            async with asyncio.timeout(30):
+                _, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+        access = [entry for entry in err.decode().splitlines() if "aiohttp.access" in entry]
+        assert [entry for entry in access if "GET /v1/models " in entry and '" 200 ' in entry], access
+        assert [entry for entry in access if "GET /dashboard " in entry and '" 200 ' in entry], access
+        polls = [entry for entry in access if "/dashboard/data" in entry]
+        assert len(polls) == 1, polls  # the refused one only
+        assert '" 401 ' in polls[0]
 
 
 async def test_a_cooling_deployment_says_why_and_a_paused_one_for_how_long(tmp_path: Path) -> None:
