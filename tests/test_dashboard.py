@@ -403,33 +403,45 @@ async def test_the_login_page_shows_red_only_after_a_failed_attempt(tmp_path: Pa
             assert await visit.page.evaluate(_COLOUR) == _RED
 
 
+def _serve_args(tmp_path: Path, upstream_url: str) -> list[str]:
+    """``sluice serve``'s arguments for a config with an admin key variable, one deployment, one client."""
+    config = tmp_path / "sluice.toml"
+    config.write_text(
+        '[serve]\nadmin_key_env = "SLUICE_ADMIN_KEY"\n'
+        f'[[deployment]]\nmodel = "openai/gpt-test"\nbase_url = "{upstream_url}"\napi_key_env = "UPSTREAM_KEY"\n'
+        '[[client]]\nname = "alice"\nkey_env = "ALICE_KEY"\n'
+    )
+    return ["-m", "sluice", "serve", "--config", str(config), "--port", "0", "--state", str(tmp_path / "s")]
+
+
+async def _cli(args: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+
+
+async def _listening(process: asyncio.subprocess.Process) -> tuple[str, str]:
+    """The line ``sluice serve`` prints once it listens, and its URL."""
+    assert process.stdout is not None
+    async with asyncio.timeout(30):
+        line = (await process.stdout.readline()).decode()
+    return line, line.split("listening on ")[1].split()[0]
+
+
 async def test_sluice_serve_names_its_dashboard_and_never_logs_the_admin_key(tmp_path: Path) -> None:
     async with fake() as upstream:
-        config = tmp_path / "sluice.toml"
-        config.write_text(
-            '[serve]\nadmin_key_env = "SLUICE_ADMIN_KEY"\n'
-            f'[[deployment]]\nmodel = "openai/gpt-test"\nbase_url = "{upstream.url}"\napi_key_env = "UPSTREAM_KEY"\n'
-            '[[client]]\nname = "alice"\nkey_env = "ALICE_KEY"\n'
-        )
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "SLUICE_ADMIN"))}
         env.update(UPSTREAM_KEY=UPSTREAM_KEY, ALICE_KEY=ALICE_KEY)
-        args = ["-m", "sluice", "serve", "--config", str(config), "--port", "0", "--state", str(tmp_path / "s")]
-        missing = await asyncio.create_subprocess_exec(
-            sys.executable, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
+        args = _serve_args(tmp_path, upstream.url)
+        missing = await _cli(args, env)
         async with asyncio.timeout(30):
             _, stderr = await missing.communicate()
         assert missing.returncode == 2
         assert "the admin key variable $SLUICE_ADMIN_KEY is not set" in stderr.decode()
         env["SLUICE_ADMIN_KEY"] = ADMIN_KEY
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
+        process = await _cli(args, env)
         try:
-            assert process.stdout is not None
-            async with asyncio.timeout(30):
-                line = (await process.stdout.readline()).decode()
-            url = line.split("listening on ")[1].split()[0]
+            line, url = await _listening(process)
             assert f"dashboard {url}/dashboard" in line
             status, _, _ = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
             assert status == 200
@@ -450,23 +462,12 @@ async def test_sluice_serve_logs_api_traffic_not_the_dashboards_polls(tmp_path: 
     """Issue 34, point 29: a dashboard polls every 2 s while its tab is open; the access log
     keeps the API's requests and a refused poll, not the answered polls."""
     async with fake() as upstream:
-        config = tmp_path / "sluice.toml"
-        config.write_text(
-            '[serve]\nadmin_key_env = "SLUICE_ADMIN_KEY"\n'
-            f'[[deployment]]\nmodel = "openai/gpt-test"\nbase_url = "{upstream.url}"\napi_key_env = "UPSTREAM_KEY"\n'
-            '[[client]]\nname = "alice"\nkey_env = "ALICE_KEY"\n'
-        )
         env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
         env.update(UPSTREAM_KEY=UPSTREAM_KEY, ALICE_KEY=ALICE_KEY, SLUICE_ADMIN_KEY=ADMIN_KEY)
-        args = ["-m", "sluice", "serve", "--config", str(config), "--port", "0", "--state", str(tmp_path / "s")]
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
+        args = _serve_args(tmp_path, upstream.url)
+        process = await _cli(args, env)
         try:
-            assert process.stdout is not None
-            async with asyncio.timeout(30):
-                line = (await process.stdout.readline()).decode()
-            url = line.split("listening on ")[1].split()[0]
+            _, url = await _listening(process)
             for _ in range(5):
                 status, _, _ = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
                 assert status == 200
