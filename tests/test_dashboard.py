@@ -9,6 +9,7 @@ import html
 import io
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -338,35 +339,109 @@ async def _check_page(visit: Any) -> None:
     isolated = "getComputedStyle(document.querySelector('%s')).unicodeBidi"
     for cell in ("#clients tbody td b", "#errors tbody td.why bdi", "#deployments tbody .why bdi"):
         assert await visit.page.evaluate(isolated % cell) == "isolate", cell
+    await _check_axes(visit)
+
+
+async def _check_axes(visit: Any) -> None:
+    """Issue 34, point 28: each chart has a y axis (several labels, from 0 to a round value
+    within twice its data's top, so a small series has height) and a time axis; money
+    labels share one format."""
+    for chart in ("requests", "tokens", "load", "spend"):
+        y_labels = await visit.texts(f"#chart-{chart} text.y-label")
+        x_labels = await visit.texts(f"#chart-{chart} text.x-label")
+        assert len(y_labels) >= 3, (chart, y_labels)
+        assert y_labels[0] in ("0", "$0.00", "$0.000", "$0.0000"), (chart, y_labels)
+        assert len(x_labels) >= 2, (chart, x_labels)
+        assert all(re.fullmatch(r"\d\d:\d\d(:\d\d)?", label) for label in x_labels), (chart, x_labels)
+        top = float(await visit.attribute(f"#chart-{chart} svg", "data-data-max") or "nan")
+        y_max = float(await visit.attribute(f"#chart-{chart} svg", "data-y-max") or "nan")
+        assert top <= y_max, chart
+        if top > 0:
+            assert y_max <= 2 * top, (chart, top, y_max)
+    money = await visit.texts("#chart-spend text.y-label")
+    assert all(re.fullmatch(r"\$\d[\d,]*\.\d+", label) for label in money), money
+    assert len({len(label.split(".")[1]) for label in money}) == 1, money
+
+
+def test_a_polls_last_point_is_a_rate_over_a_whole_tick() -> None:
+    """A poll moments after a tick adds a point a few hundredths of a second on: its rates
+    are measured over the tick before too, not over that sliver (1 answer in 0.05 s would
+    plot as 20/s where the server answers 10/s)."""
+    from types import SimpleNamespace
+
+    def sample(at: float, answered: int) -> Any:
+        return SimpleNamespace(
+            **{"at": at, "succeeded": answered, "failed": 0, "rate_limited": 0, "retries": 0},
+            **{"tokens": answered * 100, "spent": 0.0, "in_flight": 3, "waiting": 0, "requests": {}},
+        )
+
+    series = Live._series([sample(0.0, 0), sample(2.0, 20), sample(4.0, 40), sample(4.05, 41)])
+    assert series["t"] == [2.0, 4.0, 4.05]
+    assert series["answered_per_s"][:2] == [10.0, 10.0]
+    assert 9.5 <= series["answered_per_s"][2] <= 10.5, series
+    assert 57_000 <= series["tokens_per_min"][2] <= 63_000, series
+
+
+#: The login page's red (an error) as the browser computes it.
+_RED = "rgb(198, 40, 40)"
+_COLOUR = "getComputedStyle(document.getElementById('message')).color"
+
+
+async def test_the_login_page_shows_red_only_after_a_failed_attempt(tmp_path: Path) -> None:
+    """Issue 34, point 29: the first visit's prompt is plain text; a wrong key, or a
+    client's, is said in red."""
+    async with browse() as browser, fake() as upstream, dashboard_server([deployment(upstream)], tmp_path / "s") as url:
+        visit = await browser.visit(url + "/dashboard")
+        assert await visit.texts("#message") == ["Log in with the admin key."]
+        assert await visit.page.evaluate(_COLOUR) != _RED
+        for key, said in (("sk-wrong-0123456789abcdef", "Wrong key."), (ALICE_KEY, "That is a client's key")):
+            await visit.page.fill("input[name=key]", key)
+            async with visit.page.expect_navigation():
+                await visit.page.click("button[type=submit]")
+            (shown,) = await visit.texts("#message")
+            assert shown.startswith(said), shown
+            assert await visit.page.evaluate(_COLOUR) == _RED
+
+
+def _serve_args(tmp_path: Path, upstream_url: str) -> list[str]:
+    """``sluice serve``'s arguments for a config with an admin key variable, one deployment, one client."""
+    config = tmp_path / "sluice.toml"
+    config.write_text(
+        '[serve]\nadmin_key_env = "SLUICE_ADMIN_KEY"\n'
+        f'[[deployment]]\nmodel = "openai/gpt-test"\nbase_url = "{upstream_url}"\napi_key_env = "UPSTREAM_KEY"\n'
+        '[[client]]\nname = "alice"\nkey_env = "ALICE_KEY"\n'
+    )
+    return ["-m", "sluice", "serve", "--config", str(config), "--port", "0", "--state", str(tmp_path / "s")]
+
+
+async def _cli(args: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+
+
+async def _listening(process: asyncio.subprocess.Process) -> tuple[str, str]:
+    """The line ``sluice serve`` prints once it listens, and its URL."""
+    assert process.stdout is not None
+    async with asyncio.timeout(30):
+        line = (await process.stdout.readline()).decode()
+    return line, line.split("listening on ")[1].split()[0]
 
 
 async def test_sluice_serve_names_its_dashboard_and_never_logs_the_admin_key(tmp_path: Path) -> None:
     async with fake() as upstream:
-        config = tmp_path / "sluice.toml"
-        config.write_text(
-            '[serve]\nadmin_key_env = "SLUICE_ADMIN_KEY"\n'
-            f'[[deployment]]\nmodel = "openai/gpt-test"\nbase_url = "{upstream.url}"\napi_key_env = "UPSTREAM_KEY"\n'
-            '[[client]]\nname = "alice"\nkey_env = "ALICE_KEY"\n'
-        )
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "SLUICE_ADMIN"))}
         env.update(UPSTREAM_KEY=UPSTREAM_KEY, ALICE_KEY=ALICE_KEY)
-        args = ["-m", "sluice", "serve", "--config", str(config), "--port", "0", "--state", str(tmp_path / "s")]
-        missing = await asyncio.create_subprocess_exec(
-            sys.executable, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
+        args = _serve_args(tmp_path, upstream.url)
+        missing = await _cli(args, env)
         async with asyncio.timeout(30):
             _, stderr = await missing.communicate()
         assert missing.returncode == 2
         assert "the admin key variable $SLUICE_ADMIN_KEY is not set" in stderr.decode()
         env["SLUICE_ADMIN_KEY"] = ADMIN_KEY
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
+        process = await _cli(args, env)
         try:
-            assert process.stdout is not None
-            async with asyncio.timeout(30):
-                line = (await process.stdout.readline()).decode()
-            url = line.split("listening on ")[1].split()[0]
+            line, url = await _listening(process)
             assert f"dashboard {url}/dashboard" in line
             status, _, _ = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
             assert status == 200
@@ -379,8 +454,40 @@ async def test_sluice_serve_names_its_dashboard_and_never_logs_the_admin_key(tmp
                 out, err = await process.communicate()
         assert process.returncode == 0, err.decode()
         logs = line + out.decode() + err.decode()
-        assert "/dashboard/data" in logs  # the access log is on
+        assert "POST /dashboard/login" in logs  # the access log is on
         assert ADMIN_KEY not in logs
+
+
+async def test_sluice_serve_logs_api_traffic_not_the_dashboards_polls(tmp_path: Path) -> None:
+    """Issue 34, point 29: a dashboard polls every 2 s while its tab is open; the access log
+    keeps the API's requests and a refused poll, not the answered polls."""
+    async with fake() as upstream:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+        env.update(UPSTREAM_KEY=UPSTREAM_KEY, ALICE_KEY=ALICE_KEY, SLUICE_ADMIN_KEY=ADMIN_KEY)
+        args = _serve_args(tmp_path, upstream.url)
+        process = await _cli(args, env)
+        try:
+            _, url = await _listening(process)
+            for _ in range(5):
+                status, _, _ = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
+                assert status == 200
+            status, _, _ = await _get(url + "/dashboard/data")  # no key: refused, and logged
+            assert status == 401
+            status, _, _ = await _get(url + "/v1/models", _bearer(ALICE_KEY))
+            assert status == 200
+            status, _, _ = await _get(url + "/dashboard", _bearer(ADMIN_KEY))  # the page itself: a visit
+            assert status == 200
+        finally:
+            process.terminate()
+            async with asyncio.timeout(30):
+                _, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+        access = [entry for entry in err.decode().splitlines() if "aiohttp.access" in entry]
+        assert [entry for entry in access if "GET /v1/models " in entry and '" 200 ' in entry], access
+        assert [entry for entry in access if "GET /dashboard " in entry and '" 200 ' in entry], access
+        polls = [entry for entry in access if "/dashboard/data" in entry]
+        assert len(polls) == 1, polls  # the refused one only
+        assert '" 401 ' in polls[0]
 
 
 async def test_a_cooling_deployment_says_why_and_a_paused_one_for_how_long(tmp_path: Path) -> None:

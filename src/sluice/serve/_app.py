@@ -44,6 +44,7 @@ from .._limits import Limiter
 from .._models import Deployment
 from ..store import SqliteStore
 from ..tiers import BatchSettings, close_tiers
+from ._access_log import AccessLogger
 from ._anthropic import anthropic_model, anthropic_shaped, from_anthropic_client
 from ._batches import recent_batches, setup_batch_api
 from ._body import BODY_TIMEOUT, BodyTimeout, read_body, read_json, timed_out
@@ -525,6 +526,8 @@ def make_runner(app: web.Application, *, access_log: bool = False) -> web.AppRun
     }
     if not access_log:
         kwargs["access_log"] = None
+    else:
+        kwargs["access_log_class"] = AccessLogger  # the dashboard's polls are not API traffic
     return web.AppRunner(app, **kwargs)
 
 

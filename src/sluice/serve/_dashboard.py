@@ -221,9 +221,11 @@ def _page(status: int, body: str) -> web.Response:
     return response
 
 
-def _login_page(status: int, message: str) -> web.Response:
-    body = _LOGIN.replace("{action}", f"{DASHBOARD}/login").replace("{message}", html.escape(message))
-    return _page(status, body)
+def _login_page(status: int, message: str, *, error: bool = True) -> web.Response:
+    """The login form; ``message`` in red only when ``error`` (an attempt failed), else
+    as the form's plain prompt."""
+    body = _LOGIN.replace("{action}", f"{DASHBOARD}/login").replace("{kind}", "error" if error else "prompt")
+    return _page(status, body.replace("{message}", html.escape(message)))
 
 
 def _refused(request: web.Request, status: int, *, as_json: bool) -> web.Response:
@@ -237,7 +239,7 @@ def _refused(request: web.Request, status: int, *, as_json: bool) -> web.Respons
         return response
     if status == 404:
         return _page(404, f"<!doctype html><title>sluice serve</title><p>{html.escape(message)}</p>")
-    return _login_page(status, message)
+    return _login_page(status, message, error=status != 401)  # 401: no key tried yet, the prompt
 
 
 # -- the handlers ------------------------------------------------------------------------------------

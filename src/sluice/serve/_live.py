@@ -17,7 +17,6 @@ upstream URLs and hosts like a client's errors, and no key, digest or URL appear
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections import Counter, deque
@@ -353,7 +352,10 @@ class Live:
             "waiting": [],
             "spent_usd": [],
         }
-        for before, after in itertools.pairwise(samples):
+        for i, after in enumerate(samples[1:], 1):
+            # the last point is taken by a poll, maybe moments after a tick: its rates are
+            # over the tick before too (a rate over a sliver of a second is noise)
+            before = samples[i - 2] if i >= 2 and after.at - samples[i - 1].at < SAMPLE_EVERY / 2 else samples[i - 1]
             seconds = max(after.at - before.at, 1e-9)
             series["t"].append(round(after.at, 3))
             series["answered_per_s"].append(round((after.succeeded - before.succeeded) / seconds, 3))
