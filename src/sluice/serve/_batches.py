@@ -38,7 +38,7 @@ from ._batch_db import INTERNAL_PURPOSES
 from ._batch_run import public
 from ._batch_runs import RUNS, Runs, cancel_run, live_copy, resume_batches, start_run, stop_batches
 from ._body import BodyTimeout, read_json, timed_out
-from ._context import BadBody
+from ._context import BadBody, Refused
 from ._errors import openai_error
 from ._files import add_file_routes
 from ._keys import ClientLike
@@ -108,6 +108,8 @@ async def create_batch(request: web.Request) -> web.Response:
         body = await read_json(request)  # within the body timeout; orjson: a nesting bomb is a 400
     except BadBody as exc:
         return openai_error(400, exc.message)
+    except Refused as exc:  # too large, or no room to read it now
+        return exc.response
     except BodyTimeout:
         return timed_out(request)
     if not isinstance(body, dict):

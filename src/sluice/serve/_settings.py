@@ -7,7 +7,10 @@
     max_wait_s = 30          # the longest a request waits for capacity; past it: 429
     header_timeout_s = 10    # a client must send its headers within this (slowloris)
     body_timeout_s = 30      # ... and its body within this once the headers are in
-    max_body_mb = 32         # larger bodies: 413
+    max_body_mb = 32         # larger JSON bodies: 413 (uploads have their own limits)
+    max_json_values = 1000000  # a JSON body with more values and keys: 413, before it is parsed
+    parse_budget_mb = 128    # bytes of JSON bodies read and parsed at once, in all ...
+    client_parse_budget_mb = 32  # ... and per client (past them a body waits, up to max_wait_s)
     cache = false            # false: every request goes upstream; "deterministic": identical
                              # requests at temperature 0 are answered from the state; true: all
     batch_tier = "sync"      # "batch": clients' chat batches through the upstream's Batch API
@@ -48,6 +51,13 @@ class ServeSettings:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_body_mb: float = 32.0
+    #: A JSON body with more values and keys than this is refused (413) as it arrives,
+    #: before it is parsed: parsed, each costs 40-250 bytes, however few bytes it was sent in.
+    max_json_values: int = 1_000_000
+    #: Bytes of JSON bodies (over 64 KiB) read and parsed at once, in all and per client;
+    #: past them a body waits up to ``max_wait_s`` (then a 503, or a 429 for the client's own).
+    parse_budget_mb: float = 128.0
+    client_parse_budget_mb: float = 32.0
     #: Which identical requests are answered from the state: ``"off"`` (none: a client that
     #: samples twice gets two answers), ``"deterministic"`` (those at ``temperature`` 0) or
     #: ``"on"`` (all). A request overrides it with ``x-sluice-cache: on|off``.
@@ -77,6 +87,11 @@ class ServeSettings:
     def max_body_bytes(self) -> int:
         return int(self.max_body_mb * 1024 * 1024)
 
+    @property
+    def parse_budget_bytes(self) -> tuple[int, int]:
+        """(in all, per client)."""
+        return int(self.parse_budget_mb * 1024 * 1024), int(self.client_parse_budget_mb * 1024 * 1024)
+
 
 @dataclass(frozen=True, slots=True)
 class ClientSpec:
@@ -96,6 +111,9 @@ _SERVE_NUMBERS = {
     "header_timeout_s": (0, False),
     "body_timeout_s": (0, False),
     "max_body_mb": (0, False),
+    "max_json_values": (1, True),
+    "parse_budget_mb": (0.0625, False),
+    "client_parse_budget_mb": (0.0625, False),
     "batch_poll_every": (0.1, False),
 }
 
