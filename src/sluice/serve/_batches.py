@@ -40,6 +40,7 @@ from ._batch_runs import RUNS, Runs, cancel_run, live_copy, resume_batches, star
 from ._body import BodyTimeout, read_json, timed_out
 from ._context import BadBody, Refused
 from ._errors import openai_error
+from ._file_expiry import start_expiry, stop_expiry
 from ._files import add_file_routes
 from ._keys import ClientLike
 from ._message_batches import add_message_batch_routes
@@ -83,6 +84,8 @@ def setup_batch_api(
     app.router.add_post("/v1/batches/{batch_id}/cancel", cancel_batch)
     add_message_batch_routes(app)
     app.on_startup.append(resume_batches)
+    app.on_startup.append(start_expiry)
+    app.on_cleanup.append(stop_expiry)
     app.on_cleanup.append(stop_batches)
 
 

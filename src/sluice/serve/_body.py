@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -42,6 +43,7 @@ __all__ = [
     "read_body",
     "read_json",
     "timed_out",
+    "timeout_message",
     "within_body_timeout",
 ]
 
@@ -74,22 +76,35 @@ class BodyLimits:
 #: The app's :class:`BodyLimits` (without one: the defaults, with no budget).
 BODY_LIMITS: web.AppKey[BodyLimits] = web.AppKey("sluice.serve.body_limits", BodyLimits)
 _NO_BUDGET = BodyLimits()
+#: ``request[_READ]``: what :func:`read_json` made of the body: (True, the value) or (False, the error).
+_READ: web.RequestKey[tuple[bool, Any]] = web.RequestKey("sluice.serve.read_json")
 
 
 class BodyTimeout(Exception):
-    """The body did not arrive in time: a 408 (:func:`timed_out`), and the connection is closed."""
+    """The body did not arrive in time: a 408 (:func:`timed_out`), and the connection is closed.
+    ``total``: the upload's whole deadline passed (rather than its progress stalling)."""
+
+    def __init__(self, total: float | None = None) -> None:
+        super().__init__(total)
+        self.total = total
 
 
 def body_timeout(request: web.Request) -> float:
     return request.app.get(BODY_TIMEOUT, DEFAULT_BODY_TIMEOUT)
 
 
-def timed_out(request: web.Request) -> web.Response:
+def timed_out(request: web.Request, exc: BodyTimeout | None = None) -> web.Response:
     """The 408 for a body that did not arrive in time. The connection closes after it once
     aiohttp's lingering time (``make_runner``: 2 s) has read what more the client sends:
     closing at once with its bytes unread would reset the connection, and the client could
     lose the 408 itself."""
-    return openai_error(408, f"the request body did not arrive within {body_timeout(request):g} s", code="timeout")
+    return openai_error(408, timeout_message(request, exc), code="timeout")
+
+
+def timeout_message(request: web.Request, exc: BodyTimeout | None = None) -> str:
+    if exc is not None and exc.total is not None:
+        return f"the upload did not arrive within {exc.total:g} s, the longest this server waits for one"
+    return f"the request body did not arrive within {body_timeout(request):g} s"
 
 
 async def read_body(request: web.Request, *, limit: int | None = None) -> bytes:
@@ -116,7 +131,22 @@ async def read_body(request: web.Request, *, limit: int | None = None) -> bytes:
 async def read_json(request: web.Request) -> Any:
     """The body parsed as JSON (orjson: a nesting bomb is a 400, not a RecursionError),
     within the app's :class:`BodyLimits`: aiohttp's 413 past ``max_bytes``, a
-    :class:`~._context.Refused` 413 past ``max_values``, 429/503 when no budget came in time."""
+    :class:`~._context.Refused` 413 past ``max_values``, 429/503 when no budget came in time.
+    Read once: a second call (the handler after the forwarding middleware) gets the same."""
+    read = request.get(_READ)
+    if read is None:
+        try:
+            read = (True, await _read_json(request))
+        except (BadBody, Refused, BodyTimeout, web.HTTPException) as exc:
+            read = (False, exc)
+        request[_READ] = read
+    ok, value = read
+    if not ok:
+        raise value
+    return value
+
+
+async def _read_json(request: web.Request) -> Any:
     limits = request.app.get(BODY_LIMITS, _NO_BUDGET)
     size = request.content_length
     if size is not None and size > limits.max_bytes:
@@ -195,12 +225,14 @@ def _busy(limits: BodyLimits, mine: bool) -> web.Response:
     return response
 
 
-async def within_body_timeout(request: web.Request, work: Awaitable[T]) -> T:
+async def within_body_timeout(request: web.Request, work: Awaitable[T], *, total: float | None = None) -> T:
     """Await ``work`` (which reads the body as a stream) while the body keeps arriving:
-    :class:`BodyTimeout` once a whole body timeout brings less than :data:`MIN_PROGRESS` bytes."""
+    :class:`BodyTimeout` once a whole body timeout brings less than :data:`MIN_PROGRESS`
+    bytes, or (``total``) once ``total`` seconds have passed however fast it arrives."""
     seconds = body_timeout(request)
     content = request.content
     loop = asyncio.get_running_loop()
+    end = loop.time() + total if total is not None else math.inf
 
     async def watch(deadline: asyncio.Timeout) -> None:
         mark = content.total_bytes
@@ -208,10 +240,10 @@ async def within_body_timeout(request: web.Request, work: Awaitable[T]) -> T:
             await asyncio.sleep(seconds / 2)
             if content.total_bytes - mark >= MIN_PROGRESS:
                 mark = content.total_bytes
-                deadline.reschedule(loop.time() + seconds)
+                deadline.reschedule(min(loop.time() + seconds, end))
 
     try:
-        async with asyncio.timeout(seconds) as deadline:
+        async with asyncio.timeout_at(min(loop.time() + seconds, end)) as deadline:
             watcher = asyncio.create_task(watch(deadline))
             try:
                 return await work
@@ -220,4 +252,4 @@ async def within_body_timeout(request: web.Request, work: Awaitable[T]) -> T:
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
     except TimeoutError:
-        raise BodyTimeout() from None
+        raise BodyTimeout(total if loop.time() >= end else None) from None
