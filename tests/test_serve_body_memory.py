@@ -118,6 +118,30 @@ async def test_bodies_of_tiny_objects_cost_the_server_little_memory_and_stall_no
     assert peak - before < 200 * MB, f"peak RSS rose by {(peak - before) / MB:.0f} MB"
 
 
+@_NO_PROC
+async def test_a_message_batch_of_empty_requests_is_refused_without_being_parsed_whole(tmp_path: Path) -> None:
+    """Before: the 48 MB body was read into memory and parsed whole (16 million dicts,
+    over a gigabyte) before its first request was checked."""
+    async with (
+        fake() as upstream,
+        served(tmp_path, upstream.url, "") as (url, pid),
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http,
+    ):
+        headers = {"x-api-key": ALICE_KEY, "anthropic-version": "2023-06-01", "content-type": "application/json"}
+        async with http.get(f"{url}/v1/models", headers=headers) as warm:
+            assert warm.status == 200
+        before = _status(pid, "VmRSS")
+        body = b'{"requests":[' + b"{}," * (16 * MB) + b"{}]}"
+        async with http.post(f"{url}/v1/messages/batches", data=io.BytesIO(body), headers=headers) as refused:
+            error = await refused.json()
+        peak = _status(pid, "VmHWM")
+        files = list((tmp_path / "state" / "files").iterdir())
+    assert refused.status == 400
+    assert error["error"]["message"] == "requests.0.custom_id: Field required"
+    assert files == []  # neither the body nor a half-written requests file is left
+    assert peak - before < 200 * MB, f"peak RSS rose by {(peak - before) / MB:.0f} MB"
+
+
 async def test_a_body_of_too_many_values_is_a_413_that_says_so_and_a_large_plain_one_is_taken(tmp_path: Path) -> None:
     async with (
         fake() as upstream,

@@ -46,7 +46,7 @@ from .._models import Deployment
 from ..store import SqliteStore
 from ..tiers import BatchSettings, close_tiers
 from ._anthropic import anthropic_model, anthropic_shaped, from_anthropic_client
-from ._batches import recent_batches, setup_batch_api
+from ._batches import Limits, recent_batches, setup_batch_api
 from ._body import BODY_LIMITS, BODY_TIMEOUT, BodyLimits, BodyTimeout, read_body, read_json, timed_out
 from ._body_budget import BodyBudget
 from ._chat import chat_completions
@@ -205,6 +205,14 @@ def build_app(
     app.on_startup.append(start)  # before the Batch API's hooks: its batches resume on a started engine
     setup_batch_api(
         app,
+        limits=Limits(
+            client_file_bytes=int(settings.client_files_mb * 1024 * 1024),
+            client_files=settings.client_files,
+            file_ttl_s=settings.file_ttl_days * 24 * 3600,
+            client_uploads=settings.client_uploads,
+            upload_timeout_s=settings.upload_timeout_s,
+            max_values=settings.max_json_values,
+        ),
         client_named=registry.by_name.get,
         resolve_model=functools.partial(_batch_model, ctx),
         validate_json=settings.validate_json,

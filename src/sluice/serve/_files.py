@@ -162,7 +162,7 @@ def _expires_after(text: str) -> int:
 
 async def _small(part: BodyPartReader, cap: int) -> str:
     data = b""
-    while chunk := await part.read_chunk(cap):
+    while chunk := await part.read_chunk(max(cap, 256)):  # aiohttp reads at least a boundary's length
         data += chunk
         if len(data) > cap:
             raise _Refused(openai_error(400, f"form field {part.name!r} is longer than {cap} bytes"))

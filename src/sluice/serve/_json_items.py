@@ -38,8 +38,9 @@ class JsonScan:
     """A cursor over ``source``: ``peek``/``take`` single characters between values,
     :meth:`key` for an object's key, :meth:`items` for an array's items."""
 
-    def __init__(self, source: BinaryIO) -> None:
+    def __init__(self, source: BinaryIO, chunk: int = _CHUNK) -> None:
         self._source = source
+        self._chunk = chunk
         self._buf = b""
         self._pos = 0
         self._eof = False
@@ -47,7 +48,7 @@ class JsonScan:
     def _more(self, keep_from: int) -> int:
         """Read on, keeping the buffer from ``keep_from`` (its new index is returned: 0).
         False-y ``_eof`` afterwards means something was added."""
-        chunk = self._source.read(_CHUNK)
+        chunk = self._source.read(self._chunk)
         self._buf = self._buf[keep_from:] + chunk
         self._pos -= keep_from
         if not chunk:

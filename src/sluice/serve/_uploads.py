@@ -105,10 +105,14 @@ class Uploads:
     def over_quota(self, held: int) -> UploadRefused:
         return UploadRefused(
             400,
-            f"this upload would take your files on this server past their quota of {self.quota_bytes / MB:,.0f} MB "
-            f"(you hold {held / MB:,.1f} MB); delete files you no longer need (files also expire)",
+            f"this upload would take your files on this server past their quota of {_size(self.quota_bytes)} "
+            f"(you hold {_size(held)}); delete files you no longer need (files also expire)",
             "quota_exceeded",
         )
+
+
+def _size(n: int) -> str:
+    return f"{n / MB:,.1f} MB" if n >= MB else f"{n:,} bytes"
 
 
 class Upload:
