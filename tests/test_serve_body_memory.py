@@ -136,10 +136,10 @@ async def test_a_message_batch_of_empty_requests_is_refused_without_being_parsed
             error = await refused.json()
         peak = _status(pid, "VmHWM")
         files = list((tmp_path / "state" / "files").iterdir())
+    assert peak - before < 200 * MB, f"peak RSS rose by {(peak - before) / MB:.0f} MB"
     assert refused.status == 400
     assert error["error"]["message"] == "requests.0.custom_id: Field required"
     assert files == []  # neither the body nor a half-written requests file is left
-    assert peak - before < 200 * MB, f"peak RSS rose by {(peak - before) / MB:.0f} MB"
 
 
 async def test_a_body_of_too_many_values_is_a_413_that_says_so_and_a_large_plain_one_is_taken(tmp_path: Path) -> None:
