@@ -20,10 +20,12 @@ __all__ = ["ItemTooLarge", "JsonScan", "NotJson"]
 
 _CHUNK = 1 << 20
 _SPACE = b" \t\r\n"
-#: What moves depth, ends an item, or opens a string.
-_MARK = re.compile(rb'["\[\]{},]')
+#: From a point inside a value: every byte that neither moves depth nor ends an item, whole
+#: strings included (a base64 image is one step), in C; it stops at ``[ ] { } ,``, at a
+#: string the buffer ends inside, or at the buffer's end.
+_SKIP = re.compile(rb'(?:[^"\[\]{},]++|"[^"\\]*+(?:\\.[^"\\]*+)*+")*+', re.DOTALL)
 #: A whole string from its opening quote; group 1 is empty when the buffer ends inside it.
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*("?)', re.DOTALL)
+_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+("?)', re.DOTALL)
 
 
 class NotJson(ValueError):
@@ -73,13 +75,17 @@ class JsonScan:
 
     def key(self) -> str:
         """An object's key and its colon."""
-        raw = self._value(max_bytes=4096)
-        if not raw.startswith(b'"'):
+        if self.peek() != b'"':
             raise NotJson("expected a key")
+        while not (found := _STRING.match(self._buf, self._pos)) or not found.group(1):
+            if self._eof or len(self._buf) - self._pos > 4096:
+                raise NotJson("a key that does not end")
+            self._more(self._pos)
         try:
-            key = _json.loads(raw)
+            key = _json.loads(found.group(0))
         except ValueError:
             raise NotJson("a key is not a valid JSON string") from None
+        self._pos = found.end()
         self.take(b":")
         return str(key)
 
@@ -101,49 +107,32 @@ class JsonScan:
     def _value(self, max_bytes: int) -> bytes:
         """One value's bytes from here: up to the ``,``, ``]`` or ``}`` that ends it at its own depth."""
         self.peek()
-        start = self._pos
+        start = at = self._pos
         depth = 0
-        at = start
         while True:
-            mark = _MARK.search(self._buf, at)
-            if mark is None or (self._buf[mark.start()] == 0x22 and not self._string_end(mark.start())):
-                if mark is None and depth == 0 and self._eof:
-                    return self._done(start, len(self._buf))  # a bare scalar at the very end
-                if len(self._buf) - start > max_bytes:
-                    raise ItemTooLarge()
-                if self._eof:
-                    raise NotJson("the document ends inside a value")
-                at = (mark.start() if mark is not None else len(self._buf)) - start
-                start = self._more(start)
-                continue
-            char = self._buf[mark.start()]
-            if char == 0x22:  # a string: skip it whole
-                at = self._string_end(mark.start())
-                if depth == 0:
-                    return self._done(start, at, max_bytes)
-            elif char in b"[{":
-                depth += 1
-                at = mark.end()
-            elif depth == 0:  # , ] or } ends a scalar
-                return self._done(start, mark.start(), max_bytes)
-            else:
-                at = mark.end()
-                if char != 0x2C:
-                    depth -= 1
-                    if depth == 0:
-                        return self._done(start, at, max_bytes)
+            at = _SKIP.match(self._buf, at).end()  # type: ignore[union-attr]  # it matches anywhere
             if at - start > max_bytes:
                 raise ItemTooLarge()
+            if at >= len(self._buf) or self._buf[at] == 0x22:  # the buffer ends (inside a string, maybe)
+                if not self._eof:
+                    at -= start
+                    start = self._more(start)
+                    continue
+                if depth == 0 and at >= len(self._buf):
+                    return self._done(start, at)  # a bare scalar at the very end
+                raise NotJson("the document ends inside a value")
+            char = self._buf[at]
+            if char in b"[{":
+                depth += 1
+            elif depth == 0:  # , ] or } after a scalar or string
+                return self._done(start, at)
+            elif char != 0x2C:
+                depth -= 1
+                if depth == 0:
+                    return self._done(start, at + 1)
+            at += 1
 
-    def _string_end(self, quote: int) -> int:
-        """Where the string opening at ``quote`` ends, or 0 when the buffer ends inside it."""
-        found = _STRING.match(self._buf, quote)
-        assert found is not None  # the pattern matches any quote
-        return found.end() if found.group(1) else 0
-
-    def _done(self, start: int, end: int, max_bytes: int | None = None) -> bytes:
-        if max_bytes is not None and end - start > max_bytes:
-            raise ItemTooLarge()
+    def _done(self, start: int, end: int) -> bytes:
         self._pos = end
         value = self._buf[start:end].rstrip(_SPACE)
         if not value:
