@@ -25,7 +25,7 @@ from sluice.serve._settings import ClientSpec
 
 CAROL_KEY = "sk-carol-0123456789abcdef0"
 MB = 1024 * 1024
-ENV["CAROL_KEY"] = CAROL_KEY
+ENV["CAROL_KEY"] = CAROL_KEY  # a third client for servetools.serving (it reads keys from ENV)
 CLIENTS = tuple(ClientSpec(name, f"{name.upper()}_KEY") for name in ("alice", "bob", "carol"))
 _NO_PROC = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads peak RSS from /proc")
 

@@ -18,7 +18,7 @@ import aiohttp
 import openai
 import pytest
 from polling import until
-from servetools import ALICE_KEY, BOB_KEY, ENV, deployment, fake, sdk, serving
+from servetools import ALICE_KEY, BOB_KEY, deployment, fake, sdk, serving
 
 from sluice.serve._settings import ClientSpec
 
@@ -254,4 +254,12 @@ def test_counting_a_one_line_file_of_60_mb_reads_it_a_piece_at_a_time(tmp_path: 
     assert peak < 8 * 1024 * KB, f"peak {peak / 1024 / KB:.1f} MB"
 
 
-ENV.setdefault("ALICE_KEY", ALICE_KEY)
+def test_the_new_serve_settings_are_checked_with_the_file_named() -> None:
+    from sluice._errors import ConfigError
+    from sluice.serve._settings import serve_tables
+
+    settings, _ = serve_tables({"serve": {"client_uploads": 2, "file_ttl_days": 0, "max_json_values": 10}}, "s.toml")
+    assert (settings.client_uploads, settings.file_ttl_days, settings.max_json_values) == (2, 0, 10)
+    for bad in ({"client_uploads": 0}, {"client_files_mb": -1}, {"upload_timeout_s": "long"}, {"max_json_values": 1.5}):
+        with pytest.raises(ConfigError, match=rf"s\.toml: \[serve\] {next(iter(bad))} must be"):
+            serve_tables({"serve": bad}, "s.toml")
