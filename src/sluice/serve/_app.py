@@ -16,7 +16,8 @@ before them all, started by one after auth, so an unauthenticated caller gets no
 * **forward** (with ``--redis`` only): a file or batch held by another replica is answered
   by that replica (see ``_replicas``).
 
-Hostile clients: bodies are capped (``client_max_size``, 413), a body must arrive within
+Hostile clients: bodies are capped (``client_max_size``, 413; a JSON body's values and the
+bytes parsed at once too: :class:`~._body.BodyLimits`), a body must arrive within
 ``body_timeout_s`` of the headers (:func:`read_body`, 408 and the connection closed), and
 the headers within ``header_timeout_s`` of the connection (or of the previous response):
 aiohttp closes a connection whose request has not fully arrived when its keep-alive
@@ -46,8 +47,9 @@ from ..store import SqliteStore
 from ..tiers import BatchSettings, close_tiers
 from ._access_log import AccessLogger
 from ._anthropic import anthropic_model, anthropic_shaped, from_anthropic_client
-from ._batches import recent_batches, setup_batch_api
-from ._body import BODY_TIMEOUT, BodyTimeout, read_body, read_json, timed_out
+from ._batches import Limits, recent_batches, setup_batch_api
+from ._body import BODY_LIMITS, BODY_TIMEOUT, BodyLimits, BodyTimeout, read_body, read_json, timed_out
+from ._body_budget import BodyBudget
 from ._chat import chat_completions
 from ._clients import Client, Clients, SpendStore
 from ._context import CONTEXT, JSON_BODY, BadBody, Refused, ServeContext, client_of, model_names, upstream_secrets
@@ -194,10 +196,24 @@ def build_app(
     app[CONTEXT] = ctx
     app[SETTINGS] = settings
     app[BODY_TIMEOUT] = settings.body_timeout_s
+    app[BODY_LIMITS] = BodyLimits(
+        settings.max_body_bytes,
+        settings.max_json_values,
+        BodyBudget(*settings.parse_budget_bytes),
+        settings.max_wait_s,
+    )
     start, close = _lifetime(ctx, store, spend, batch_engine, responses)
     app.on_startup.append(start)  # before the Batch API's hooks: its batches resume on a started engine
     setup_batch_api(
         app,
+        limits=Limits(
+            client_file_bytes=int(settings.client_files_mb * 1024 * 1024),
+            client_files=settings.client_files,
+            file_ttl_s=settings.file_ttl_days * 24 * 3600,
+            client_uploads=settings.client_uploads,
+            upload_timeout_s=settings.upload_timeout_s,
+            max_values=settings.max_json_values,
+        ),
         client_named=registry.by_name.get,
         resolve_model=functools.partial(_batch_model, ctx),
         validate_json=settings.validate_json,

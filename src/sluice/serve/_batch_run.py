@@ -188,6 +188,7 @@ class BatchRun:
             self.batch["endpoint"],
             max_requests=limits.requests_for(self.batch["endpoint"]),
             max_line_bytes=limits.max_line_bytes,
+            max_values=limits.max_values,
         )
         if check.errors:
             self._set("failed", failed_at=_now(), errors={"object": "list", "data": check.data()})

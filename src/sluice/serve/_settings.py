@@ -7,7 +7,15 @@
     max_wait_s = 30          # the longest a request waits for capacity; past it: 429
     header_timeout_s = 10    # a client must send its headers within this (slowloris)
     body_timeout_s = 30      # ... and its body within this once the headers are in
-    max_body_mb = 32         # larger bodies: 413
+    max_body_mb = 32         # larger JSON bodies: 413 (uploads have their own limits)
+    max_json_values = 1000000  # a JSON body with more values and keys: 413, before it is parsed
+    parse_budget_mb = 128    # bytes of JSON bodies read and parsed at once, in all ...
+    client_parse_budget_mb = 32  # ... and per client (past them a body waits, up to max_wait_s)
+    client_files_mb = 1024   # what one client may keep in files (its batches' outputs count) ...
+    client_files = 1000      # ... and how many
+    file_ttl_days = 30       # files are deleted so long after they were made (0: never)
+    client_uploads = 4       # uploads (and Message Batch bodies) of one client under way at once
+    upload_timeout_s = 600   # the longest one upload may take, however steadily it arrives
     cache = false            # false: every request goes upstream; "deterministic": identical
                              # requests at temperature 0 are answered from the state; true: all
     batch_tier = "sync"      # "batch": clients' chat batches through the upstream's Batch API
@@ -48,6 +56,22 @@ class ServeSettings:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_body_mb: float = 32.0
+    #: A JSON body with more values and keys than this is refused (413) as it arrives,
+    #: before it is parsed: parsed, each costs 40-250 bytes, however few bytes it was sent in.
+    max_json_values: int = 1_000_000
+    #: Bytes of JSON bodies (over 64 KiB) read and parsed at once, in all and per client;
+    #: past them a body waits up to ``max_wait_s`` (then a 503, or a 429 for the client's own).
+    parse_budget_mb: float = 128.0
+    client_parse_budget_mb: float = 32.0
+    #: What one client may keep in ``/v1/files`` (its batches' outputs and Message Batches
+    #: count); an upload past it is refused as its bytes arrive.
+    client_files_mb: float = 1024.0
+    client_files: int = 1000
+    #: Days a file is kept after it was made, as OpenAI's batch files (0: for ever).
+    file_ttl_days: float = 30.0
+    #: Uploads of one client under way at once (the next is a 429), and the longest one may take.
+    client_uploads: int = 4
+    upload_timeout_s: float = 600.0
     #: Which identical requests are answered from the state: ``"off"`` (none: a client that
     #: samples twice gets two answers), ``"deterministic"`` (those at ``temperature`` 0) or
     #: ``"on"`` (all). A request overrides it with ``x-sluice-cache: on|off``.
@@ -77,6 +101,11 @@ class ServeSettings:
     def max_body_bytes(self) -> int:
         return int(self.max_body_mb * 1024 * 1024)
 
+    @property
+    def parse_budget_bytes(self) -> tuple[int, int]:
+        """(in all, per client)."""
+        return int(self.parse_budget_mb * 1024 * 1024), int(self.client_parse_budget_mb * 1024 * 1024)
+
 
 @dataclass(frozen=True, slots=True)
 class ClientSpec:
@@ -96,6 +125,14 @@ _SERVE_NUMBERS = {
     "header_timeout_s": (0, False),
     "body_timeout_s": (0, False),
     "max_body_mb": (0, False),
+    "max_json_values": (1, True),
+    "parse_budget_mb": (0.0625, False),
+    "client_parse_budget_mb": (0.0625, False),
+    "client_files_mb": (0, False),
+    "client_files": (1, True),
+    "file_ttl_days": (0, False),
+    "client_uploads": (1, True),
+    "upload_timeout_s": (1, False),
     "batch_poll_every": (0.1, False),
 }
 
