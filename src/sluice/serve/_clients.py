@@ -47,6 +47,12 @@ class Client:
     #: Model or deployment names it may use (None: every configured one).
     models: frozenset[str] | None = None
     _digest: bytes = field(default=b"", repr=False)
+    #: Whose cached answers it may be given (see ``_cache``): its ``cache_group``, else its name.
+    cache_group: str | None = None
+
+    @property
+    def group(self) -> str:
+        return self.cache_group if self.cache_group is not None else self.name
 
     def __repr__(self) -> str:
         return f"<Client {self.name}>"
@@ -157,7 +163,7 @@ class Clients:
                     name=f"client {spec.name}",
                 )
             models = frozenset(spec.models) if spec.models is not None else None
-            clients.append(Client(spec.name, budget, limiter, models, digest))
+            clients.append(Client(spec.name, budget, limiter, models, digest, spec.cache_group))
         return cls(clients, spend, engine_budget)
 
     def client_spend(self) -> dict[str, tuple[float, float]]:

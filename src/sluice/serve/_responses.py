@@ -77,12 +77,12 @@ class _Asked:
         self.previous = body.get("previous_response_id")
         self.history = list(history)
 
-    def request(self, model: str, *, unique: bool) -> Request:
+    def request(self, model: str, *, cache: str | None) -> Request:
         try:
             view = chat_from_responses(self.body, self.history)
         except ShapeError as exc:
             raise BadBody(exc.message, exc.param) from None
-        chat, _, _ = parse_chat(unstreamed(view.body), model, unique=unique)
+        chat, _, _ = parse_chat(unstreamed(view.body), model, cache=cache)
         upstream = {key: value for key, value in self.body.items() if key not in _OURS}
         upstream["input"] = [*_replayable(self.history), *_input_items(self.body)]
         upstream["store"] = False
@@ -147,7 +147,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             )
         history = found
     asked = _Asked(body, history)
-    chat = asked.request(model, unique=not cached(ctx, request, body))
+    chat = asked.request(model, cache=cached(ctx, request, body))
     if not stream:
         result = await complete(ctx, client, request, chat)
         if result.error is not None:

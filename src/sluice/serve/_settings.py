@@ -22,6 +22,7 @@
     rpm = 60
     tpm = 100000
     models = ["openai/gpt-4o-mini"]   # model or deployment names it may use (default: all)
+    cache_group = "team-a"            # clients of one group share cached answers (default: its own)
 
 The rest of the file (deployments, retries, budget) is read by :mod:`sluice.cli._config`;
 this module reads only these two tables from the same parsed TOML.
@@ -50,7 +51,8 @@ class ServeSettings:
     max_body_mb: float = 32.0
     #: Which identical requests are answered from the state: ``"off"`` (none: a client that
     #: samples twice gets two answers), ``"deterministic"`` (those at ``temperature`` 0) or
-    #: ``"on"`` (all). A request overrides it with ``x-sluice-cache: on|off``.
+    #: ``"on"`` (all). A request may turn it off with ``x-sluice-cache: off``, or on when
+    #: this is not ``"off"``. Answers are shared within a client's ``cache_group`` only.
     cache: str = "off"
     #: How clients' chat batches (``/v1/batches``) are run: ``"sync"`` (requests through
     #: the engine, at once) or ``"batch"`` (through the provider's Batch API: half price,
@@ -88,6 +90,9 @@ class ClientSpec:
     rpm: float | None = None
     tpm: float | None = None
     models: tuple[str, ...] | None = None
+    #: Clients with the same group share cached answers (None: the client's own name, so
+    #: a tenant is never answered from another's requests).
+    cache_group: str | None = None
 
 
 _SERVE_NUMBERS = {
@@ -152,11 +157,13 @@ def _cache_setting(value: Any, where: str) -> str:
 
 def cached_request(setting: str, header: str | None, temperature: object) -> bool:
     """Whether one request may be answered from the state (and stored for its twins): the
-    request's ``x-sluice-cache`` header if it gives one, else the server's setting."""
+    request's ``x-sluice-cache`` header if it gives one, else the server's setting. A
+    client cannot turn on what the operator turned off: ``on`` is ignored when the
+    setting is ``"off"``."""
     if header is not None:
         asked = header.strip().lower()
         if asked in ("on", "true", "1", "yes"):
-            return True
+            return setting != "off"
         if asked in ("off", "false", "0", "no"):
             return False
         raise ValueError(f"the x-sluice-cache header must be on or off, got {header[:40]!r}")
@@ -177,7 +184,7 @@ def _clients(tables: Any, where: str) -> tuple[ClientSpec, ...]:
 
 
 def _client(table: Mapping[str, Any], where: str) -> ClientSpec:
-    known = {"name", "key_env", "budget_usd", "rpm", "tpm", "models"}
+    known = {"name", "key_env", "budget_usd", "rpm", "tpm", "models", "cache_group"}
     extra = sorted(set(table) - known)
     if extra:
         raise ConfigError(f"{where}: unknown key(s) {extra}; known: {sorted(known)}")
@@ -200,6 +207,9 @@ def _client(table: Mapping[str, Any], where: str) -> ClientSpec:
     models = table.get("models")
     if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) and m for m in models)):
         raise ConfigError(f"{where} ({name}): models must be a list of model or deployment names, got {models!r}")
+    group = table.get("cache_group")
+    if group is not None and (not isinstance(group, str) or not group.strip()):
+        raise ConfigError(f"{where} ({name}): cache_group must be a non-empty string, got {group!r}")
     return ClientSpec(
         name=name,
         key_env=key_env,
@@ -207,6 +217,7 @@ def _client(table: Mapping[str, Any], where: str) -> ClientSpec:
         rpm=_float(table.get("rpm")),
         tpm=_float(table.get("tpm")),
         models=tuple(models) if models is not None else None,
+        cache_group=group,
     )
 
 
