@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from .._budget import Budget
 from .._errors import ConfigError, StoreError
+from ._key_rules import check_key, warn_if_weak
 from ._queue import ServeLimiter
 from ._settings import ClientSpec
 
@@ -134,10 +135,8 @@ class Clients:
             key = env.get(spec.key_env, "")
             if not key:
                 raise ConfigError(f"client {spec.name!r}: its key variable ${spec.key_env} is not set")
-            if len(key) < 16:
-                raise ConfigError(f"client {spec.name!r}: the key in ${spec.key_env} is shorter than 16 characters")
-            if not key.isascii() or not key.isprintable():
-                raise ConfigError(f"client {spec.name!r}: the key in ${spec.key_env} must be printable ASCII")
+            check_key(key, f"client {spec.name!r}: the key in ${spec.key_env}")
+            warn_if_weak(key, f"client {spec.name!r}: the key in ${spec.key_env}")
             digest = _digest(key)
             if digest in seen:
                 raise ConfigError(f"clients {seen[digest]!r} and {spec.name!r} have the same key; give each its own")

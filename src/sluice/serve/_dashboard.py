@@ -34,7 +34,6 @@ import hashlib
 import hmac
 import html
 import ipaddress
-import os
 import re
 import secrets
 import time
@@ -44,10 +43,10 @@ from urllib.parse import parse_qs
 
 from aiohttp import web
 
-from .._errors import ConfigError
 from ._body import read_body
 from ._clients import Clients
 from ._errors import openai_error
+from ._key_rules import bearer, operator_key, same_key
 from ._live import Live
 from ._settings import ServeSettings
 
@@ -56,7 +55,6 @@ __all__ = ["DASHBOARD", "LIVE", "DashboardAuth", "is_dashboard", "setup_dashboar
 DASHBOARD = "/dashboard"
 COOKIE = "sluice_dashboard"
 SESSION_S = 12 * 3600
-_MIN_KEY = 16
 #: The login form's largest body (a key and its field name).
 _MAX_FORM = 4096
 #: The most logged-out sessions remembered (the oldest is forgotten first; each expires anyway).
@@ -88,19 +86,7 @@ class DashboardAuth:
         cls, settings: ServeSettings, clients: Clients, environ: Mapping[str, str] | None = None
     ) -> DashboardAuth:
         """Read the admin key from its variable; a ConfigError when it is unset, short, or a client's."""
-        name = settings.admin_key_env
-        if name is None:
-            return cls(None, clients)
-        key = (os.environ if environ is None else environ).get(name, "")
-        if not key:
-            raise ConfigError(f"[serve] admin_key_env: the admin key variable ${name} is not set")
-        if len(key) < _MIN_KEY:
-            raise ConfigError(f"[serve] admin_key_env: the key in ${name} is shorter than {_MIN_KEY} characters")
-        if not key.isascii() or not key.isprintable():
-            raise ConfigError(f"[serve] admin_key_env: the key in ${name} must be printable ASCII")
-        if not clients.anonymous and clients.authenticate(key) is not None:
-            raise ConfigError(f"[serve] admin_key_env: the key in ${name} is a client's key; give the admin its own")
-        return cls(key, clients)
+        return cls(operator_key(settings.admin_key_env, "admin", clients, environ), clients)
 
     @property
     def keyed(self) -> bool:
@@ -120,12 +106,9 @@ class DashboardAuth:
                 return 404
             return 200 if _loopback(request.remote) else 403
         if key is None:
-            scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
-            key = bearer.strip() if scheme.lower() == "bearer" else None
+            key = bearer(request)
         if key:
-            if not key.isascii():  # never ours (nor a client's), and it may not even encode
-                return 401
-            if hmac.compare_digest(hashlib.sha256(key.encode()).digest(), self._digest):
+            if same_key(key, self._digest):  # a key that is not ASCII is nobody's: a 401
                 return 200
             if not self.clients.anonymous and self.clients.authenticate(key) is not None:
                 return 403

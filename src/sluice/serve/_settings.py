@@ -14,6 +14,7 @@
     validate_json = false    # true: answers to a json_schema response_format are validated and
                              # re-asked (up to 5 times); still invalid: a 502 invalid_output
     admin_key_env = "SLUICE_ADMIN_KEY"  # the variable holding the key of /dashboard (see _dashboard)
+    metrics_key_env = "SLUICE_METRICS_KEY"  # the variable holding the key /metrics asks for (default: none)
 
     [[client]]
     name = "notebook"
@@ -67,6 +68,9 @@ class ServeSettings:
     #: The environment variable holding the admin key of ``/dashboard`` (None: no admin key;
     #: the dashboard then answers only on loopback, and only to a server without client keys).
     admin_key_env: str | None = None
+    #: The environment variable holding the key ``/metrics`` asks for (``Authorization:
+    #: Bearer``); None: ``/metrics`` is open to whoever reaches it.
+    metrics_key_env: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache", _cache_setting(self.cache, "ServeSettings"))
@@ -74,6 +78,8 @@ class ServeSettings:
             raise ConfigError(f"[serve] batch_tier must be 'sync' or 'batch', got {self.batch_tier!r}")
         if self.admin_key_env is not None:
             _variable_name(self.admin_key_env, "[serve] admin_key_env")
+        if self.metrics_key_env is not None:
+            _variable_name(self.metrics_key_env, "[serve] metrics_key_env")
 
     @property
     def max_body_bytes(self) -> int:
@@ -113,7 +119,7 @@ def serve_tables(data: Mapping[str, Any], where: str) -> tuple[ServeSettings, tu
 def _settings(table: Any, where: str) -> ServeSettings:
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: [serve] must be a table")
-    known = {*_SERVE_NUMBERS, "cache", "batch_tier", "validate_json", "admin_key_env"}
+    known = {*_SERVE_NUMBERS, "cache", "batch_tier", "validate_json", "admin_key_env", "metrics_key_env"}
     extra = sorted(set(table) - known)
     if extra:
         raise ConfigError(f"{where}: [serve]: unknown key(s) {extra}; known: {sorted(known)}")
@@ -131,17 +137,18 @@ def _settings(table: Any, where: str) -> ServeSettings:
         raise ConfigError(f"{where}: [serve] validate_json must be true or false, got {table['validate_json']!r}")
     if table.get("batch_tier", "sync") not in ("sync", "batch"):
         raise ConfigError(f"{where}: [serve] batch_tier must be 'sync' or 'batch', got {table['batch_tier']!r}")
-    if "admin_key_env" in table:
-        _variable_name(table["admin_key_env"], f"{where}: [serve] admin_key_env")
+    for name in ("admin_key_env", "metrics_key_env"):
+        if name in table:
+            _variable_name(table[name], f"{where}: [serve] {name}")
     return ServeSettings(**table)
 
 
 def _variable_name(value: Any, where: str) -> None:
     """An environment variable's NAME (keys stay out of files: never echo what may be one)."""
     if not isinstance(value, str) or not value or not value.replace("_", "").isalnum() or value[0].isdigit():
+        example = "SLUICE_METRICS_KEY" if "metrics" in where else "SLUICE_ADMIN_KEY"
         raise ConfigError(
-            f"{where} must name the environment variable that holds the admin key (such as "
-            "'SLUICE_ADMIN_KEY'), not the key itself"
+            f"{where} must name the environment variable that holds the key (such as '{example}'), not the key itself"
         )
 
 
