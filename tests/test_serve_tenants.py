@@ -3,6 +3,7 @@ learns of the server's own upstream credentials, and the keys the operator chose
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
@@ -11,7 +12,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis_server import RedisServer
-from servetools import ALICE_KEY, ENV, MESSAGES, deployment, fake, listening, sdk, serving
+from servetools import ALICE_KEY, ENV, MESSAGES, PRICE, deployment, fake, listening, sdk, serving
 
 from sluice import ConfigError, Deployment, RetryPolicy
 from sluice.cli._config import JobConfig
@@ -134,3 +135,63 @@ async def test_weak_keys_are_warned_about_at_start_up_and_never_shown(
     everything = caplog.text
     for key in (weak_admin, weak_client, environ["BOB_KEY"]):
         assert key not in everything
+
+
+# -- the provider refusing the server's own key --------------------------------------------------------
+
+
+async def test_a_provider_refusing_the_servers_key_is_a_generic_502_and_its_words_go_to_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The provider's 401 text (which may quote part of the server's upstream key) reaches
+    no client: not a chat answer, not a stream, not a batch's error line, not the
+    dashboard's error list; the operator's log has it."""
+    caplog.set_level(logging.WARNING, logger="sluice.serve")
+    environ = {**ENV, "ADMIN_KEY": "3f9a1c7e0b5d2f8a4c6e9b1d"}
+    async with fake(echo_key_in_errors=True) as upstream:
+        wrong = Deployment("openai/gpt-test", base_url=upstream.url, api_key="sk-upstream-wrong-4242", price=PRICE)
+        async with (
+            serving(
+                [wrong], tmp_path, clients=(ALICE,), environ=environ, admin_key_env="ADMIN_KEY",
+                retry=RetryPolicy(max_attempts=1),
+            ) as url,
+            sdk(url, key=ALICE_KEY) as client,
+        ):  # fmt: skip
+            answers = []
+            for stream in (False, True):
+                async with aiohttp.ClientSession() as http:
+                    body = {"model": "gpt-test", "messages": MESSAGES, "max_tokens": 4, "stream": stream}
+                    headers = {"authorization": f"Bearer {ALICE_KEY}"}
+                    async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers) as got:
+                        answers.append((got.status, await got.text()))
+            line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body | {"stream": False}}
+            upload = await client.files.create(file=("in.jsonl", (json.dumps(line) + "\n").encode()), purpose="batch")
+            batch = await client.batches.create(
+                input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            deadline = asyncio.get_running_loop().time() + 60
+            while batch.status not in ("completed", "failed") and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.1)
+                batch = await client.batches.retrieve(batch.id)
+            assert batch.error_file_id is not None
+            error_line = (await client.files.content(batch.error_file_id)).text
+            status, dashboard = await _get(f"{url}/dashboard/data", {"authorization": f"Bearer {environ['ADMIN_KEY']}"})
+    assert status == 200
+    for status, text in answers:
+        assert status == 502
+        assert "upstream_auth_failed" in text
+    errors = [e for e in json.loads(dashboard)["errors"] if e["source"] == "client"]
+    assert len(errors) == 2
+    assert {e["kind"] for e in errors} == {"upstream_auth_failed"}
+    for text in (*(t for _, t in answers), json.dumps(errors), error_line):
+        assert "Incorrect API key" not in text  # the provider's own words
+        assert "****" not in text
+        assert "4242" not in text
+        assert "operator must fix the deployment's key" in text
+    (written,) = [json.loads(x) for x in error_line.splitlines()]
+    assert written["error"]["code"] == "upstream_auth_failed"
+    assert written["response"]["status_code"] == 502
+    logged = [r.getMessage() for r in caplog.records if "refused the server's own key" in r.getMessage()]
+    assert len(logged) == 2  # the chat and the stream (a batch line's words stay in the state)
+    assert all("Incorrect API key provided" in m for m in logged)
+    assert "sk-upstream-wrong-4242" not in caplog.text

@@ -12,7 +12,10 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
-__all__ = ["openai_error"]
+__all__ = ["UPSTREAM_AUTH", "openai_error", "upstream_auth_failed"]
+
+#: The engine's error kinds for a provider refusing the server's own key (401, 403).
+UPSTREAM_AUTH = frozenset({"authentication_error", "permission_denied"})
 
 
 def openai_error(
@@ -27,3 +30,13 @@ def openai_error(
     """An OpenAI-shaped error response. ``message`` must hold no key or upstream URL."""
     body = {"error": {"message": message, "type": type, "param": param, "code": code}}
     return web.json_response(body, status=status, headers=headers)
+
+
+def upstream_auth_failed(status: int | None) -> str:
+    """What a client is told when the provider refused the server's own key: never the
+    provider's words, which may quote part of that key (they go to the operator's log)."""
+    said = f" (HTTP {status})" if status else ""
+    return (
+        f"upstream refused the server's own credentials for this deployment{said}; "
+        "the server's operator must fix the deployment's key"
+    )
