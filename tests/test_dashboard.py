@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from types import FrameType
@@ -279,6 +280,8 @@ async def test_the_dashboard_renders_live_data_in_headless_chromium(tmp_path: Pa
                     assert r.status == 503
             async with aiohttp.ClientSession() as http, http.get(url + "/v1/models", headers=_bearer("sk-wrong")) as r:
                 assert r.status == 401  # counted above the errors, not one of them
+            async with aiohttp.ClientSession() as http:  # a model name with a bidi override, in an error
+                assert (await _chat_status(http, url, BOB_KEY, f"gpt-{RLO}tset"))[0] == 404
             stop = asyncio.Event()
             traffic = asyncio.create_task(_traffic(url, upstream, stop))
             try:
@@ -325,6 +328,8 @@ async def _check_page(visit: Any) -> None:
     errors = await visit.texts("#errors tbody tr")
     assert any("upstream says " + HOSTILE in row for row in errors)
     assert any("server_error" in row for row in errors)
+    assert any("The model `gpt-tset` does not exist" in row for row in errors)  # read as the server wrote it
+    assert not any(RLO in row for row in errors)
     for chart in ("requests", "tokens", "load", "spend"):
         points = await visit.attribute(f"#chart-{chart} polyline", "points")
         assert points is not None, chart
@@ -731,3 +736,49 @@ def test_the_backoff_remembers_a_bounded_number_of_addresses() -> None:
     clock.now += FORGET + CAP + 1  # quiet long enough: every address is forgotten
     backoff.failed("192.0.2.9")
     assert len(backoff) == 1
+
+
+# -- the error list between clients ------------------------------------------------------------------
+
+RLO = "\u202e"  # RIGHT-TO-LEFT OVERRIDE: everything after it would read backwards
+
+
+async def _chat_status(http: aiohttp.ClientSession, url: str, key: str, model: str) -> tuple[int, str]:
+    body = {"model": model, "messages": ask(1), "max_tokens": 8}
+    async with http.post(url + "/v1/chat/completions", json=body, headers=_bearer(key)) as r:
+        return r.status, await r.text()
+
+
+async def test_one_clients_flood_of_its_own_errors_leaves_the_others_in_view(tmp_path: Path) -> None:
+    async with (
+        fake() as upstream,
+        dashboard_server([deployment(upstream)], tmp_path / "s") as url,
+        aiohttp.ClientSession() as http,
+    ):
+        for i in range(60):  # alone, a client may fill the whole list
+            assert (await _chat_status(http, url, BOB_KEY, f"no-such-model-{i}"))[0] == 404
+        alone = json.loads((await _get(url + "/dashboard/data", _bearer(ADMIN_KEY)))[2])["errors"]
+        status, answered = await _chat_status(http, url, ALICE_KEY, f"gpt-{RLO}tset")  # one error of alice's
+        assert status == 404
+        upstream.inject("503")  # one retried attempt: the deployment's note
+        assert (await _chat_status(http, url, ALICE_KEY, "gpt-test"))[0] == 200
+        for i in range(200):  # bob floods the list with his own 4xx
+            assert (await _chat_status(http, url, BOB_KEY, f"no-such-model-{100 + i}"))[0] == 404
+        errors: list[dict[str, Any]] = []
+
+        async def newest_shown() -> bool:  # the data is made once per sample: wait for one after the flood
+            errors[:] = json.loads((await _get(url + "/dashboard/data", _bearer(ADMIN_KEY)))[2])["errors"]
+            return "no-such-model-299`" in errors[0]["message"]
+
+        await until(newest_shown, timeout=60)
+    assert len(alone) == 50
+    assert {e["client"] for e in alone} == {"bob"}
+    assert len(errors) == 50
+    held = Counter((e["source"], e["client"] or e["deployment"]) for e in errors)
+    assert held == {("client", "bob"): 48, ("client", "alice"): 1, ("upstream", "openai/gpt-test"): 1}
+    assert errors[0]["message"].endswith("no-such-model-299` does not exist or you do not have access to it.")
+    (alices,) = [e for e in errors if e["client"] == "alice"]
+    # the name's bidi control is gone: the server's own words after it read as written
+    assert alices["message"] == "The model `gpt-tset` does not exist or you do not have access to it."
+    assert RLO not in answered
+    assert RLO not in json.dumps(errors, ensure_ascii=False)

@@ -35,7 +35,7 @@ from .._errors import (
 )
 from .._pricing import effective_base_url
 from ._clients import Client, Clients
-from ._errors import openai_error, upstream_auth_failed
+from ._errors import openai_error, plain, upstream_auth_failed
 from ._keys import CLIENT, ClientLike
 from ._queue import Admission, QueueFull, WaitTooLong, estimate
 from ._settings import ServeSettings
@@ -264,10 +264,10 @@ class ServeContext:
     # -- errors -----------------------------------------------------------------------------
 
     def scrub(self, text: str) -> str:
-        """``text`` without any upstream URL or host."""
+        """``text`` without any upstream URL or host, or bidi control."""
         for secret in self.secrets:
             text = text.replace(secret, "<upstream>")
-        return _URL.sub("<upstream>", text)
+        return plain(_URL.sub("<upstream>", text))
 
     def failure(self, client: ClientLike, error: SluiceError) -> web.Response:
         """An engine error as OpenAI would send it (status, type, code), scrubbed."""
