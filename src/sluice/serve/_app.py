@@ -165,7 +165,11 @@ def build_app(
         tiered = dataclasses.replace(config, tier="batch", batch=BatchSettings(poll_every=settings.batch_poll_every))
         batch_engine = engine_from(tiered, store=store, spending=engine.spending)
     spend = SpendStore(state_dir / "clients.db")
-    responses = ResponsesDB(state_dir / "responses.db")
+    responses = ResponsesDB(
+        state_dir / "responses.db",
+        ttl_s=settings.responses_ttl_days * 86400.0,
+        max_bytes=int(settings.responses_mb_per_client * 1024 * 1024),
+    )
     try:
         registry = Clients.from_specs(clients, engine, spend, environ, redis)
         auth = DashboardAuth.from_settings(settings, registry, environ)  # its key: unset, short or a client's

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,8 @@ from ._replicas import REPLICAS
 from ._responses_db import RESPONSES_DB, ResponsesDB
 
 __all__ = ["add_responses_routes"]
+
+_log = logging.getLogger("sluice.serve")
 
 #: What sluice answers itself and never forwards.
 _OURS = ("previous_response_id", "store", "stream")
@@ -112,7 +115,10 @@ class _Asked:
             return
         asked = conversation_items(self.body, {"output": []})
         answered = response.get("output") or []
-        await asyncio.to_thread(app[RESPONSES_DB].put, client, response, asked, answered, self.previous)
+        db = app[RESPONSES_DB]
+        if not await asyncio.to_thread(db.put, client, response, asked, answered, self.previous):
+            _log.info("sluice serve: a response of client %r is larger than responses_mb_per_client: not kept", client)
+            return
         replicas = app.get(REPLICAS)
         if replicas is not None:
             await replicas.own([str(response["id"])], client)

@@ -15,6 +15,8 @@
                              # re-asked (up to 5 times); still invalid: a 502 invalid_output
     admin_key_env = "SLUICE_ADMIN_KEY"  # the variable holding the key of /dashboard (see _dashboard)
     metrics_key_env = "SLUICE_METRICS_KEY"  # the variable holding the key /metrics asks for (default: none)
+    responses_ttl_days = 30  # a stored response (POST /v1/responses) is kept this long
+    responses_mb_per_client = 256  # a client's stored responses; past it its oldest go
 
     [[client]]
     name = "notebook"
@@ -71,6 +73,10 @@ class ServeSettings:
     #: The environment variable holding the key ``/metrics`` asks for (``Authorization:
     #: Bearer``); None: ``/metrics`` is open to whoever reaches it.
     metrics_key_env: str | None = None
+    #: Days a stored Response is kept (``GET /v1/responses/{id}``, ``previous_response_id``).
+    responses_ttl_days: float = 30.0
+    #: MB of stored Responses a client may have; a new one pushes out its oldest.
+    responses_mb_per_client: float = 256.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache", _cache_setting(self.cache, "ServeSettings"))
@@ -108,6 +114,8 @@ _SERVE_NUMBERS = {
     "body_timeout_s": (0, False),
     "max_body_mb": (0, False),
     "batch_poll_every": (0.1, False),
+    "responses_ttl_days": (0, False),
+    "responses_mb_per_client": (0, False),
 }
 
 
