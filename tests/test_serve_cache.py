@@ -12,7 +12,7 @@ import openai
 import pytest
 from fake_provider import deployment_at
 from prometheus_client.parser import text_string_to_metric_families
-from servetools import ALICE_KEY, BOB_KEY, ENV, deployment, fake, sdk, serving
+from servetools import ALICE_KEY, BOB_KEY, ENV, deployment, embedder, fake, sdk, serving
 
 from sluice import ConfigError
 from sluice.serve._settings import ClientSpec, ServeSettings, serve_tables
@@ -176,3 +176,18 @@ def test_the_cache_setting_is_validated() -> None:
     assert client.cache_group == "team"
     with pytest.raises(ConfigError, match="cache_group must be a non-empty string"):
         serve_tables({"client": [{"name": "a", "key_env": "A", "cache_group": ""}]}, "sluice.toml")
+
+
+async def test_stored_embeddings_are_a_tenants_own(tmp_path: Path) -> None:
+    """Vectors are kept in the state (a text embedded twice is sent once), per client: bob
+    embedding alice's text is sent upstream and pays for it."""
+    async with fake() as upstream:
+        clients = (ClientSpec("alice", "ALICE_KEY", budget_usd=1.0), ClientSpec("bob", "BOB_KEY", budget_usd=1.0))
+        async with serving([embedder(upstream)], tmp_path, clients=clients) as url:
+            for key in (ALICE_KEY, ALICE_KEY, BOB_KEY):
+                async with sdk(url, key=key) as client:
+                    await client.embeddings.create(model="text-embedding-3-small", input="a private text")
+            spent = await _spent(url)
+        assert upstream.stats.received == 2  # alice once (her twin from the state), bob once
+    assert spent["bob"] == pytest.approx(spent["alice"])
+    assert spent["bob"] > 0
