@@ -396,18 +396,20 @@ class Engine:
         budget: Budget | None = None,
         batch_size: int | None = None,
         batch_tokens: int | None = None,
+        scope: str | None = None,
     ) -> AsyncIterator[EmbeddingResult]:
         """One :class:`~sluice.EmbeddingResult` per text (``.vector`` or ``.error``,
         ``.index`` its position), as requests finish (in input order with ``ordered``).
 
         The source is read only as room frees up, so memory stays flat however many texts
         it holds; leaving the loop early cancels what is in flight. Arguments as for
-        :meth:`embed`.
+        :meth:`embed`; ``scope``: the texts share stored vectors only with texts of the
+        same scope (a tenant's, say), not with everyone's.
         """
         from ._embeddings import EmbedOptions, embed_map
 
         self.runtime.check_open()
-        options = EmbedOptions(model, dimensions, params, priority, budget, batch_size, batch_tokens)
+        options = EmbedOptions(model, dimensions, params, priority, budget, batch_size, batch_tokens, scope=scope)
         return embed_map(self.attempts, texts, options, ordered=ordered)
 
     def stop(self, *, grace: float | None = None) -> None:

@@ -55,6 +55,8 @@ class EmbedOptions:
     batch_size: int | None = None
     batch_tokens: int | None = None
     window: int = DEFAULT_WINDOW
+    #: Texts share stored vectors only within their scope (None: with everyone's).
+    scope: str | None = None
 
     def spec(self) -> EmbedSpec:
         merged = dict(self.params or {})
@@ -75,7 +77,7 @@ class EmbedOptions:
 
 
 def _items(
-    texts: Iterable[str] | AsyncIterable[str], spec: EmbedSpec
+    texts: Iterable[str] | AsyncIterable[str], spec: EmbedSpec, scope: str | None = None
 ) -> Iterable[EmbedItem] | AsyncIterable[EmbedItem]:
     if isinstance(texts, str):
         texts = [texts]  # one string is one text
@@ -84,10 +86,10 @@ def _items(
 
         async def items() -> AsyncIterator[EmbedItem]:
             async for text in source:
-                yield EmbedItem(text, spec)
+                yield EmbedItem(text, spec, scope)
 
         return items()
-    return (EmbedItem(text, spec) for text in texts)
+    return (EmbedItem(text, spec, scope) for text in texts)
 
 
 def embed_map(
@@ -98,7 +100,7 @@ def embed_map(
     ordered: bool = False,
 ) -> AsyncIterator[EmbeddingResult]:
     """See :meth:`Engine.embed_map`."""
-    return options.pipeline(attempts, ordered=ordered).results(_items(texts, options.spec()))
+    return options.pipeline(attempts, ordered=ordered).results(_items(texts, options.spec(), options.scope))
 
 
 async def embed(
@@ -107,7 +109,7 @@ async def embed(
     """See :meth:`Engine.embed`."""
     pipeline = options.pipeline(attempts)
     results: list[EmbeddingResult | None] = []
-    async for result in pipeline.results(_items(texts, options.spec())):
+    async for result in pipeline.results(_items(texts, options.spec(), options.scope)):
         if result.index >= len(results):
             results.extend(itertools.repeat(None, result.index + 1 - len(results)))
         results[result.index] = result

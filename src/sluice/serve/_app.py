@@ -10,9 +10,10 @@ before them all, started by one after auth, so an unauthenticated caller gets no
 * **plain body**: a compressed request body (``Content-Encoding``) is a 415, never inflated;
 * **auth**: ``Authorization: Bearer <key>`` names the client (``request[CLIENT]``); a
   wrong or missing key is a 401 ``invalid_api_key``. Without ``[[client]]`` everyone is
-  ``default`` (the server then listens on loopback only). ``/health`` and ``/metrics``
-  need no key: they hold no secrets; ``/dashboard`` asks for the admin key itself
-  (see ``_dashboard``);
+  ``default`` (the server then listens on loopback only). ``/health`` needs no key: it
+  says nothing of any client; ``/metrics`` asks for the metrics key itself when
+  ``[serve] metrics_key_env`` names one, and ``/dashboard`` for the admin key (see
+  ``_dashboard``);
 * **forward** (with ``--redis`` only): a file or batch held by another replica is answered
   by that replica (see ``_replicas``).
 
@@ -30,6 +31,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -56,6 +58,7 @@ from ._context import CONTEXT, JSON_BODY, BadBody, Refused, ServeContext, client
 from ._dashboard import DashboardAuth, is_dashboard, setup_dashboard
 from ._embeddings import embeddings
 from ._errors import openai_error
+from ._key_rules import bearer, operator_key, same_key
 from ._keys import BATCH_ENGINE, CLIENT, ENGINE, STATE_DIR, ClientLike
 from ._live import RECENT, Live, Recent
 from ._messages import count_tokens, messages
@@ -76,6 +79,9 @@ _log = logging.getLogger("sluice.serve")
 
 #: ``app[SETTINGS]``: the ``[serve]`` table the app was built with.
 SETTINGS: web.AppKey[ServeSettings] = web.AppKey("sluice.serve.settings", ServeSettings)
+
+#: ``app[_METRICS_KEY]``: the SHA-256 of the key ``/metrics`` asks for (absent: it asks none).
+_METRICS_KEY: web.AppKey[bytes] = web.AppKey("sluice.serve.metrics_key", bytes)
 
 #: How often client spend is written even when no request of ours finished (batch work).
 _SAVE_EVERY = 2.0
@@ -162,10 +168,15 @@ def build_app(
         tiered = dataclasses.replace(config, tier="batch", batch=BatchSettings(poll_every=settings.batch_poll_every))
         batch_engine = engine_from(tiered, store=store, spending=engine.spending)
     spend = SpendStore(state_dir / "clients.db")
-    responses = ResponsesDB(state_dir / "responses.db")
+    responses = ResponsesDB(
+        state_dir / "responses.db",
+        ttl_s=settings.responses_ttl_days * 86400.0,
+        max_bytes=int(settings.responses_mb_per_client * 1024 * 1024),
+    )
     try:
         registry = Clients.from_specs(clients, engine, spend, environ, redis)
         auth = DashboardAuth.from_settings(settings, registry, environ)  # its key: unset, short or a client's
+        metrics_key = operator_key(settings.metrics_key_env, "metrics", registry, environ)
     except BaseException:
         responses.close()
         spend.close()
@@ -195,6 +206,8 @@ def build_app(
     app[STATE_DIR] = state_dir
     app[CONTEXT] = ctx
     app[SETTINGS] = settings
+    if metrics_key is not None:
+        app[_METRICS_KEY] = hashlib.sha256(metrics_key.encode()).digest()
     app[BODY_TIMEOUT] = settings.body_timeout_s
     app[BODY_LIMITS] = BodyLimits(
         settings.max_body_bytes,
@@ -505,15 +518,12 @@ async def health(request: web.Request) -> web.Response:
     }
     if ctx.redis is not None:
         problem = ctx.redis.problem
-        clients: dict[str, dict[str, float]] | None = None
-        if problem is None:
+        if problem is None:  # asked (not shown: nothing of a client is anyone's to see here) as a check of Redis
             try:
-                clients = await asyncio.wait_for(ctx.redis.client_totals(), timeout=2.0)
+                await asyncio.wait_for(ctx.redis.client_totals(), timeout=2.0)
             except (SluiceError, TimeoutError) as exc:
                 problem = ctx.redis.problem or f"Redis did not answer: {type(exc).__name__}"
         body["redis"] = {"status": "ok" if problem is None else "down", "problem": problem}
-        if clients is not None:
-            body["clients"] = clients  # each client's spend as every replica counts it
         if problem is not None and not stopped:
             body["status"] = "redis_down"
             stopped = True
@@ -522,6 +532,14 @@ async def health(request: web.Request) -> web.Response:
 
 async def metrics_handler(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
+    digest = request.app.get(_METRICS_KEY)
+    if digest is not None and not same_key(bearer(request), digest):
+        return openai_error(
+            401,
+            "/metrics needs the metrics key ([serve] metrics_key_env) as Authorization: Bearer <key>",
+            code="invalid_api_key",
+            headers={"www-authenticate": 'Bearer realm="sluice metrics"'},
+        )
     return web.Response(body=ctx.metrics.render(), headers={"content-type": CONTENT_TYPE})
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from .._budget import Budget
 from .._errors import ConfigError, StoreError
+from ._key_rules import check_key, warn_if_weak
 from ._queue import ServeLimiter
 from ._settings import ClientSpec
 
@@ -47,6 +48,12 @@ class Client:
     #: Model or deployment names it may use (None: every configured one).
     models: frozenset[str] | None = None
     _digest: bytes = field(default=b"", repr=False)
+    #: Whose cached answers it may be given (see ``_cache``): its ``cache_group``, else its name.
+    cache_group: str | None = None
+
+    @property
+    def group(self) -> str:
+        return self.cache_group if self.cache_group is not None else self.name
 
     def __repr__(self) -> str:
         return f"<Client {self.name}>"
@@ -128,10 +135,8 @@ class Clients:
             key = env.get(spec.key_env, "")
             if not key:
                 raise ConfigError(f"client {spec.name!r}: its key variable ${spec.key_env} is not set")
-            if len(key) < 16:
-                raise ConfigError(f"client {spec.name!r}: the key in ${spec.key_env} is shorter than 16 characters")
-            if not key.isascii() or not key.isprintable():
-                raise ConfigError(f"client {spec.name!r}: the key in ${spec.key_env} must be printable ASCII")
+            check_key(key, f"client {spec.name!r}: the key in ${spec.key_env}")
+            warn_if_weak(key, f"client {spec.name!r}: the key in ${spec.key_env}")
             digest = _digest(key)
             if digest in seen:
                 raise ConfigError(f"clients {seen[digest]!r} and {spec.name!r} have the same key; give each its own")
@@ -157,7 +162,7 @@ class Clients:
                     name=f"client {spec.name}",
                 )
             models = frozenset(spec.models) if spec.models is not None else None
-            clients.append(Client(spec.name, budget, limiter, models, digest))
+            clients.append(Client(spec.name, budget, limiter, models, digest, spec.cache_group))
         return cls(clients, spend, engine_budget)
 
     def client_spend(self) -> dict[str, tuple[float, float]]:

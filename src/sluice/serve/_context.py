@@ -5,6 +5,7 @@ OpenAI's.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -34,7 +35,7 @@ from .._errors import (
 )
 from .._pricing import effective_base_url
 from ._clients import Client, Clients
-from ._errors import openai_error
+from ._errors import openai_error, plain, upstream_auth_failed
 from ._keys import CLIENT, ClientLike
 from ._queue import Admission, QueueFull, WaitTooLong, estimate
 from ._settings import ServeSettings
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["CONTEXT", "BadBody", "Refused", "ServeContext", "error_for"]
 
 T = TypeVar("T")
+
+_log = logging.getLogger("sluice.serve")
 
 #: ``x-sluice-max-wait: SECONDS``: a client may ask to wait less than ``[serve] max_wait_s``.
 MAX_WAIT_HEADER = "x-sluice-max-wait"
@@ -261,10 +264,10 @@ class ServeContext:
     # -- errors -----------------------------------------------------------------------------
 
     def scrub(self, text: str) -> str:
-        """``text`` without any upstream URL or host."""
+        """``text`` without any upstream URL or host, or bidi control."""
         for secret in self.secrets:
             text = text.replace(secret, "<upstream>")
-        return _URL.sub("<upstream>", text)
+        return plain(_URL.sub("<upstream>", text))
 
     def failure(self, client: ClientLike, error: SluiceError) -> web.Response:
         """An engine error as OpenAI would send it (status, type, code), scrubbed."""
@@ -280,10 +283,8 @@ class ServeContext:
                 "Ask the server's operator to raise this client's budget_usd."
             )
         elif isinstance(error, (AuthenticationError, PermissionDeniedError)):
-            message = (
-                f"upstream refused the server's own credentials for this deployment ({error.status}): "
-                f"{error.message}; the server's operator must fix the deployment's key"
-            )
+            _log.warning("sluice serve: upstream refused the server's own key: %s", error.message)
+            message = upstream_auth_failed(error.status)
         elif isinstance(error, ProviderError):
             message = f"upstream: {error.message}"
         else:

@@ -74,7 +74,13 @@ async def embeddings(request: web.Request) -> web.Response:
 
     async def run() -> list[EmbeddingResult]:
         found = engine.embed_map(
-            texts, model=model, dimensions=dimensions, ordered=True, budget=client.budget, priority=Priority.INTERACTIVE
+            texts,
+            model=model,
+            dimensions=dimensions,
+            ordered=True,
+            budget=client.budget,
+            priority=Priority.INTERACTIVE,
+            scope=client.group,  # a tenant's stored vectors are its own (its cache_group's)
         )
         return [r async for r in found]
 

@@ -44,13 +44,13 @@ def _body(request: web.Request) -> Mapping[str, Any]:
     return body
 
 
-def request_of(body: Mapping[str, Any], model: str, *, unique: bool) -> Request:
+def request_of(body: Mapping[str, Any], model: str, *, cache: str | None) -> Request:
     """The engine's request for a Messages body: its translation, carrying the body."""
     try:
         view = chat_from_messages(body)
     except ShapeError as exc:
         raise BadBody(exc.message, exc.param) from None
-    chat, _, _ = parse_chat(unstreamed(view.body), model, unique=unique)
+    chat, _, _ = parse_chat(unstreamed(view.body), model, cache=cache)
     return dataclasses.replace(chat, native=Native("anthropic", dict(body), view.lost))
 
 
@@ -62,7 +62,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise BadBody("stream: Input should be a valid boolean", "stream")
-    asked = request_of(body, model, unique=not cached(ctx, request, body))
+    asked = request_of(body, model, cache=cached(ctx, request, body))
     if not stream:
         result = await complete(ctx, client, request, asked)
         if result.error is not None:

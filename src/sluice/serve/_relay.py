@@ -18,6 +18,7 @@ from aiohttp import web
 
 from .._models import Request, Result
 from .._streaming import Delta, Stream
+from ._cache import fits_budget
 from ._clients import Client
 from ._context import ServeContext
 
@@ -73,9 +74,12 @@ async def complete(ctx: ServeContext, client: Client, http: web.Request, request
     when it cannot be admitted in time), settled."""
     engine = ctx.engine
     tokens, limiters = ctx.estimated_tokens(request.model, lambda d: _estimate(ctx, request, d))
-    result = await ctx.admit(
-        client, http, tokens, limiters, lambda: engine.complete(request, budget=client.budget), used
-    )
+
+    async def run() -> Result:
+        await fits_budget(engine, request, client.budget)  # a hit is free, but only to a client that could pay
+        return await engine.complete(request, budget=client.budget)
+
+    result = await ctx.admit(client, http, tokens, limiters, run, used)
     settled(ctx, client, result)
     return result
 
@@ -107,7 +111,12 @@ async def open_stream(ctx: ServeContext, client: Client, http: web.Request, requ
     """``request`` streamed, admitted like :func:`complete`, up to its first delta."""
     engine = ctx.engine
     tokens, limiters = ctx.estimated_tokens(request.model, lambda d: _estimate(ctx, request, d))
-    return await ctx.admit(client, http, tokens, limiters, lambda: _open(engine.stream(request, budget=client.budget)))
+
+    async def run() -> Opened:
+        await fits_budget(engine, request, client.budget)
+        return await _open(engine.stream(request, budget=client.budget))
+
+    return await ctx.admit(client, http, tokens, limiters, run)
 
 
 async def relay(
