@@ -18,6 +18,8 @@ from sluice.serve._settings import ClientSpec
 from sluice.testing import FakeServer
 
 ALICE = ClientSpec("alice", "ALICE_KEY", budget_usd=5.0)
+#: Streams at once (within the engine's connections to one upstream).
+STREAMS = 6
 
 
 async def _leave(url: str, body: dict[str, object], upstream: FakeServer, *, after_bytes: int) -> None:
@@ -26,7 +28,7 @@ async def _leave(url: str, body: dict[str, object], upstream: FakeServer, *, aft
     async with aiohttp.ClientSession(headers={"authorization": f"Bearer {ALICE_KEY}"}) as http:
         if after_bytes == 0:
             task = asyncio.ensure_future(http.post(f"{url}/v1/chat/completions", json=body))
-            await upstream.until(lambda: upstream.in_flight == 10, timeout=30)
+            await upstream.until(lambda: upstream.in_flight == STREAMS, timeout=30)
             assert not task.done()  # no byte yet: the first piece comes 2 s after the request
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -40,16 +42,16 @@ async def _leave(url: str, body: dict[str, object], upstream: FakeServer, *, aft
 
 @pytest.mark.parametrize("after_bytes", [0, 1])
 async def test_a_stream_the_client_left_is_charged_what_the_provider_billed(tmp_path: Path, after_bytes: int) -> None:
-    """10 streams left before (or just after) their first byte were charged their worst
+    """Streams left before (or just after) their first byte were charged their worst
     case ($0.63 against $0.35 billed): the upstream answers go on and are billed."""
     async with (
         fake(latency=4.0, output_tokens=40) as upstream,
         serving([deployment(upstream)], tmp_path, clients=(ALICE,), cache=False) as url,
     ):
-        bodies = [{"model": "gpt-test", "messages": ask(i), "max_tokens": 4000, "stream": True} for i in range(10)]
+        bodies = [{"model": "gpt-test", "messages": ask(i), "max_tokens": 4000, "stream": True} for i in range(STREAMS)]
         upstream.stream_pieces = 2
         await asyncio.gather(*(_leave(url, body, upstream, after_bytes=after_bytes) for body in bodies))
-        await upstream.until(lambda: len(upstream.ledger) == 10 and upstream.in_flight == 0, timeout=30)
+        await upstream.until(lambda: len(upstream.ledger) == STREAMS and upstream.in_flight == 0, timeout=30)
         billed = upstream.total_billed_usd
         assert billed > 0
         spend = SpendStore(tmp_path / "clients.db")
@@ -62,7 +64,7 @@ async def test_a_stream_the_client_left_is_charged_what_the_provider_billed(tmp_
                 await until(settled, timeout=20)
         finally:
             spend.close()
-    worst = 10 * (4000 * 8.0 + 3 * 2.0) / 1e6  # far above what was billed
+    worst = STREAMS * (4000 * 8.0 + 3 * 2.0) / 1e6  # far above what was billed
     assert billed < worst / 10
     spend = SpendStore(tmp_path / "clients.db")
     try:
