@@ -11,7 +11,7 @@ import pytest
 from fake_provider import deployment_at
 from servetools import ALICE_KEY, PRICE, embedder, fake, sdk, serving
 
-from sluice import Engine, EmbeddingError
+from sluice import EmbeddingError, Engine
 from sluice.serve._settings import ClientSpec
 from sluice.store import SqliteStore
 
@@ -78,7 +78,8 @@ async def test_what_is_not_a_token_array_is_refused_naming_input(tmp_path: Path,
         with pytest.raises(openai.BadRequestError) as caught:
             await client.embeddings.create(model="text-embedding-3-small", input=given)  # type: ignore[arg-type]
         await client.close()
-        assert caught.value.param is not None and caught.value.param.startswith("input")
+        assert caught.value.param is not None
+        assert caught.value.param.startswith("input")
         assert upstream.stats.received == 0
 
 
