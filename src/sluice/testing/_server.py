@@ -157,6 +157,10 @@ class FakeServer(LoopbackServer):
         #: Answers to requests that ask for JSON, and the invalid ones to give (see
         #: :mod:`._structured`): ``server.structured.configure(rate=0.2)``.
         self.structured = StructuredAnswers(seed)
+        #: ``POST /v1/messages/count_tokens`` is served (False: a 404, as an
+        #: Anthropic-compatible server without it answers); the loop time of each call.
+        self.count_tokens_endpoint = True
+        self.count_calls: list[float] = []
 
     @property
     def embeddings(self) -> EmbeddingsFormat:
@@ -260,7 +264,8 @@ class FakeServer(LoopbackServer):
             fmt = self._routes.get(request.path)
             if fmt is not None:
                 return await self._serve(request, fmt)
-            if request.path == "/v1/messages/count_tokens":
+            if request.path == "/v1/messages/count_tokens" and self.count_tokens_endpoint:
+                self.count_calls.append(asyncio.get_running_loop().time())
                 return await count_tokens(request, self.counter, self.api_key, echo=self.echo_key_in_errors)
         if request.path.startswith(("/v1/files", "/v1/batches", "/v1/messages/batches")):
             answered = await self.batches.handle(request)
