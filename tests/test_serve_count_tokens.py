@@ -47,7 +47,7 @@ async def test_count_tokens_counts_against_the_clients_rpm(tmp_path: Path) -> No
     assert len(counted) == 5
     assert len(refused) == 7
     assert all("client 'alice'" in str(error) for error in refused)
-    assert len(upstream.count_calls) == 5  # a refused count is not sent
+    assert len(upstream.count_tokens.calls) == 5  # a refused count is not sent
 
 
 async def test_an_anthropic_deployments_count_goes_through_its_limiter(tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ async def test_an_anthropic_deployments_count_goes_through_its_limiter(tmp_path:
         )
         await client.close()
     assert len({c.input_tokens for c in counts}) == 1
-    calls = sorted(upstream.count_calls)
+    calls = sorted(upstream.count_tokens.calls)
     assert len(calls) == 6
     # never more than 3 in a window: the 4th waited for the first one's window to pass
     assert all(later - earlier >= window * 0.9 for earlier, later in zip(calls, calls[3:], strict=False))
@@ -74,9 +74,9 @@ async def test_an_upstream_without_count_tokens_gets_sluices_estimate(tmp_path: 
         fake() as upstream,
         serving([claude(upstream)], tmp_path, clients=(ClientSpec("alice", "ALICE_KEY"),)) as url,
     ):
-        upstream.count_tokens_endpoint = False  # an Anthropic-compatible server: a 404
+        upstream.count_tokens.served = False  # an Anthropic-compatible server: a 404
         client = sdk(url)
         counted = await client.messages.count_tokens(model="claude-test", messages=HELLO)
         await client.close()
     assert counted.input_tokens > 0
-    assert upstream.count_calls == []
+    assert upstream.count_tokens.calls == []

@@ -45,6 +45,7 @@ from .._models import Deployment
 from ..store import SqliteStore
 from ..tiers import BatchSettings, close_tiers
 from ._anthropic import anthropic_model, anthropic_shaped, from_anthropic_client
+from ._batch_money import batch_spend
 from ._batches import recent_batches, setup_batch_api
 from ._body import BODY_TIMEOUT, BodyTimeout, read_body, read_json, timed_out
 from ._chat import chat_completions
@@ -161,7 +162,8 @@ def build_app(
     spend = SpendStore(state_dir / "clients.db")
     responses = ResponsesDB(state_dir / "responses.db")
     try:
-        registry = Clients.from_specs(clients, engine, spend, environ, redis)
+        spent = batch_spend(store, spend.noted_batches()) if redis is None else None
+        registry = Clients.from_specs(clients, engine, spend, environ, redis, spent)
         auth = DashboardAuth.from_settings(settings, registry, environ)  # its key: unset, short or a client's
     except BaseException:
         responses.close()

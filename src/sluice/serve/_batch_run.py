@@ -48,7 +48,9 @@ from ._batch_output import line_key, write_outputs
 from ._batch_shapes import Scrubber, batch_usage
 
 if TYPE_CHECKING:
+    from .._budget import Budget
     from .._engine import Engine
+    from ._batch_money import BatchMoney
     from ._keys import ClientLike
 
 __all__ = ["CHAT", "EMBEDDINGS", "MESSAGES", "RESPONSES", "BatchRun", "ModelNotFoundError", "public"]
@@ -344,7 +346,7 @@ class BatchRun:
                     grants[index] = waited
                 yield request
 
-        async for result in engine.map(source(), priority=Priority.BATCH, budget=self.budget):
+        async for result in engine.map(source(), priority=Priority.BATCH, budget=self._chat_budget(engine)):
             assert result.index is not None
             window.release(result.timings.queued + result.timings.limiter_wait)
             grant = grants.pop(result.index, None)
@@ -358,6 +360,16 @@ class BatchRun:
                 self._unfinished += 1
                 continue
             await self._record(store, line, result)
+
+    def _chat_budget(self, engine: Engine) -> Budget | None:
+        """The budget the lines run under: with an engine store, the client's batches'
+        (their money is the store's charges, counted back at a restart: ``_batch_money``),
+        noted before the first line goes; else the client's own."""
+        money: BatchMoney | None = getattr(self.owner, "batches", None)
+        if money is None or engine.store is None:
+            return self.budget
+        money.note(self.id)
+        return money.budget
 
     async def _embeddings(self, store: SqliteStore) -> None:
         engine = self._engine()
