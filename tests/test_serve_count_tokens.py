@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import pytest
 from servetools import ALICE_KEY, PRICE, UPSTREAM_KEY, fake, serving
 
 from sluice import Deployment
@@ -27,27 +28,30 @@ def sdk(url: str) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(base_url=url, api_key=ALICE_KEY, max_retries=0)
 
 
-async def test_count_tokens_counts_against_the_clients_rpm(tmp_path: Path) -> None:
-    """A 5-rpm client got 30 of 30 counts."""
+@pytest.mark.parametrize("model", ["claude-test", "gpt-test"])
+async def test_count_tokens_counts_against_the_clients_rpm(tmp_path: Path, model: str) -> None:
+    """A 5-rpm client got 30 of 30 counts (sluice's own estimate, for a deployment that is
+    not Anthropic's, counts too: nothing is sent, but it is a request)."""
     limited = ClientSpec("alice", "ALICE_KEY", rpm=5)
-    async with fake() as upstream, serving([claude(upstream)], tmp_path, clients=(limited,)) as url:
-        client = sdk(url)
-        outcomes = await asyncio.gather(
-            *(
-                client.messages.count_tokens(
-                    model="claude-test", messages=HELLO, extra_headers={"x-sluice-max-wait": "0"}
-                )
-                for _ in range(12)
-            ),
-            return_exceptions=True,
-        )
-        await client.close()
+    async with fake() as upstream:
+        chat = Deployment("openai/gpt-test", base_url=upstream.url, api_key=UPSTREAM_KEY, price=PRICE)
+        async with serving([claude(upstream), chat], tmp_path, clients=(limited,)) as url:
+            client = sdk(url)
+            outcomes = await asyncio.gather(
+                *(
+                    client.messages.count_tokens(model=model, messages=HELLO, extra_headers={"x-sluice-max-wait": "0"})
+                    for _ in range(12)
+                ),
+                return_exceptions=True,
+            )
+            await client.close()
     counted = [o for o in outcomes if isinstance(o, anthropic.types.MessageTokensCount)]
     refused = [o for o in outcomes if isinstance(o, anthropic.RateLimitError)]
     assert len(counted) == 5
     assert len(refused) == 7
     assert all("client 'alice'" in str(error) for error in refused)
-    assert len(upstream.count_tokens.calls) == 5  # a refused count is not sent
+    assert len(upstream.count_tokens.calls) == (5 if model == "claude-test" else 0)  # a refused count is not sent
+    assert upstream.stats.received == 0
 
 
 async def test_an_anthropic_deployments_count_goes_through_its_limiter(tmp_path: Path) -> None:

@@ -15,10 +15,11 @@ batch's line from another batch's answer.
 
 Lines run at ``Priority.BATCH`` (interactive requests overtake them) under the client's
 budget (a chat batch's lines under its batches' part of it, whose money a restart counts
-from the engine store's charges: see ``_batch_money``). Cancelling, and stopping the server, stop feeding new lines; what the engine had
-already taken finishes and is recorded. Chat lines are handed to the engine through a
-:class:`_Window` sized to the capacity free right now, so that is about the lines at the
-provider; an embeddings batch hands texts to the packing pipeline, which reads ahead.
+from the engine store's charges: see ``_batch_money``). Cancelling, and stopping the
+server, stop feeding new lines; what the engine had already taken finishes and is
+recorded. Chat lines are handed to the engine through a :class:`_Window` sized to the
+capacity free right now, so that is about the lines at the provider; an embeddings batch
+hands texts to the packing pipeline, which reads ahead.
 """
 
 from __future__ import annotations

@@ -124,19 +124,18 @@ async def count_tokens(request: web.Request) -> web.Response:
     routes = [route for group in ctx.engine.router.chain(model)[:1] for route in group.routes]
     upstream = routes[0] if routes and isinstance(routes[0].provider, AnthropicProvider) else None
 
-    async def count() -> int:
-        counted = None if upstream is None else await _upstream_count(upstream, body)
-        if counted is not None:
-            return counted
+    counted: int | None = None
+    if upstream is None:
+        await ctx.admit_client(client, request)  # nothing is sent: the client's rpm only
+    else:
+        try:
+            counted = await ctx.admit(client, request, 0, [upstream.limiter], lambda: _upstream_count(upstream, body))
+        except ProviderError as exc:
+            return ctx.failure(client, exc)
+    if counted is None:
         params = {k: v for k, v in view.body.items() if k not in ("model", "messages")}
-        return estimate_message_tokens(view.body["messages"], params)
-
-    limiters = [upstream.limiter] if upstream is not None else []
-    try:
-        tokens = await ctx.admit(client, request, 0, limiters, count)
-    except ProviderError as exc:
-        return ctx.failure(client, exc)
-    return web.json_response({"input_tokens": tokens})
+        counted = estimate_message_tokens(view.body["messages"], params)
+    return web.json_response({"input_tokens": counted})
 
 
 async def _upstream_count(route: Route, body: Mapping[str, Any]) -> int | None:
