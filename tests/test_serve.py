@@ -818,13 +818,22 @@ async def test_the_batch_api_runs_behind_the_same_keys_and_client_budget(tmp_pat
         await anonymous.close()
         await alice.close()
         await bob.close()
-    # what the batch spent was written down as alice's (the server saves client spend as it goes)
-    from sluice.serve._clients import SpendStore
-
-    spend = SpendStore(tmp_path / "clients.db")
-    spent = spend.load("alice")
-    spend.close()
-    assert spent > 0
+        billed = upstream.total_billed_usd
+    # what the batch spent is alice's, after a restart too (its lines' charges are in the state)
+    async with (
+        serving([deployment(upstream)], tmp_path, clients=(budgeted, BOB)) as url,
+        aiohttp.ClientSession() as http,
+        http.get(f"{url}/metrics") as got,
+    ):
+        text = await got.text()
+    spent = {
+        s.labels["client"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "sluice_client_spent_usd"
+    }
+    assert billed > 0
+    assert spent["alice"] == pytest.approx(billed)
 
 
 async def test_a_clients_models_hold_for_its_batch_lines_too(tmp_path: Path) -> None:

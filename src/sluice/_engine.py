@@ -355,7 +355,7 @@ class Engine:
 
     async def embed(
         self,
-        texts: Iterable[str] | AsyncIterable[str],
+        texts: Iterable[str | Sequence[int]] | AsyncIterable[str | Sequence[int]],
         *,
         model: str,
         dimensions: int | None = None,
@@ -376,7 +376,8 @@ class Engine:
         Raises :class:`~sluice.EmbeddingError` when any text could not be embedded: its
         ``results`` holds every text's :class:`~sluice.EmbeddingResult`, vectors included
         (use :meth:`embed_map` to handle failures text by text instead). A single string
-        is one text (a list of one vector comes back).
+        is one text (a list of one vector comes back). A text may also be a token array
+        (a list of token ids, as OpenAI's API takes them), for deployments that take them.
         """
         from ._embeddings import EmbedOptions, embed
 
@@ -386,7 +387,7 @@ class Engine:
 
     def embed_map(
         self,
-        texts: Iterable[str] | AsyncIterable[str],
+        texts: Iterable[str | Sequence[int]] | AsyncIterable[str | Sequence[int]],
         *,
         model: str,
         dimensions: int | None = None,

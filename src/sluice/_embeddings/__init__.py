@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from .._budget import Budget
 from .._errors import CancelledError, EmbeddingError
 from .._models import Priority
-from ._keys import EmbedItem, EmbedSpec, embedding_key
+from ..providers._embed import EmbedInput
+from ._keys import EmbedItem, EmbedSpec, embedding_key, token_array
 from ._packing import BOUND_PER_INPUT
 from ._pipeline import DEFAULT_WINDOW, EmbedPipeline
 from ._results import EmbeddingResult
@@ -39,6 +40,7 @@ __all__ = [
     "embed",
     "embed_map",
     "embedding_key",
+    "token_array",
 ]
 
 
@@ -77,7 +79,7 @@ class EmbedOptions:
 
 
 def _items(
-    texts: Iterable[str] | AsyncIterable[str], spec: EmbedSpec, scope: str | None = None
+    texts: Iterable[EmbedInput] | AsyncIterable[EmbedInput], spec: EmbedSpec, scope: str | None = None
 ) -> Iterable[EmbedItem] | AsyncIterable[EmbedItem]:
     if isinstance(texts, str):
         texts = [texts]  # one string is one text
@@ -94,7 +96,7 @@ def _items(
 
 def embed_map(
     attempts: Attempts,
-    texts: Iterable[str] | AsyncIterable[str],
+    texts: Iterable[EmbedInput] | AsyncIterable[EmbedInput],
     options: EmbedOptions,
     *,
     ordered: bool = False,
@@ -104,7 +106,7 @@ def embed_map(
 
 
 async def embed(
-    attempts: Attempts, texts: Iterable[str] | AsyncIterable[str], options: EmbedOptions
+    attempts: Attempts, texts: Iterable[EmbedInput] | AsyncIterable[EmbedInput], options: EmbedOptions
 ) -> list[array[float]]:
     """See :meth:`Engine.embed`."""
     pipeline = options.pipeline(attempts)

@@ -49,6 +49,7 @@ from ..store import SqliteStore
 from ..tiers import BatchSettings, close_tiers
 from ._access_log import AccessLogger
 from ._anthropic import anthropic_model, anthropic_shaped, from_anthropic_client
+from ._batch_money import batch_spend
 from ._batches import Limits, recent_batches, setup_batch_api
 from ._body import BODY_LIMITS, BODY_TIMEOUT, BodyLimits, BodyTimeout, read_body, read_json, timed_out
 from ._body_budget import BodyBudget
@@ -174,7 +175,8 @@ def build_app(
         max_bytes=int(settings.responses_mb_per_client * 1024 * 1024),
     )
     try:
-        registry = Clients.from_specs(clients, engine, spend, environ, redis)
+        spent = batch_spend(store, spend.noted_batches()) if redis is None else None
+        registry = Clients.from_specs(clients, engine, spend, environ, redis, spent)
         auth = DashboardAuth.from_settings(settings, registry, environ)  # its key: unset, short or a client's
         metrics_key = operator_key(settings.metrics_key_env, "metrics", registry, environ)
     except BaseException:

@@ -185,26 +185,7 @@ class ServeContext:
         grant: Any = None  # a local or a shared limiter's reservation
         try:
             admission.check_room(engine_eta)
-            if client.limiter is not None:
-                try:
-                    grant = client.limiter.try_acquire(tokens)
-                except CapacityError:
-                    raise BadBody(
-                        f"this request's ~{tokens} tokens exceed client {client.name!r}'s tpm; send a smaller request"
-                    ) from None
-                if grant is None:
-                    limiter = client.limiter
-                    client_eta = limiter.eta(tokens, limiter.waiting, self._latency())
-                    if client_eta > max_wait:
-                        raise self._redis_down(client) or _client_limited(client, client_eta, self.metrics)
-                    try:
-                        grant = await admission.wait_for(
-                            limiter.acquire(tokens), max_wait=max_wait, retry_after=lambda: limiter.eta(tokens, 0, None)
-                        )
-                    except WaitTooLong as exc:
-                        refused = self._redis_down(client) or _client_limited(client, exc.retry_after, self.metrics)
-                        raise refused from None
-                grant.done()  # a quota of requests and tokens per minute, not of requests in flight
+            grant = await self._client_grant(client, tokens, max_wait)
             remaining = max(0.0, max_wait - (_now() - began))
             ahead = engine_eta()
             if ahead > remaining and not _has_room(limiters, tokens):
@@ -221,6 +202,40 @@ class ServeContext:
             elif actual > 0:  # 0: the provider reported no usage; the estimate stands
                 grant.reconcile(actual)
         return outcome
+
+    async def _client_grant(self, client: Client, tokens: int, max_wait: float) -> Any:
+        """The client's own rpm/tpm let the request go (None: it has none); a Refused 429
+        when that would take longer than ``max_wait``."""
+        if client.limiter is None:
+            return None
+        grant: Any  # a local or a shared limiter's reservation
+        try:
+            grant = client.limiter.try_acquire(tokens)
+        except CapacityError:
+            raise BadBody(
+                f"this request's ~{tokens} tokens exceed client {client.name!r}'s tpm; send a smaller request"
+            ) from None
+        if grant is None:
+            limiter = client.limiter
+            client_eta = limiter.eta(tokens, limiter.waiting, self._latency())
+            if client_eta > max_wait:
+                raise self._redis_down(client) or _client_limited(client, client_eta, self.metrics)
+            try:
+                grant = await self.admission.wait_for(
+                    limiter.acquire(tokens), max_wait=max_wait, retry_after=lambda: limiter.eta(tokens, 0, None)
+                )
+            except WaitTooLong as exc:
+                raise self._redis_down(client) or _client_limited(client, exc.retry_after, self.metrics) from None
+        grant.done()  # a quota of requests and tokens per minute, not of requests in flight
+        return grant
+
+    async def admit_client(self, client: Client, request: web.Request) -> None:
+        """A request no deployment is sent (sluice answers it itself) counted as one
+        request of the client's rpm, none of its tpm: a Refused 429 past its max wait."""
+        try:
+            await self._client_grant(client, 0, self.max_wait(request))
+        except (QueueFull, WaitTooLong) as exc:
+            raise self._refusal(client, exc, self.max_wait(request)) from None
 
     def _redis_down(self, client: Client) -> Refused | None:
         """A 503 naming the problem when Redis cannot be reached (the wait was for it)."""

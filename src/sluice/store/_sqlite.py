@@ -44,6 +44,7 @@ from .._errors import ConfigError, StoreError
 from .._models import Result
 from .._records import result_record
 from . import _batches
+from ._groups import spend_by_group_op
 from ._timeline import SqliteTimeline, has_timeline, report_rows
 from ._vectors import StoredVector, get_vectors, put_vectors_op
 from ._writer import Writer, describe_sqlite_error
@@ -406,6 +407,10 @@ class SqliteStore:
             "SELECT coalesce(sum(worst_usd), 0) FROM intents" if self._has_table("intents") else "SELECT 0"
         ).fetchone()
         return Spend(float(answered), float(maybe), float(in_flight))
+
+    def spend_by_group(self) -> dict[str, float]:
+        """Dollars charged per group of requests (see :mod:`._groups`)."""
+        return spend_by_group_op(self._db)
 
     def summary(self) -> dict[str, Any]:
         """Counts, tokens, cost and attempts over every stored result."""
