@@ -29,6 +29,7 @@ from ._inputs import count_records, embeds, read_inputs, request_of
 from ._job import JobProgress, JobSpec
 from ._output import JobOutput, OutputFile, looks_like_output, prepare_output, request_hash
 from ._preflight import checked_spec
+from ._room import DiskRoom
 from ._running import fold_deployments
 from ._timeline import note_run
 
@@ -139,12 +140,19 @@ def _claim_output(store: SqliteStore, spec: JobSpec, progress: JobProgress, outp
 
 async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], None]) -> None:
     total = count_records(spec.input, spec.inputs)
+    room = DiskRoom((spec.state, spec.output), spec.config.concurrency)  # see _room: no answer lost to a full disk
     # exclusive() holds the state's lock; the record count sizes its first run's key filter
-    store = SqliteStore(spec.state, exclusive=True, expected_keys=total, timeline=True)
+    try:
+        store = SqliteStore(
+            spec.state, exclusive=True, expected_keys=total, timeline=True, on_full=lambda: room.release(spec.state)
+        )
+    except BaseException:
+        room.close()
+        raise
     output: OutputFile | None = None
     try:
         _claim_state(store, spec)
-        output = OutputFile(spec.output)  # locked from here to the end: one job per output
+        output = OutputFile(spec.output, room)  # locked from here to the end: one job per output
         try:
             _claim_output(store, spec, progress, output)
         except SluiceError:
@@ -201,6 +209,7 @@ async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[]
         with contextlib.suppress(SluiceError):
             store.set_meta(status=status, finished_at=time.time(), written=progress.done)
         store.close()
+        room.close()
 
 
 def _line_hashes(spec: JobSpec) -> Iterator[tuple[int, str]]:

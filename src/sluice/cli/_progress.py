@@ -245,6 +245,8 @@ def _not_done(progress: JobProgress) -> str:
     text = f"{progress.left:,} (a rerun does them"
     if progress.not_written:
         text += f"; {progress.not_written:,} of them are answered in the state and are only written, not sent"
+    if progress.lost:
+        text += f"; {progress.lost:,} of them were answered but could be kept nowhere, and are sent again"
     return text + ")"
 
 

@@ -140,13 +140,16 @@ class SqliteStore:
         exclusive: bool = False,
         expected_keys: int | None = None,
         timeline: bool = False,
+        on_full: Callable[[], bool] | None = None,
     ) -> None:
         """``exclusive``: this store is the only writer of the file while it is open (a batch
         job holds a lock on it), so lookups of keys it never stored can skip the query.
         ``expected_keys``: about how many results it will hold (a job's record count), to
         size what tracks the keys of a first run; a wrong guess costs speed, not answers.
         ``timeline``: keep every attempt, cooldown and limit for ``sluice report`` (see
-        :mod:`._timeline`); an engine on this store then tells :attr:`timeline` of them."""
+        :mod:`._timeline`); an engine on this store then tells :attr:`timeline` of them.
+        ``on_full``: asked when a write finds the disk full; True when it made room (the
+        write is tried once more)."""
         self.path = Path(path)
         self._writer: Writer | None = None
         #: Where an engine on this store logs its attempts (None: not kept).
@@ -163,7 +166,7 @@ class SqliteStore:
                 self._db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._writer = Writer(self.path, _setup)
+                self._writer = Writer(self.path, _setup, on_full)
                 self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA busy_timeout=5000")
             _check_integrity(self._db, self.path)
