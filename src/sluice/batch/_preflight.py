@@ -46,7 +46,9 @@ def checked_spec(spec: JobSpec) -> JobSpec:
         _refuse_missing_keys(spec.config.deployments)
     model = check_input(spec.input, spec.inputs)
     if sends:
-        _refuse_missing_keys(_deployments_used(spec.config, model))
+        used = _deployments_used(spec.config, model)
+        _refuse_missing_keys(used)
+        _refuse_unpriced(spec.config, used)
     for flag, path in (("-o", spec.output), ("--state", spec.state)):
         _check_output_path(flag, path)
     input_, output, state = spec.input.resolve(), spec.output.resolve(), spec.state.resolve()
@@ -192,6 +194,18 @@ def _deployments_used(config: JobConfig, first_model: str | None) -> list[Deploy
             with contextlib.suppress(SluiceError):  # a model the engine refuses is that record's error
                 deployments.append(Deployment(first_model, **config.defaults))
     return deployments
+
+
+def _refuse_unpriced(config: JobConfig, deployments: Iterable[Deployment]) -> None:
+    """Under a budget, a deployment with no known price is refused (unless allowed), as
+    the engine would refuse it on start: here, before a file exists."""
+    if config.budget_usd is None or config.allow_unpriced:
+        return
+    from .._spending import Spending  # its price lookup is the one the engine's start makes anyway
+
+    spending = Spending(config.budget_usd)
+    for deployment in deployments:
+        spending.check_priced(deployment)
 
 
 def _refuse_missing_keys(deployments: Iterable[Deployment]) -> None:

@@ -162,7 +162,7 @@ class SqliteStore:
         self._chunk_states: dict[int, _batches.Chunk] | None = None  # read once, then kept here
         try:
             if readonly:
-                uri = f"file:{self.path.resolve()}?mode=ro"
+                uri = f"file:{self.path.resolve()}?mode=ro{'&immutable=1' if _at_rest(self.path) else ''}"
                 self._db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -562,6 +562,26 @@ class KeyFilter:
                 return False  # the common case for a new key: out at the first probe or so
             spot = (spot + step) & mask
         return True
+
+
+def _at_rest(path: Path) -> bool:
+    """Whether no job is writing the state (none holds its lock, no WAL beside it). A
+    reader then opens it as immutable: SQLite makes no ``-wal`` and ``-shm`` beside it
+    (a read-only connection could not remove them again), and ``sluice report`` leaves
+    nothing behind."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): the ordinary read-only open
+        return False
+    if Path(f"{path}-wal").exists():
+        return False
+    try:
+        with open(path, "rb") as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a running job holds it exclusively
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    except OSError:  # locked by a job, or not readable: the ordinary open says what is wrong
+        return False
+    return True
 
 
 def _has_index(db: sqlite3.Connection, name: str) -> bool:
