@@ -140,3 +140,48 @@ def _noted_written(state: SqliteStore) -> int:
     meta = state.meta()
     written = meta.get("written")
     return written if isinstance(written, int) and meta.get("deployments_at") else -1
+
+
+def test_the_live_line_fits_an_80_column_terminal(server: FakeServer, tmp_path: Path) -> None:
+    """Issue 34 point 29: on an 80-column terminal the live line wrapped (its ETA drawn on a
+    second line, the pair redrawn and scrolled); now each frame is one line, the least
+    needed figures left out."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import termios
+    import time
+
+    from clitools import env_for, sluice_cmd
+
+    server.latency = 0.05
+    source = write_jsonl(tmp_path / "in.jsonl", questions(400))
+    parent, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = {k: v for k, v in env_for(server).items() if k not in ("COLUMNS", "LINES")}
+    args = ["run", source, "-o", tmp_path / "out.jsonl", "--model", MODEL, "--concurrency", "4", "--budget", "5"]
+    process = subprocess.Popen(
+        sluice_cmd(*args, "--price", "2,8"), env=env, stdin=child, stdout=child, stderr=child, close_fds=True
+    )
+    os.close(child)
+    screen = b""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(parent, 65536)
+        except OSError:  # the command ended and closed the terminal
+            break
+        if not chunk:
+            break
+        screen += chunk
+    os.close(parent)
+    assert process.wait(timeout=60) == 0
+    text = re.sub(r"\x1b\[[0-9;]*m", "", screen.decode("utf-8", "replace"))  # colours
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "\n", text)  # cursor moves: a frame ends
+    frames = [line for line in re.split(r"[\r\n]+", text) if "/400 (" in line]
+    assert frames, text[-2000:]
+    for frame in frames:
+        assert len(frame.rstrip()) <= 80, frame
+        assert "ETA" in frame, frame  # the line's end is on the line, not wrapped to the next
