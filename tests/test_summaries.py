@@ -185,3 +185,43 @@ def test_the_live_line_fits_an_80_column_terminal(server: FakeServer, tmp_path: 
     for frame in frames:
         assert len(frame.rstrip()) <= 80, frame
         assert "ETA" in frame, frame  # the line's end is on the line, not wrapped to the next
+
+
+def test_batch_answers_have_no_made_up_latency(server: FakeServer, tmp_path: Path) -> None:
+    """Point 29: a --tier batch job's summary and report said "latency p50 0.000s" (lines
+    read back from a batch's results were timed at 0); they are not timed one by one."""
+    server.prices = {"*": (1.0, 2.0)}
+    source = write_jsonl(tmp_path / "in.jsonl", questions(150))
+    out = tmp_path / "out.jsonl"
+    args = ["run", source, "-o", out, "--model", MODEL, "--tier", "batch", "--poll-every", "0.2", "--price", "1,2"]
+    done = run_cli(server, *args, "--batch-size", "25")
+    assert done.returncode == 0, done.stderr
+    assert {r["tier"] for r in read_output(out)} == {"batch"}
+    for text in (done.stdout, run_cli(server, "report", out).stdout):
+        (latency,) = [line for line in text.splitlines() if line.strip().startswith("latency")]
+        assert "n/a: batch answers are not timed one by one" in latency, text
+        assert "0.000s" not in text
+
+
+async def test_report_of_a_store_the_library_made_says_what_is_known(tmp_path: Path) -> None:
+    """Point 29: it said "status unknown" and "records in input 0" of a store that no job made."""
+    import asyncio
+
+    from clitools import sluice_cmd
+
+    path = tmp_path / "lib.db"
+    store = SqliteStore(path)
+    async with Engine([Deployment("simulate/demo", rpm=6000)], store=store) as engine:
+        async for result in engine.map([f"q{i}" for i in range(4)], model="simulate/demo"):
+            assert result.ok
+    store.close()
+    process = await asyncio.create_subprocess_exec(
+        *sluice_cmd("report", path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    stdout, stderr = await process.communicate()
+    assert process.returncode == 0, stderr
+    text = stdout.decode()
+    assert "a program using the library" in text
+    assert "answers stored  4" in text
+    assert "unknown" not in text
+    assert "records in input" not in text

@@ -165,9 +165,7 @@ def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
         if progress.engine is None:
             sent += " by every worker"
         rows += [("requests sent", sent), ("tokens", f"{stats.input_tokens:,} in, {stats.output_tokens:,} out")]
-        p50, p99 = stats.latency.percentile(50), stats.latency.percentile(99)
-        if p50 is not None and p99 is not None:
-            rows.append(("latency", f"p50 {p50:.3f}s, p99 {p99:.3f}s"))
+        rows += _latency_rows(progress, stats.latency.percentile(50), stats.latency.percentile(99))
     if progress.engine is not None:
         rows.append(("cost", _cost_summary(progress)))
     if stats is not None and (stats.valid or stats.reasks or stats.errors.get("invalid_output")):
@@ -191,6 +189,14 @@ def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
     if progress.adopted:
         rows.append(("adopted", "the output's records were kept though its state file was gone"))
     return rows
+
+
+def _latency_rows(progress: JobProgress, p50: float | None, p99: float | None) -> list[tuple[str, str]]:
+    """Latency of the answers that were timed: a provider batch's lines are not, one by one."""
+    batched = progress.tiers.get("batch", [0, 0.0])[0]
+    if p50 is None or p99 is None:
+        return [("latency", "n/a: batch answers are not timed one by one")] if batched else []
+    return [("latency", f"p50 {p50:.3f}s, p99 {p99:.3f}s" + (" (synchronous answers)" if batched else ""))]
 
 
 def _tier_rows(progress: JobProgress) -> list[tuple[str, str]]:

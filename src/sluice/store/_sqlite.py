@@ -481,8 +481,15 @@ class SqliteStore:
         return report_rows(self._db, name, limit)
 
     def latencies(self) -> Iterator[float]:
-        for (latency,) in self._db.execute("SELECT latency_s FROM results WHERE ok = 1"):
+        """Each answer's latency, but a provider batch's lines' (not timed one by one)."""
+        query = "SELECT latency_s FROM results WHERE ok = 1 AND json_extract(record, '$.tier') IS NOT 'batch'"
+        for (latency,) in self._db.execute(query):
             yield latency
+
+    def batch_answers(self) -> int:
+        """Answers a provider batch gave (``--tier batch``/``auto``)."""
+        query = "SELECT count(*) FROM results WHERE ok = 1 AND json_extract(record, '$.tier') = 'batch'"
+        return int(self._db.execute(query).fetchone()[0])
 
     # -- internals -------------------------------------------------------------------------
 
