@@ -53,6 +53,28 @@ def fill(directory: Path) -> None:
         os.close(fd)
 
 
+def rerun_with_room(
+    server: FakeServer, args: list[str | Path], small: Path, resize: Callable[[str], None], lines: int
+) -> subprocess.CompletedProcess[str]:
+    """The filler gone and the disk larger, the same command again: it finishes the job,
+    one record per line in the output."""
+    (small / "filler").unlink(missing_ok=True)
+    resize("256m")
+    second = run_cli(server, *args, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert sorted(r["line"] for r in read_output(small / "out.jsonl")) == list(range(1, lines + 1))
+    return second
+
+
+def job(tmp_path: Path, lines: int, concurrency: int, *flags: str | Path) -> tuple[Path, Path, list[str | Path]]:
+    """A job of ``lines`` questions whose output is on ``small`` (mounted by the test): the
+    small disk's path, the output and the command's arguments."""
+    small = tmp_path / "small"
+    source = write_jsonl(tmp_path / "in.jsonl", questions(lines))
+    output = small / "out.jsonl"
+    return small, output, ["run", source, "-o", output, *flags, "--model", MODEL, "--concurrency", str(concurrency)]
+
+
 def test_a_disk_too_small_for_the_answers_in_flight_stops_the_job_before_it_sends(
     server: FakeServer, tmp_path: Path
 ) -> None:
@@ -77,10 +99,7 @@ def test_a_filling_disk_stops_the_job_with_room_left_and_nothing_is_paid_twice(
     """The job fills the disk itself: it stops while there is room for what is in flight,
     writes every answer it received, and the rerun (on a larger disk) sends none again."""
     server.latency = 0.02
-    small = tmp_path / "small"
-    source = write_jsonl(tmp_path / "in.jsonl", questions(1500))
-    output = small / "out.jsonl"
-    args = ["run", source, "-o", output, "--model", MODEL, "--concurrency", "32"]
+    small, output, args = job(tmp_path, 1500, 32)
     with small_disk(small, "2m") as resize:
         first = run_cli(server, *args, timeout=120)
         assert first.returncode == 3, first.stderr
@@ -90,10 +109,7 @@ def test_a_filling_disk_stops_the_job_with_room_left_and_nothing_is_paid_twice(
         sent = server.stats.accepted
         assert 0 < sent < 1500
         assert len(read_output(output)) == sent  # every answer received is in the output
-        resize("256m")
-        second = run_cli(server, *args, timeout=120)
-        assert second.returncode == 0, second.stderr
-        assert sorted(r["line"] for r in read_output(output)) == list(range(1, 1501))
+        second = rerun_with_room(server, args, small, resize, 1500)
     assert "in flight when the last run stopped" not in second.stderr
     assert server.stats.duplicate_successes == 0
     assert server.stats.accepted == 1500
@@ -104,10 +120,7 @@ def test_a_disk_another_process_fills_is_met_with_the_room_kept_aside(server: Fa
     frees the room the job kept aside, the job stops, and what it had in flight lands
     there; the rerun sends nothing twice."""
     server.latency = 0.01
-    small = tmp_path / "small"
-    source = write_jsonl(tmp_path / "in.jsonl", questions(3000))
-    output = small / "out.jsonl"
-    args = ["run", source, "-o", output, "--model", MODEL, "--concurrency", "64"]
+    small, output, args = job(tmp_path, 3000, 64)
     with small_disk(small, "16m") as resize:
         process = start_cli(server, *args)
         wait_until(lambda: server.stats.accepted >= 300)
@@ -118,11 +131,7 @@ def test_a_disk_another_process_fills_is_met_with_the_room_kept_aside(server: Fa
         assert "Every answer received is kept" in stderr
         sent = server.stats.accepted
         assert len(read_output(output)) == sent
-        (small / "filler").unlink()
-        resize("256m")
-        second = run_cli(server, *args, timeout=120)
-        assert second.returncode == 0, second.stderr
-        assert sorted(r["line"] for r in read_output(output)) == list(range(1, 3001))
+        rerun_with_room(server, args, small, resize, 3000)
     assert server.stats.duplicate_successes == 0
     assert server.stats.accepted == 3000
 
@@ -130,6 +139,25 @@ def test_a_disk_another_process_fills_is_met_with_the_room_kept_aside(server: Fa
 def _count(pattern: str, text: str) -> int:
     found = re.search(pattern, text)
     return int(found.group(1).replace(",", "")) if found else 0
+
+
+def run_kept_full(server: FakeServer, args: list[str | Path], small: Path) -> str:
+    """Run the job while another process keeps ``small`` full once 300 answers are in; it
+    stops itself (exit 3) without a traceback. Its standard error."""
+    process = start_cli(server, *args)
+
+    def keep_full() -> None:
+        wait_until(lambda: server.stats.accepted >= 300)
+        while process.poll() is None:
+            fill(small)
+
+    filler = threading.Thread(target=keep_full)
+    filler.start()
+    _, stderr = process.communicate(timeout=120)
+    filler.join(timeout=60)
+    assert process.returncode == 3, stderr
+    assert "Traceback" not in stderr
+    return str(stderr)
 
 
 def test_a_disk_another_process_keeps_full_says_which_answers_are_sent_again(
@@ -140,33 +168,14 @@ def test_a_disk_another_process_keeps_full_says_which_answers_are_sent_again(
     and which could be kept nowhere; the rerun serves the first from the state and sends
     exactly the second again (the provider counts them as its duplicates)."""
     server.latency = 0.01
-    small = tmp_path / "small"
-    source = write_jsonl(tmp_path / "in.jsonl", questions(3000))
-    output = small / "out.jsonl"
-    args = ["run", source, "-o", output, "--model", MODEL, "--concurrency", "64"]
+    small, output, args = job(tmp_path, 3000, 64)
     with small_disk(small, "16m") as resize:
-        process = start_cli(server, *args)
-
-        def keep_full() -> None:
-            wait_until(lambda: server.stats.accepted >= 300)
-            while process.poll() is None:
-                fill(small)
-
-        filler = threading.Thread(target=keep_full)
-        filler.start()
-        _, stderr = process.communicate(timeout=120)
-        filler.join(timeout=60)
-        assert process.returncode == 3, stderr
-        assert "Traceback" not in stderr
+        stderr = run_kept_full(server, args, small)
         assert "Every answer is in the state file" not in stderr  # the old claim, whatever happened
         in_state = _count(r"(\d[\d,]*) answers are in the state only", stderr)
         lost = _count(r"(\d[\d,]*) answers received could be kept in neither", stderr)
         written = len(read_output(output))
-        (small / "filler").unlink()
-        resize("256m")
-        second = run_cli(server, *args, timeout=120)
-        assert second.returncode == 0, second.stderr
-        assert sorted(r["line"] for r in read_output(output)) == list(range(1, 3001))
+        second = rerun_with_room(server, args, small, resize, 3000)
     assert server.stats.duplicate_successes == lost  # exactly the answers it said are sent again
     assert _count(r"served from the state\s+(\d[\d,]*)", second.stdout) == in_state
     assert written + in_state + lost <= 3000
@@ -179,24 +188,9 @@ def test_an_output_disk_another_process_keeps_full_leaves_every_answer_in_the_st
     the state, the closing message says so, and the rerun writes them without sending
     them again."""
     server.latency = 0.01
-    small = tmp_path / "small"
-    source = write_jsonl(tmp_path / "in.jsonl", questions(3000))
-    output = small / "out.jsonl"
-    args = ["run", source, "-o", output, "--state", tmp_path / "state.db", "--model", MODEL, "--concurrency", "64"]
+    small, output, args = job(tmp_path, 3000, 64, "--state", tmp_path / "state.db")
     with small_disk(small, "16m") as resize:
-        process = start_cli(server, *args)
-
-        def keep_full() -> None:
-            wait_until(lambda: server.stats.accepted >= 300)
-            while process.poll() is None:
-                fill(small)
-
-        filler = threading.Thread(target=keep_full)
-        filler.start()
-        _, stderr = process.communicate(timeout=120)
-        filler.join(timeout=60)
-        assert process.returncode == 3, stderr
-        assert "Traceback" not in stderr
+        stderr = run_kept_full(server, args, small)
         assert "answers received could be kept in neither" not in stderr
         sent = server.stats.accepted
         in_state = _count(r"(\d[\d,]*) answers are in the state only", stderr)
@@ -205,11 +199,7 @@ def test_an_output_disk_another_process_keeps_full_leaves_every_answer_in_the_st
             assert "cannot write the output" in stderr
             assert "No space left on device" in stderr
             assert "the rerun sends none of them again" in stderr
-        (small / "filler").unlink()
-        resize("256m")
-        second = run_cli(server, *args, timeout=120)
-        assert second.returncode == 0, second.stderr
-        assert sorted(r["line"] for r in read_output(output)) == list(range(1, 3001))
+        second = rerun_with_room(server, args, small, resize, 3000)
     assert server.stats.duplicate_successes == 0
     assert server.stats.accepted == 3000
     assert _count(r"served from the state\s+(\d[\d,]*)", second.stdout) == in_state
