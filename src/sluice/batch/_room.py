@@ -37,6 +37,8 @@ __all__ = ["MARGIN", "PER_ANSWER", "DiskRoom"]
 PER_ANSWER = 16 * 1024
 #: Bytes kept for the job's notes at the stop (progress, the timeline, the key index...).
 MARGIN = 256 * 1024
+#: The room kept aside on a disk, at most (a job of thousands in flight still starts quickly).
+_RESERVE_MAX = 64 << 20
 #: Answers written before what they used is trusted as the measure (the files' own start-up first).
 _MEASURED_AFTER = 100
 
@@ -69,7 +71,8 @@ class DiskRoom:
                 continue
             free = _free(path)
             if free is not None and device not in disks:
-                disks[device] = _Disk(path, device, free, _reserve(path.parent, self.needed(), free))
+                reserve = _reserve(path.parent, min(self.needed(), _RESERVE_MAX), free)
+                disks[device] = _Disk(path, device, free, reserve)
         self._disks = list(disks.values())
         for disk in self._disks:  # what is kept aside is not room to use
             disk.free_at_start = _free(disk.path) or 0

@@ -44,6 +44,7 @@ from .._errors import ConfigError, StoreError
 from .._models import Result
 from .._records import result_record
 from . import _batches
+from ._at_rest import at_rest
 from ._timeline import SqliteTimeline, has_timeline, report_rows
 from ._vectors import StoredVector, get_vectors, put_vectors_op
 from ._writer import Writer, describe_sqlite_error
@@ -162,7 +163,7 @@ class SqliteStore:
         self._chunk_states: dict[int, _batches.Chunk] | None = None  # read once, then kept here
         try:
             if readonly:
-                uri = f"file:{self.path.resolve()}?mode=ro{'&immutable=1' if _at_rest(self.path) else ''}"
+                uri = f"file:{self.path.resolve()}?mode=ro{'&immutable=1' if at_rest(self.path) else ''}"
                 self._db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -569,26 +570,6 @@ class KeyFilter:
                 return False  # the common case for a new key: out at the first probe or so
             spot = (spot + step) & mask
         return True
-
-
-def _at_rest(path: Path) -> bool:
-    """Whether no job is writing the state (none holds its lock, no WAL beside it). A
-    reader then opens it as immutable: SQLite makes no ``-wal`` and ``-shm`` beside it
-    (a read-only connection could not remove them again), and ``sluice report`` leaves
-    nothing behind."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): the ordinary read-only open
-        return False
-    if Path(f"{path}-wal").exists():
-        return False
-    try:
-        with open(path, "rb") as handle:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a running job holds it exclusively
-            fcntl.flock(handle, fcntl.LOCK_UN)
-    except OSError:  # locked by a job, or not readable: the ordinary open says what is wrong
-        return False
-    return True
 
 
 def _has_index(db: sqlite3.Connection, name: str) -> bool:
