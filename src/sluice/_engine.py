@@ -369,8 +369,9 @@ class Engine:
 
         Texts are packed many to a request (see :mod:`sluice._embeddings`) within the
         provider's per-request limits and the deployment's limits, budget and retries; each
-        vector is a float32 ``array('f')`` (``numpy.frombuffer(v, dtype=numpy.float32)``
-        reads it without a copy). With a store, every text's vector is stored as it lands
+        vector is a float32 ``array('f')``, not a list (an eighth of a list's memory):
+        ``v.tolist()`` makes one (``json.dumps`` needs it), and ``numpy.frombuffer(v,
+        dtype=numpy.float32)`` reads it without a copy. With a store, every text's vector is stored as it lands
         and served from there on a rerun. A text the provider refuses fails alone.
 
         Raises :class:`~sluice.EmbeddingError` when any text could not be embedded: its

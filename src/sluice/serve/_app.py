@@ -44,6 +44,7 @@ from aiohttp.typedefs import Middleware
 from .._config import JobConfig, engine_from
 from .._errors import ConfigError, SluiceError
 from .._limits import Limiter
+from .._model_names import model_names
 from .._models import Deployment
 from ..store import SqliteStore
 from ..tiers import BatchSettings, close_tiers
@@ -55,7 +56,7 @@ from ._body import BODY_LIMITS, BODY_TIMEOUT, BodyLimits, BodyTimeout, read_body
 from ._body_budget import BodyBudget
 from ._chat import chat_completions
 from ._clients import Client, Clients, SpendStore
-from ._context import CONTEXT, JSON_BODY, BadBody, Refused, ServeContext, client_of, model_names, upstream_secrets
+from ._context import CONTEXT, JSON_BODY, BadBody, Refused, ServeContext, client_of, upstream_secrets
 from ._dashboard import DashboardAuth, is_dashboard, setup_dashboard
 from ._embeddings import embeddings
 from ._errors import openai_error

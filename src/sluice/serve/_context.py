@@ -374,20 +374,6 @@ def _client_limited(client: Client, retry_after: float, metrics: Metrics) -> Ref
     )
 
 
-def model_names(deployments: Iterable[Deployment]) -> dict[str, str]:
-    """Every name a request may use -> the engine's name: each deployment's model and name,
-    and an OpenAI or Anthropic model without its prefix (``gpt-4o-mini``,
-    ``claude-sonnet-4-5``), as the SDKs send it."""
-    names: dict[str, str] = {}
-    for d in deployments:
-        names.setdefault(d.model, d.model)
-        names.setdefault(d.label, d.label)
-        prefix, sep, rest = d.model.partition("/")
-        if sep and prefix in ("openai", "anthropic") and rest:
-            names.setdefault(rest, d.model)
-    return names
-
-
 def upstream_secrets(deployments: Iterable[Deployment]) -> tuple[str, ...]:
     """Each deployment's URL, its host:port and host, longest first (so a URL goes whole)."""
     found: set[str] = set()
