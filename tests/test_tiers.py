@@ -300,13 +300,12 @@ SIZES = pytest.mark.parametrize("size", [(), ("--batch-size", "20")], ids=["in-m
 def test_auto_meets_the_deadline_synchronously_when_the_batch_never_starts(
     server: FakeServer, tmp_path: Path, size: tuple[str, ...]
 ) -> None:
-    """200 lines at 20 a second take 10 s synchronously: with 30 s to go (the plan keeps
-    10 s for a cancel to land) it waits for the batch a few seconds, then cancels it and
-    sends the rest itself."""
+    """200 lines at 20 a second take 10 s synchronously: with 20 s to go the plan waits
+    for the batch a few seconds, then cancels it and sends the rest itself."""
     server.batches.start_after = math.inf
     src, out = _job(tmp_path, 200)
     started = time.monotonic()
-    args = ("--deadline", "30s", *size)
+    args = ("--deadline", "20s", *size)
     done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *AUTO, *args, timeout=120)
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr
@@ -314,7 +313,7 @@ def test_auto_meets_the_deadline_synchronously_when_the_batch_never_starts(
     assert len(records) == 200
     assert all(r["ok"] for r in records)
     assert {r["tier"] for r in records} == {"sync"}
-    assert took < 30 + 8  # the deadline, plus the process's start and a few seconds
+    assert took < 20 + 8  # the deadline, plus the process's start and a few seconds
     assert server.batches.open_batches == []  # nothing left running at the provider
     assert {b.status for b in server.batches.batches.values()} == {"cancelled"}
     assert "answered twice" not in done.stdout  # the batch answered none of them
@@ -409,7 +408,7 @@ def test_auto_answers_a_line_from_its_cancelled_batch_rather_than_twice(
     synchronously. The records' costs are the fake's bill, and nothing is answered twice."""
     server.batches.lines_per_second = 20 if not size else 2  # 20 a second in all, however many batches
     src, out = _job(tmp_path, 200)
-    args = ("--deadline", "30s", *size)
+    args = ("--deadline", "20s", *size)
     done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *AUTO, *args, timeout=120)
     assert done.returncode == 0, done.stderr
     records = read_output(out)
