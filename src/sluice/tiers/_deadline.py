@@ -2,13 +2,13 @@
 :class:`~sluice.tiers.BatchTier`).
 
 Keep to the batch while the model's synchronous limits could still answer what is left
-before the deadline, with a margin and time for a cancel to land; then *move*: a line
-not in a created batch goes synchronously at once, and the batches are cancelled. A line
-of a cancelled batch waits for its batch to end: what the batch answered (and billed) is
-that line's answer; the rest go synchronously, billed once. If the batches have not ended
-by the last moment (what is left could only just be answered synchronously), their lines
-go anyway, counted at their worst case (a batch may still bill them); a batch that then
-answers one of them answered it twice.
+before the deadline, with a margin; then *move*: a line not in a created batch goes
+synchronously at once, and the batches are cancelled. A line of a cancelled batch waits
+for its batch to end: what the batch answered (and billed) is that line's answer; the
+rest go synchronously, billed once. The wait may use the margin: if the batches have not
+ended by the last moment (what is left could only just be answered synchronously, with
+no margin but the 15 %), their lines go anyway, counted at their worst case (a batch may
+still bill them); a batch that then answers one of them answered it twice.
 """
 
 from __future__ import annotations
@@ -70,25 +70,25 @@ class DeadlinePlan:
         """Move when the time left needs it; then wait for the cancelled batches to end,
         until the last moment."""
         tick = min(self.settings.poll_every, 1.0)
-        # a cancel takes a while to land (OpenAI: "cancelling" for up to minutes)
         while not self.moved:
-            if self._short_of_time(max(10.0, 2 * self.settings.poll_every)):
+            if self._short_of_time(margin=True):
                 await self._move_to_sync()
             else:
                 await asyncio.sleep(tick)
         while self._followed:  # cancelled batches not collected yet: their lines wait for them
-            if self._short_of_time(0.0):
+            if self._short_of_time(margin=False):
                 self._give_up()
                 return
             await asyncio.sleep(tick)
 
-    def _short_of_time(self, extra: float) -> bool:
+    def _short_of_time(self, *, margin: bool) -> bool:
         """Whether what is left could only just be answered synchronously before the
-        deadline (at the model's rate, with a 15 % and a 5 s margin), ``extra`` seconds on."""
+        deadline, at the model's rate with a 15 % margin (and ``margin``: 5 s or two polls
+        more, the time a cancel has to land)."""
         settings = self.settings
         assert settings.deadline is not None
         left = settings.remaining() if settings.remaining is not None else len(self._waiting)
-        needed = left / settings.sync_rate * 1.15 + max(5.0, 2 * settings.poll_every) + extra
+        needed = left / settings.sync_rate * 1.15 + (max(5.0, 2 * settings.poll_every) if margin else 0.0)
         return left > 0 and time.time() + needed >= settings.deadline
 
     async def _move_to_sync(self) -> None:
