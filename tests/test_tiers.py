@@ -202,6 +202,29 @@ def test_flex_requests_are_half_price_and_a_capacity_refusal_is_retried(server: 
     assert sum(r["cost_usd"] for r in records) == pytest.approx(server.total_billed_usd, rel=1e-6)
 
 
+def test_a_flex_capacity_refusal_is_retried_without_pausing_the_deployment(server: FakeServer, tmp_path: Path) -> None:
+    """A flex 429 "resource unavailable" is about capacity for that request, not the key's
+    rate: the request is tried again after its own backoff, the other requests go on at
+    the deployment's pace (no cooldown in the state's timeline), and none is billed twice."""
+    server.flex_refusal_rate = 0.1
+    n = 100
+    src, out = _job(tmp_path, n)
+    args = ("--tier", "flex", "--price", "1,2", "--rpm", "1200")
+    done = run_cli(server, "run", src, "-o", out, "--model", MODEL, *args, timeout=100)
+    assert done.returncode == 0, done.stderr
+    records = read_output(out)
+    assert len(records) == n
+    assert all(r["ok"] and r["tier"] == "flex" for r in records)
+    refused = server.stats.rate_limited_by["flex"]
+    assert refused > 0
+    assert sum(r["attempts"] for r in records) == n + refused  # each refusal tried again, by its request
+    with contextlib.closing(sqlite3.connect(out.with_suffix(".sluice.db"))) as db:
+        pauses = db.execute("SELECT why FROM timeline_cooldowns").fetchall()
+    assert pauses == []  # the deployment never paused
+    assert server.stats.duplicate_successes == 0
+    assert "0 x 429" in done.stdout  # not counted as the key's rate limits
+
+
 async def test_the_fakes_batches_are_visible_only_to_their_key() -> None:
     """The fake as OpenAI documents it: upload, create, list, retrieve, results; another
     key sees none of it."""
