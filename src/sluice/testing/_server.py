@@ -153,8 +153,7 @@ class FakeServer(LoopbackServer):
         self.batches = BatchDesk(self)
         #: Share of the price a ``service_tier: "flex"`` request is billed.
         self.flex_discount = 0.5
-        #: Share of flex-tier requests refused with the 429 "resource unavailable", drawn at
-        #: random (with ``seed``), beside those :meth:`refuse_flex` asks for.
+        #: Share of flex requests refused as :meth:`refuse_flex` does, at random (``seed``).
         self.flex_refusal_rate = 0.0
         self._flex_refusals = 0
         #: Answers to requests that ask for JSON, and the invalid ones to give (see
@@ -313,8 +312,7 @@ class FakeServer(LoopbackServer):
         except ApiError as exc:
             return self._respond(fmt, n, exc.status, fmt.error(exc.kind, exc.message, exc.param))
         flex = isinstance(body, dict) and body.get("service_tier") == "flex" and isinstance(fmt, OpenAIFormat)
-        rate = self.flex_refusal_rate
-        if flex and (self._flex_refusals > 0 or (rate > 0 and self._rng.random() < rate)):
+        if flex and (self._flex_refusals > 0 or 0 < self.flex_refusal_rate > self._rng.random()):
             self._flex_refusals = max(0, self._flex_refusals - 1)
             message = "Resource unavailable: no capacity for flex processing now. Please retry later."
             return self._respond(fmt, n, 429, openai_error_body(message, "resource_unavailable"), refused_by="flex")
