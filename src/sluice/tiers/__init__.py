@@ -2,7 +2,8 @@
 
 * ``sync``: plain requests (the default).
 * ``flex``: OpenAI's flex processing (``service_tier: "flex"``): half price, slower, and
-  refused with a 429 when there is no capacity (retried with backoff like any 429).
+  refused with a 429 when there is no capacity for a request (``FlexUnavailableError``:
+  that request is retried after its own backoff; the deployment does not pause).
 * ``batch``: the provider's Batch API (:mod:`._batch_tier`: OpenAI's Files + Batches and
   Anthropic's Message Batches): half price, answered within the completion window;
   every line still goes through the engine's budget, store and retries.
