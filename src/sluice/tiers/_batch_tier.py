@@ -136,8 +136,6 @@ class BatchTier(DeadlinePlan):
         self.parks = settings.on_ended is not None
         #: Chunks collected by this run (a failure journalled by an earlier run is not answered again).
         self._collected: set[int] = set()
-        #: Parking: chunks waiting to be submitted again after an enqueued-token refusal.
-        self._refused: set[int] = set()
         self._chunk_of: dict[str, int] = {}
         self._unanswered: dict[str, tuple[int, SluiceError]] = {}
         #: Parking under ``--tier auto``: chunks whose cancelled batch had not ended by the
@@ -300,8 +298,9 @@ class BatchTier(DeadlinePlan):
             chunk = await self._journal.new_chunk(self._real.label, list(waiting))
             refusals = 0
             while True:
-                if self.moved:  # the deadline moved its lines before it was created
+                if self.moved:  # the deadline moved its lines before it was created: none was billed
                     await self._journal.note_batch(chunk, None, "abandoned")
+                    self._fail(waiting, MovedToSyncError(moved_note(self.settings), maybe_billed=False))
                     if self.parks and not waiting:  # parked at an earlier (refused) create
                         self._chunk_over(chunk, {})
                     return
@@ -328,11 +327,7 @@ class BatchTier(DeadlinePlan):
                         f"enqueued-token limit of {limit:,}: lower --batch-size and rerun"
                     )
                 await self._journal.note_batch(chunk, None, "submitting")
-                self._refused.add(chunk)
-                try:
-                    await self._wait_for_room(refusals)
-                finally:
-                    self._refused.discard(chunk)
+                await self._wait_for_room(refusals)
             await self._collect(chunk, final, waiting)
         except asyncio.CancelledError:
             raise
@@ -385,11 +380,14 @@ class BatchTier(DeadlinePlan):
             )
         running = any(status not in _ENDED for status in self.batches.values())
         wait = min(max(self.settings.poll_every, 1.0) * 2**refusals, 600.0)
+        wakes = [asyncio.ensure_future(self._hurry.wait())]  # the deadline's move: its lines go
         if running:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ended.wait(), wait)
-        else:
-            await asyncio.sleep(wait)
+            wakes.append(asyncio.ensure_future(self._ended.wait()))
+        try:
+            await asyncio.wait(wakes, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wake in wakes:
+                wake.cancel()
 
     async def _collect(self, chunk: int, batch: Mapping[str, Any], waiting: dict[str, _Answer]) -> None:
         """Read an ended batch's result files: answers journalled, then handed to their lines;

@@ -49,9 +49,7 @@ class DeadlinePlan:
     _followed: dict[str, dict[str, asyncio.Future[tuple[str, bytes]]]]
     _chunk_of: dict[str, int]
     _collected: set[int]
-    _refused: set[int]
     _running_at_move: set[int]
-    _moved_ids: set[str]
     _hurry: asyncio.Event
 
     def _take_filling(self) -> dict[str, asyncio.Future[tuple[str, bytes]]]:
@@ -92,20 +90,13 @@ class DeadlinePlan:
         return left > 0 and time.time() + needed >= settings.deadline
 
     async def _move_to_sync(self) -> None:
-        """A line not in a created batch goes synchronously now; the batches are cancelled,
-        and their lines wait for what the batches answered (see the module docstring)."""
+        """The lines gathering for a chunk go synchronously now (a chunk not created yet
+        sends its lines when it sees the move); the batches are cancelled, and their lines
+        wait for what the batches answered (see the module docstring)."""
         self.moved = True
-        self._hurry.set()  # the cancelled batches are looked at every second
+        self._hurry.set()  # cancelled batches are looked at every second; a refused create gives up
         _log.warning("the deadline is near: cancelling the batches; the rest goes synchronously")
-        created = {custom_id for waiting in self._followed.values() for custom_id in waiting}
-        unsent = self._take_filling()
-        unsent.update((c, answer) for c, answer in self._waiting.items() if c not in created)
-        if self.parks:  # a batch being created as they moved may answer some of them
-            self._moved_ids.update(unsent)
-        self._fail(unsent, MovedToSyncError(moved_note(self.settings), maybe_billed=False))
-        if self.parks:
-            for chunk in list(self._refused):  # parked at a create the token limit refused: none runs
-                self._chunk_over(chunk, {})
+        self._fail(self._take_filling(), MovedToSyncError(moved_note(self.settings), maybe_billed=False))
         for batch_id, status in list(self.batches.items()):
             if status not in _ENDED:
                 await self._cancel_quietly(batch_id)
