@@ -645,6 +645,7 @@ class BatchTier(DeadlinePlan):
             if self.parks:  # its lines are parked when asked (the journal says where)
                 self._chunk_of[batch_id] = chunk.id
                 self.batches[batch_id] = api.status(batch)
+                self._followed[batch_id] = {}  # followed (the deadline waits for it): no line in memory
                 self._following.add(chunk.id)
                 self._spawn(self._resume(chunk.id, batch, {}))
                 continue
