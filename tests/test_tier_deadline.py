@@ -40,6 +40,20 @@ def _billed_once_and_delivered(server: FakeServer, records: list[dict[str, Any]]
     assert sum(r["cost_usd"] or 0.0 for r in records) == pytest.approx(server.total_billed_usd, rel=1e-9, abs=1e-12)
 
 
+def _summary_says_what_was_billed(server: FakeServer, stdout: str) -> None:
+    """The summary's cost of this run's answers, and each tier's lines and cost, are the fake's."""
+    cost = re.search(r"cost +\$([\d.]+) answers this run", stdout)
+    assert cost is not None, stdout
+    assert float(cost.group(1)) == pytest.approx(server.total_billed_usd, rel=0.01)
+    for tier in ("batch", "sync"):
+        entries = [e for e in server.ledger if e.tier == tier]
+        shown = re.search(rf"{tier} ([\d,]+) \(\$([\d.]+)\)", stdout)
+        assert shown is not None, stdout
+        assert int(shown.group(1).replace(",", "")) == len(entries), tier
+        assert float(shown.group(2)) == pytest.approx(sum(e.cost_usd for e in entries), rel=0.01), tier
+    assert "answered twice" not in stdout
+
+
 def _money_left(stdout: str) -> float:
     """The summary's "$X left" of the budget."""
     found = re.search(r"budget \$[\d.]+, \$([\d.]+) left", stdout)
@@ -89,7 +103,7 @@ def test_the_records_and_the_summary_say_what_the_fake_billed(server: FakeServer
     _billed_once_and_delivered(server, records)
     assert {r["tier"] for r in records} == {"batch", "sync"}
     assert _money_left(done.stdout) == pytest.approx(budget - server.total_billed_usd, abs=1e-4)  # shown to 4 decimals
-    assert "answered twice" not in done.stdout
+    _summary_says_what_was_billed(server, done.stdout)
 
 
 @pytest.mark.parametrize("size", [(), ("--batch-size", "1")], ids=["in-memory", "parked"])
