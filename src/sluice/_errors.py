@@ -19,6 +19,7 @@
     └── ProviderError                the provider (or the way to it) failed
         ├── RetryableError           worth another attempt
         │   ├── RateLimitError           429
+        │   ├── FlexUnavailableError     429 "resource unavailable": no flex capacity for it now
         │   ├── OverloadedError          529 / "overloaded"
         │   ├── ServerError              5xx, 408, 409
         │   ├── AttemptTimeoutError      no answer within the attempt timeout
@@ -56,6 +57,7 @@ __all__ = [
     "EmbeddingError",
     "EngineClosedError",
     "FatalProviderError",
+    "FlexUnavailableError",
     "GroupExhausted",
     "InvalidInputError",
     "InvalidOutputError",
@@ -256,6 +258,14 @@ class RetryableError(ProviderError):
 
 class RateLimitError(RetryableError):
     kind = "rate_limited"
+
+
+class FlexUnavailableError(RetryableError):
+    """OpenAI's flex processing had no capacity for this request (a 429 "resource
+    unavailable", not billed): about that request, not the key's rate, so it is tried
+    again after its own backoff while the deployment goes on sending the rest."""
+
+    kind = "flex_unavailable"
 
 
 class OverloadedError(RetryableError):

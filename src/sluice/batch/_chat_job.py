@@ -16,7 +16,7 @@ import itertools
 from collections.abc import AsyncIterator, Callable, Container, Iterator
 
 from .._errors import CancelledError, InvalidInputError, ParkedError, SluiceError
-from .._models import Priority, Request, Result, store_key
+from .._models import Priority, Request, Result, idempotency_key_of, store_key
 from ..store import SqliteStore
 from ..tiers import batch_request
 from ._inputs import EMBEDDING_IN_CHAT_JOB, InputItem, read_inputs, request_of
@@ -148,6 +148,8 @@ async def stream_chat(
                     progress.not_done += 1  # not written: the rerun does it
                     continue
                 sent = request_of(item, spec.cache) if item.request is not None else None
+                if auto and sent is not None and result.ok and result.tier == "sync":  # a batch may answer it too
+                    progress.answered_sync.add(idempotency_key_of(store_key(sent)))
                 output.write_soon(
                     output_record(item, result, sent),
                     functools.partial(written, result, sent),

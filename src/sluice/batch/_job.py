@@ -132,8 +132,11 @@ class JobProgress:
     tiers: dict[str, list[float]] = field(default_factory=dict)
     #: The provider batches this run followed, and each one's last status.
     batches: dict[str, str] = field(default_factory=dict)
-    #: Lines a batch answered after ``--tier auto`` had moved them to synchronous requests.
+    #: Lines a batch answered after ``--tier auto`` had moved them to synchronous requests
+    #: that answered them too (both billed).
     answered_twice: int = 0
+    #: ``--tier auto``: the provider ids (custom ids) of the lines answered synchronously.
+    answered_sync: set[str] = field(default_factory=set)
 
     @property
     def complete(self) -> bool:

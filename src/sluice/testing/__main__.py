@@ -70,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--batch-start-after", type=float, default=0.0, help="seconds a batch waits before it starts (inf: never)")
     add("--batch-lines-per-second", type=float, default=None, help="batch lines answered a second (default: at once)")
     add("--batch-expire-after", type=float, default=24 * 3600.0, help="seconds until a batch expires")
+    add("--flex-refusal-rate", type=float, default=0.0, help="share of flex requests refused: 429 resource unavailable")
     add("--invalid-rate", type=float, default=0.0, help="share of JSON-schema answers given invalid (0-1)")
     add("--invalid-first", type=int, default=0, help="the first N asks of each prompt get an invalid JSON answer")
     add(
@@ -105,6 +106,7 @@ def build_server(args: argparse.Namespace) -> FakeServer:
     server.batches.start_after = args.batch_start_after
     server.batches.lines_per_second = args.batch_lines_per_second
     server.batches.expire_after = args.batch_expire_after
+    server.flex_refusal_rate = args.flex_refusal_rate
     server.structured.configure(rate=args.invalid_rate, first=args.invalid_first, kinds=args.invalid_kinds)
     return server
 

@@ -153,6 +153,8 @@ class FakeServer(LoopbackServer):
         self.batches = BatchDesk(self)
         #: Share of the price a ``service_tier: "flex"`` request is billed.
         self.flex_discount = 0.5
+        #: Share of flex requests refused as :meth:`refuse_flex` does, at random (``seed``).
+        self.flex_refusal_rate = 0.0
         self._flex_refusals = 0
         #: Answers to requests that ask for JSON, and the invalid ones to give (see
         #: :mod:`._structured`): ``server.structured.configure(rate=0.2)``.
@@ -312,8 +314,8 @@ class FakeServer(LoopbackServer):
         except ApiError as exc:
             return self._respond(fmt, n, exc.status, fmt.error(exc.kind, exc.message, exc.param))
         flex = isinstance(body, dict) and body.get("service_tier") == "flex" and isinstance(fmt, OpenAIFormat)
-        if flex and self._flex_refusals > 0:
-            self._flex_refusals -= 1
+        if flex and (self._flex_refusals > 0 or 0 < self.flex_refusal_rate > self._rng.random()):
+            self._flex_refusals = max(0, self._flex_refusals - 1)
             message = "Resource unavailable: no capacity for flex processing now. Please retry later."
             return self._respond(fmt, n, 429, openai_error_body(message, "resource_unavailable"), refused_by="flex")
         mode = stream_mode(body, fmt.api)
