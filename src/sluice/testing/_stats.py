@@ -93,6 +93,9 @@ class LedgerEntry(NamedTuple):
     #: How it was served: a synchronous request, the flex tier, or a batch line (the
     #: last two billed at a discount).
     tier: Tier = "sync"
+    #: Of ``input_tokens``, those read from the prompt cache and those written to it.
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
     @property
     def delivered(self) -> bool:
@@ -100,7 +103,7 @@ class LedgerEntry(NamedTuple):
         return self.kind == "delivered"
 
 
-def cost_usd(prices: Mapping[str, tuple[float, float]], model: str, input_tokens: int, output_tokens: int) -> float:
+def cost_usd(prices: Mapping[str, tuple[float, ...]], model: str, input_tokens: int, output_tokens: int) -> float:
     """Cost at ``prices`` (USD per million tokens in, out); ``"*"`` prices any other model."""
     price = prices.get(model) or prices.get("*")
     if price is None:
