@@ -88,13 +88,7 @@ class CacheStats:
             "duplicate_writes": self.duplicate_writes,
             "spills": self.spills,
             "by_prefix": {
-                label: {
-                    "requests": p.requests,
-                    "hits": p.hits,
-                    "read_tokens": p.read_tokens,
-                    "written_tokens": p.written_tokens,
-                    "spills": p.spills,
-                }
-                for label, p in sorted(self.by_prefix.items())
+                label: {name: getattr(prefix, name) for name in PrefixStats.__slots__}
+                for label, prefix in sorted(self.by_prefix.items())
             },
         }

@@ -155,7 +155,7 @@ class PromptCache:
             return None
         if api == "anthropic":
             return self._anthropic(body, call, owner, now) if marked(body) else None
-        if api not in ("chat", "responses"):
+        if api not in ("chat", "responses") or (api == "chat" and "messages" not in body):  # not embeddings
             return None
         asked = any(body.get(k) is not None for k in ("prompt_cache_key", "prompt_cache_retention"))
         if self.settings.mode == "auto" and not asked:
