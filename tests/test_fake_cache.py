@@ -710,3 +710,16 @@ async def test_embeddings_are_not_prompt_cached(session: aiohttp.ClientSession) 
             status, answer = await post(session, f"{server.url}/embeddings", {"model": "e", "input": "x" * 9000})
             assert status == 200, answer
         assert server.prompt_cache.stats.requests == 0
+
+
+def test_an_anthropic_read_refreshes_the_entry_it_read() -> None:
+    async def scenario() -> list[int]:
+        async with FakeServer() as server, aiohttp.ClientSession() as session:
+            got = []
+            for wait in (0.0, 250.0, 250.0, 301.0):
+                await asyncio.sleep(wait)
+                usage = await claude_usage(session, server, claude_body("s" * 8000))
+                got.append(int(usage["cache_read_input_tokens"]))
+            return got
+
+    assert run_in_virtual_time(scenario()) == [0, 2003, 2003, 0]  # 500 s of reads; then 301 s unused
