@@ -4,17 +4,12 @@ and ``prompt_cache`` in ``GET /_fake/stats``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._cache_usage import CacheUse
 
 __all__ = ["CacheStats", "PrefixStats"]
-
-
-class _Entry(Protocol):
-    expires: float
-    readable: float
 
 
 @dataclass(slots=True)
@@ -65,11 +60,6 @@ class CacheStats:
         if spilled:
             self.spills += 1
             prefix.spills += 1
-
-    def note_duplicate(self, entry: _Entry | None = None, *, now: float) -> None:
-        """A request writes ``entry``'s prefix: a duplicate when it lives but is not readable yet."""
-        if entry is not None and entry.expires > now and entry.readable > now:
-            self.duplicate_writes += 1
 
     def reset(self) -> None:
         """Back to zero (``FakeServer.reset_stats``)."""

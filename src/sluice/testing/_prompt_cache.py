@@ -55,6 +55,8 @@ __all__ = ["CachePlan", "PromptCache", "PromptCacheMode", "PromptCacheSettings",
 
 PromptCacheMode = Literal["auto", "on", "off"]
 _OPENAI_TTLS = {"30m": 1800.0, "12h": 43_200.0}
+#: What makes an OpenAI request ask for caching (in ``"auto"`` mode).
+_ASKING = ("prompt_cache_key", "prompt_cache_retention", "prompt_cache_options")
 #: Entries are swept of the expired after this many commits.
 _SWEEP_EVERY = 4096
 
@@ -157,7 +159,7 @@ class PromptCache:
             return self._anthropic(body, call, owner, now) if marked(body) else None
         if api not in ("chat", "responses") or (api == "chat" and "messages" not in body):  # not embeddings
             return None
-        asked = any(body.get(k) is not None for k in ("prompt_cache_key", "prompt_cache_retention"))
+        asked = any(body.get(k) is not None for k in _ASKING)
         if self.settings.mode == "auto" and not asked:
             return None
         return self._openai(api, body, call, owner, now)
@@ -166,8 +168,8 @@ class PromptCache:
         """The request was admitted at ``now`` and its answer begins at ``begins``: its
         writes are stored (readable from ``begins``) and its reads refreshed."""
         store = plan.store
-        if plan.use.writes:
-            self.stats.note_duplicate(*(store.get(key) for key in plan.keys[-1:]), now=now)
+        if plan.use.writes and any(_writing(store.get(key), now) for key in plan.keys):
+            self.stats.duplicate_writes += 1  # another request is still writing this prefix
         for index, key in enumerate(plan.keys):
             ttl = plan.ttls[index] if plan.ttls else plan.ttl
             entry = store.get(key)
@@ -306,3 +308,8 @@ def _pruned(store: dict[bytes, _Entry], now: float) -> dict[bytes, _Entry]:
     for key in [k for k, entry in store.items() if entry.expires <= now]:
         del store[key]
     return store
+
+
+def _writing(entry: _Entry | None, now: float) -> bool:
+    """Whether ``entry`` is being written: it lives, but its answer has not begun."""
+    return entry is not None and entry.expires > now and entry.readable > now
