@@ -723,3 +723,25 @@ def test_an_anthropic_read_refreshes_the_entry_it_read() -> None:
             return got
 
     assert run_in_virtual_time(scenario()) == [0, 2003, 2003, 0]  # 500 s of reads; then 301 s unused
+
+
+# -- sluice against the fake: the cost it records is what the fake billed ---------------------
+
+
+@pytest.mark.parametrize("model", ["anthropic/claude-sonnet-4-5", "openai/gpt-4o-mini", "openai/gpt-5.6-sol"])
+async def test_sluice_records_what_the_fake_bills_for_cache_reads_and_writes(model: str) -> None:
+    """genai-prices' rates for these models are the ones the fake's multipliers give; a
+    GPT-5.6 chat answer reports its writes in ``prompt_tokens_details.cache_write_tokens``."""
+    import sluice
+
+    prices = {"claude-sonnet-4-5": (3.0, 15.0), "gpt-4o-mini": (0.15, 0.6), "gpt-5.6-sol": (4.0, 20.0)}
+    system: Any = [{"type": "text", "text": "s" * 12_000, "cache_control": {"type": "ephemeral"}}]
+    async with FakeServer(api_key="sk-x", prices=prices, prompt_cache="on") as server:
+        base = server.anthropic_url if model.startswith("anthropic") else server.url
+        async with sluice.Engine(sluice.Deployment(model, base_url=base, api_key="sk-x")) as engine:
+            for question in ("one?", "two?"):
+                messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+                result = await engine.complete(model, messages, max_tokens=20)
+                assert result.ok, result.error
+                assert result.cost_usd == pytest.approx(server.ledger[-1].cost_usd)
+        assert [(e.cache_read_tokens > 0, e.cache_write_tokens > 0) for e in server.ledger][1] == (True, False)
