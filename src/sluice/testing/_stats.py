@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-__all__ = ["LedgerEntry", "LedgerKind", "ServerStats", "Tier", "cost_usd"]
+__all__ = ["LedgerEntry", "LedgerKind", "ServerStats", "Tier"]
 
 
 @dataclass(slots=True)
@@ -101,11 +100,3 @@ class LedgerEntry(NamedTuple):
     def delivered(self) -> bool:
         """Whether the client received this answer whole."""
         return self.kind == "delivered"
-
-
-def cost_usd(prices: Mapping[str, tuple[float, ...]], model: str, input_tokens: int, output_tokens: int) -> float:
-    """Cost at ``prices`` (USD per million tokens in, out); ``"*"`` prices any other model."""
-    price = prices.get(model) or prices.get("*")
-    if price is None:
-        return 0.0
-    return (input_tokens * price[0] + output_tokens * price[1]) / 1_000_000
