@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from types import FrameType
@@ -28,7 +29,8 @@ from servetools import ALICE_KEY, BOB_KEY, ENV, PRICE, UPSTREAM_KEY, ask, deploy
 from sluice import CallableProvider, ConfigError, Deployment, Request, RetryPolicy, ServerError
 from sluice.cli._config import JobConfig
 from sluice.serve._app import build_app
-from sluice.serve._dashboard import LIVE, SESSION_S, DashboardAuth
+from sluice.serve._backoff import CAP, FORGET, FREE, Backoff
+from sluice.serve._dashboard import BACKOFF, LIVE, SESSION_S, DashboardAuth
 from sluice.serve._live import Live
 from sluice.serve._settings import ClientSpec, ServeSettings, serve_tables
 from sluice.testing import FakeServer
@@ -279,6 +281,8 @@ async def test_the_dashboard_renders_live_data_in_headless_chromium(tmp_path: Pa
                     assert r.status == 503
             async with aiohttp.ClientSession() as http, http.get(url + "/v1/models", headers=_bearer("sk-wrong")) as r:
                 assert r.status == 401  # counted above the errors, not one of them
+            async with aiohttp.ClientSession() as http:  # a model name with a bidi override, in an error
+                assert (await _chat_status(http, url, BOB_KEY, f"gpt-{RLO}tset"))[0] == 404
             stop = asyncio.Event()
             traffic = asyncio.create_task(_traffic(url, upstream, stop))
             try:
@@ -325,6 +329,8 @@ async def _check_page(visit: Any) -> None:
     errors = await visit.texts("#errors tbody tr")
     assert any("upstream says " + HOSTILE in row for row in errors)
     assert any("server_error" in row for row in errors)
+    assert any("The model `gpt-tset` does not exist" in row for row in errors)  # read as the server wrote it
+    assert not any(RLO in row for row in errors)
     for chart in ("requests", "tokens", "load", "spend"):
         points = await visit.attribute(f"#chart-{chart} polyline", "points")
         assert points is not None, chart
@@ -758,3 +764,128 @@ async def test_a_logged_out_session_is_refused_here(tmp_path: Path) -> None:
                 assert r.status == 401  # where it goes: the login form
         assert (await _get(url + "/dashboard/data", cookie))[0] == 401  # replayed after the logout
         assert (await _get(url + "/dashboard/data", other))[0] == 200  # another session goes on
+
+
+# -- wrong keys back off ---------------------------------------------------------------------------
+
+
+class _Clock:
+    """A virtual clock for the backoff (the test moves it; nothing waits)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _login_status(http: aiohttp.ClientSession, url: str, key: str) -> tuple[int, str | None]:
+    async with http.post(url + "/dashboard/login", data={"key": key}, allow_redirects=False) as r:
+        return r.status, r.headers.get("retry-after")
+
+
+async def test_wrong_admin_keys_back_off_per_address(tmp_path: Path) -> None:
+    """300 wrong keys as fast as they go: 6 are checked (5 free, then a doubling wait); the
+    rest, and the right key while the address waits, are a 429 with Retry-After, never
+    checked. Another address is not held back; the right key clears the address."""
+    async with fake() as upstream:
+        config = JobConfig((deployment(upstream),), retry=RetryPolicy(max_attempts=1))
+        settings = ServeSettings(admin_key_env="ADMIN_KEY")
+        app = build_app(config, settings, CLIENTS, tmp_path / "s", environ={**ENV, "ADMIN_KEY": ADMIN_KEY})
+        clock = _Clock()
+        app[BACKOFF].clock = clock
+        async with listening(app) as url, aiohttp.ClientSession() as http:
+            answers = [await _login_status(http, url, f"sk-guess-{i:020d}") for i in range(300)]
+            right_while_waiting = await _login_status(http, url, ADMIN_KEY)
+            bearer_while_waiting = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
+            cookie_free = await _get(url + "/dashboard/data")  # no key given: a plain 401, nothing to wait for
+            connector = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+            async with aiohttp.ClientSession(connector=connector) as elsewhere:
+                other_wrong = await _login_status(elsewhere, url, "sk-guess-from-elsewhere-0")
+                other_right = await _login_status(elsewhere, url, ADMIN_KEY)
+            clock.now += 1.0  # the first wait is over: one more key is checked, and doubles it
+            after_wait = await _login_status(http, url, "sk-guess-after-the-wait-0")
+            doubled = await _login_status(http, url, ADMIN_KEY)
+            clock.now += 2.0
+            cleared = await _login_status(http, url, ADMIN_KEY)
+            fresh = await _login_status(http, url, "sk-guess-after-a-login-00")
+    checked = [status for status, _ in answers if status != 429]
+    assert checked == [401] * 6
+    assert [status for status, _ in answers[6:]] == [429] * 294
+    assert {wait for _, wait in answers[6:]} == {"1"}
+    assert right_while_waiting == (429, "1")  # the right key is not even checked while it waits
+    assert bearer_while_waiting[0] == 429
+    assert bearer_while_waiting[1]["retry-after"] == "1"
+    assert json.loads(bearer_while_waiting[2])["error"]["code"] == "dashboard_throttled"
+    assert cookie_free[0] == 401
+    assert other_wrong == (401, None)
+    assert other_right == (303, None)
+    assert after_wait == (401, None)
+    assert doubled == (429, "2")
+    assert cleared == (303, None)
+    assert fresh == (401, None)
+
+
+def test_the_backoff_remembers_a_bounded_number_of_addresses() -> None:
+    clock = _Clock()
+    backoff = Backoff(entries=100, clock=clock)
+    for i in range(10_000):  # a spray from many addresses
+        backoff.failed(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}")
+    assert len(backoff) == 100  # the least recently seen are forgotten first
+    for i in range(40):  # one IPv6 host with many addresses counts as its /64
+        backoff.failed(f"2001:db8::{i:x}")
+    assert backoff.wait("2001:db8::ffff") == CAP
+    assert backoff.wait("2001:db8:0:1::1") == 0.0
+    for step in range(1, 12):  # the wait doubles, up to its cap
+        backoff.failed("192.0.2.1")
+        expected = 0.0 if step <= FREE else min(CAP, 2.0 ** (step - FREE - 1))
+        assert backoff.wait("192.0.2.1") == expected
+    clock.now += FORGET + CAP + 1  # quiet long enough: every address is forgotten
+    backoff.failed("192.0.2.9")
+    assert len(backoff) == 1
+
+
+# -- the error list between clients ------------------------------------------------------------------
+
+RLO = "\u202e"  # RIGHT-TO-LEFT OVERRIDE: everything after it would read backwards
+
+
+async def _chat_status(http: aiohttp.ClientSession, url: str, key: str, model: str) -> tuple[int, str]:
+    body = {"model": model, "messages": ask(1), "max_tokens": 8}
+    async with http.post(url + "/v1/chat/completions", json=body, headers=_bearer(key)) as r:
+        return r.status, await r.text()
+
+
+async def test_one_clients_flood_of_its_own_errors_leaves_the_others_in_view(tmp_path: Path) -> None:
+    async with (
+        fake() as upstream,
+        dashboard_server([deployment(upstream)], tmp_path / "s") as url,
+        aiohttp.ClientSession() as http,
+    ):
+        for i in range(60):  # alone, a client may fill the whole list
+            assert (await _chat_status(http, url, BOB_KEY, f"no-such-model-{i}"))[0] == 404
+        alone = json.loads((await _get(url + "/dashboard/data", _bearer(ADMIN_KEY)))[2])["errors"]
+        status, answered = await _chat_status(http, url, ALICE_KEY, f"gpt-{RLO}tset")  # one error of alice's
+        assert status == 404
+        upstream.inject("503")  # one retried attempt: the deployment's note
+        assert (await _chat_status(http, url, ALICE_KEY, "gpt-test"))[0] == 200
+        for i in range(200):  # bob floods the list with his own 4xx
+            assert (await _chat_status(http, url, BOB_KEY, f"no-such-model-{100 + i}"))[0] == 404
+        errors: list[dict[str, Any]] = []
+
+        async def newest_shown() -> bool:  # the data is made once per sample: wait for one after the flood
+            errors[:] = json.loads((await _get(url + "/dashboard/data", _bearer(ADMIN_KEY)))[2])["errors"]
+            return "no-such-model-299`" in errors[0]["message"]
+
+        await until(newest_shown, timeout=60)
+    assert len(alone) == 50
+    assert {e["client"] for e in alone} == {"bob"}
+    assert len(errors) == 50
+    held = Counter((e["source"], e["client"] or e["deployment"]) for e in errors)
+    assert held == {("client", "bob"): 48, ("client", "alice"): 1, ("upstream", "openai/gpt-test"): 1}
+    assert errors[0]["message"].endswith("no-such-model-299` does not exist or you do not have access to it.")
+    (alices,) = [e for e in errors if e["client"] == "alice"]
+    # the name's bidi control is gone: the server's own words after it read as written
+    assert alices["message"] == "The model `gpt-tset` does not exist or you do not have access to it."
+    assert RLO not in answered
+    assert RLO not in json.dumps(errors, ensure_ascii=False)

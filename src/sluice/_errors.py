@@ -25,7 +25,7 @@
         │   ├── ConnectError             connection refused / reset / closed
         │   └── MalformedResponseError   a body that is not what the API returns
         └── FatalProviderError       retrying cannot help
-            ├── BadRequestError          400, 422
+            ├── BadRequestError          400, 413, 422
             ├── AuthenticationError      401
             ├── PermissionDeniedError    403
             └── NotFoundError            404
@@ -308,7 +308,8 @@ class MovedToSyncError(FatalProviderError):
 
 
 class BadRequestError(FatalProviderError):
-    """400/422: the provider refused this request itself; sending it again cannot help."""
+    """400/413/422: the provider refused this request itself (413: it is too large, and
+    always will be); sending it again cannot help."""
 
     kind = "bad_request"
     kept_on_rerun = True
@@ -333,6 +334,7 @@ _BY_STATUS: dict[int, type[ProviderError]] = {
     404: NotFoundError,
     408: ServerError,
     409: ServerError,
+    413: BadRequestError,
     422: BadRequestError,
     429: RateLimitError,
     529: OverloadedError,

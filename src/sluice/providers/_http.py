@@ -86,6 +86,8 @@ def _secrets_in(headers: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(found)
 
 
+#: aiohttp warns of raw bytes bodies over this (``aiohttp.payload.TOO_LARGE_BYTES_BODY``).
+_LARGE_BODY = 1 << 20
 #: Each native API's output cap.
 _OUTPUT_CAP = {"anthropic": "max_tokens", "responses": "max_output_tokens"}
 #: What each native API is called in messages.
@@ -520,9 +522,13 @@ class HttpProvider(ABC):
                 else:
                     response.close()  # left early or broken: drop the connection
 
-    def _encode(self, body: Mapping[str, Any]) -> bytes:
+    def _encode(self, body: Mapping[str, Any]) -> bytes | io.BytesIO:
+        """The body as JSON; over aiohttp's 1 MiB mark (base64 images, long documents) as a
+        BytesIO, which aiohttp writes in pieces: raw bytes that large make it warn that they
+        may block the loop (a ResourceWarning, an error where warnings are)."""
         try:
-            return _json.dumps(body)
+            data = _json.dumps(body)
+            return io.BytesIO(data) if len(data) > _LARGE_BODY else data
         except UnicodeEncodeError as exc:
             raise InvalidRequestError(f"the request holds text that is not valid Unicode ({exc.reason})") from None
         except (TypeError, ValueError) as exc:

@@ -96,6 +96,7 @@ _FAULT_ERRORS: dict[Fault, tuple[ErrorKind, str]] = {
     Fault.SERVICE_UNAVAILABLE: ("server", "The service is temporarily unavailable."),
     Fault.OVERLOADED: ("overloaded", "Overloaded"),
     Fault.BAD_REQUEST: ("invalid_request", "Invalid request (injected fault)."),
+    Fault.TOO_LARGE: ("invalid_request", "Request exceeds the maximum allowed size (injected fault)."),
     Fault.UNAUTHORIZED: ("authentication", "Incorrect API key provided (injected fault)."),
     Fault.NOT_FOUND: ("not_found", "The model does not exist (injected fault)."),
     Fault.NO_RETRY: ("server", "The server had an error; do not retry (injected fault)."),

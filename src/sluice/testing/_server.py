@@ -18,7 +18,7 @@ from aiohttp import web
 from ._batches import BatchDesk
 from ._broken import drop, gone, hang, truncate, unstreamed
 from ._cache_usage import billed_usd
-from ._count_tokens import count_tokens
+from ._count_tokens import CountTokens
 from ._embeddings import EmbeddingsFormat
 from ._faults import STATUS_OF, STREAM_FAULTS, Fault, FaultPlan, FaultSpec
 from ._formats import (
@@ -165,6 +165,8 @@ class FakeServer(LoopbackServer):
         #: Answers to requests that ask for JSON, and the invalid ones to give (see
         #: :mod:`._structured`): ``server.structured.configure(rate=0.2)``.
         self.structured = StructuredAnswers(seed)
+        #: ``POST /v1/messages/count_tokens``: whether it is served, the calls (see ``._count_tokens``).
+        self.count_tokens = CountTokens()
         settings = prompt_cache if isinstance(prompt_cache, PromptCacheSettings) else PromptCacheSettings(prompt_cache)
         #: The prompt caches, their settings and :attr:`~PromptCache.stats` (see :mod:`._prompt_cache`).
         self.prompt_cache = PromptCache(settings, counter, seed)
@@ -272,8 +274,8 @@ class FakeServer(LoopbackServer):
             fmt = self._routes.get(request.path)
             if fmt is not None:
                 return await self._serve(request, fmt)
-            if request.path == "/v1/messages/count_tokens":
-                return await count_tokens(request, self.counter, self.api_key, echo=self.echo_key_in_errors)
+            if request.path == "/v1/messages/count_tokens" and self.count_tokens.served:
+                return await self.count_tokens.answer(request, self.counter, self.api_key, echo=self.echo_key_in_errors)
         if request.path.startswith(("/v1/files", "/v1/batches", "/v1/messages/batches")):
             answered = await self.batches.handle(request)
             if answered is not None:
