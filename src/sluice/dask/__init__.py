@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 from typing import Any
 
+from .._errors import ConfigError
 from ..pipelines import CHAT_COLUMNS, EMBEDDING_COLUMNS, RowJob, answer_batch, empty_columns, row_job, shared_worker
 
 __all__ = ["Completions", "Embeddings", "complete", "embed"]
@@ -63,8 +64,20 @@ class Embeddings(Completions):
     _embeddings = True
 
 
+def _lists_kept(frame: Any) -> None:
+    """Dask makes object columns strings (``dataframe.convert-string``): a ``messages`` or
+    ``body`` column would reach sluice as the text of a list. Said at once, with the fix."""
+    columns = [c for c in ("messages", "body") if c in frame.columns and str(frame.dtypes[c]).startswith("string")]
+    if columns:
+        raise ConfigError(
+            f"sluice.dask: the column {columns[0]!r} holds text, not lists or dicts: Dask made it a string column. "
+            'Build the frame under dask.config.set({"dataframe.convert-string": False})'
+        )
+
+
 def complete(frame: Any, **kwargs: Any) -> Any:
     """``frame`` (a Dask DataFrame) with each row's answer columns, lazily."""
+    _lists_kept(frame)
     mapped = Completions(**kwargs)
     return frame.map_partitions(mapped, meta=mapped.meta(frame._meta))
 

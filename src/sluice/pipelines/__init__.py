@@ -13,7 +13,7 @@ Nothing here imports an engine. ``import sluice`` imports none of it.
 
 from ._frames import add_columns, batch_rows, empty_columns
 from ._job import RowJob, row_job
-from ._progress import job_progress, progress_rows, snapshot_state
+from ._progress import job_progress, progress_rows, read_progress, snapshot_state
 from ._rows import CHAT_COLUMNS, EMBEDDING_COLUMNS
 from ._worker import RowWorker, shared_worker
 
@@ -28,6 +28,7 @@ __all__ = [
     "empty_columns",
     "job_progress",
     "progress_rows",
+    "read_progress",
     "row_job",
     "shared_worker",
     "snapshot_state",

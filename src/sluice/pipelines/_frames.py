@@ -15,9 +15,14 @@ __all__ = ["DTYPES", "add_columns", "batch_rows", "empty_columns", "plain"]
 
 
 def plain(value: Any) -> Any:
-    """``value`` with numpy arrays as lists and numpy scalars as Python's, all the way down."""
-    if isinstance(value, float) and value != value:
-        return None  # NaN: a dataframe's missing value
+    """``value`` with numpy arrays as lists and numpy scalars as Python's, all the way down;
+    NaN as None, and a whole float as an int (JSON does not tell 5.0 from 5; ``max_tokens``
+    must be an int)."""
+    if isinstance(value, float):
+        if value != value:
+            return None  # NaN: a dataframe's missing value
+        if value.is_integer() and abs(value) < 2**53:
+            return int(value)  # an int column with a gap became floats (pandas, numpy): 5.0 was 5
     if isinstance(value, (str, bytes, int, float, bool)) or value is None:
         return value
     if isinstance(value, Mapping):

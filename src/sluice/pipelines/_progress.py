@@ -24,7 +24,7 @@ from .._models import Request
 from .._records import result_from_record
 from ._store import job_keys
 
-__all__ = ["job_progress", "progress_rows", "snapshot_state"]
+__all__ = ["job_progress", "progress_rows", "read_progress", "snapshot_state"]
 
 #: A worker not heard from for this long is gone.
 _GONE_AFTER_S = 5.0
@@ -165,6 +165,11 @@ async def _copy_answers(url: str, job: str, namespace: str, path: Path) -> int:
         store.close()
         await connection.close()
     return copied
+
+
+def read_progress(url: str, job: str, namespace: str = "sluice") -> dict[str, Any]:
+    """:func:`job_progress`, from sync code."""
+    return asyncio.run(job_progress(url, job, namespace))
 
 
 def snapshot_state(url: str, job: str, path: Path, namespace: str = "sluice") -> int:

@@ -61,17 +61,18 @@ class RowReader:
         asking = [name for name in _ASKING if row.get(name) is not None]
         if len(asking) != 1:
             have = ", ".join(str(k) for k in row) or "none"
-            said = "more than one of" if asking else "no"
+            said = f"a value in each of {asking}" if asking else "no value in 'messages', 'body' or 'prompt'"
             return InvalidInputError(
-                f"{where}: {said} 'messages', 'body' or 'prompt' (one of them asks the question; columns: {have})",
-                line=index,
+                f"{where}: {said}; exactly one of them asks the question (columns: {have})", line=index
             )
         value = row[asking[0]]
         record: dict[str, Any]
         if asking[0] == "body":
             if not isinstance(value, dict):
                 return InvalidInputError(f"{where}: body must be a JSON object (a dict)", line=index)
-            record = {"custom_id": custom_id, "body": value} if custom_id else dict(value)
+            # Arrow's struct columns give every row every field: a null one is not the row's
+            value = {k: v for k, v in value.items() if v is not None}
+            record = {"custom_id": custom_id, "body": value} if custom_id else value
         elif asking[0] == "messages":
             record = {"messages": value}
         else:

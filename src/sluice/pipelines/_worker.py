@@ -130,7 +130,7 @@ class RowWorker:
                 job.store, job.redis, job.job, namespace=job.namespace, ttl_seconds=job.ttl_seconds
             )
         self._parts.append(self.store)
-        engine = engine_from(config, budget_usd=None, store=self.store, **options)
+        engine = engine_from(config, budget_usd=None, store=self.store, on_result=self._answered, **options)
         await engine.start()
         self.reader = RowReader(job, config.model)
         self._beat = asyncio.get_running_loop().create_task(self._heartbeat(engine))
@@ -140,11 +140,10 @@ class RowWorker:
         asked = [self.reader.request(row, i) for i, row in enumerate(rows)]
         keys = [store_key(r) for r in asked if isinstance(r, Request)]
         await self.store.prefetch(keys)
-        self._started(len(rows))
+        self.in_flight += len(rows)  # down again as each row's result is emitted (_answered)
         try:
             results = await self.engine.run(asked)
         finally:
-            self._ended(len(rows))
             self.store.forget(keys)
         return chat_columns(_in_order(results, rows), self.reader.schema)
 
@@ -155,22 +154,18 @@ class RowWorker:
         model = self.reader.model
         if wanted and model is None:
             raise SluiceError("Embeddings: give model= (the embeddings model)")
-        self._started(len(wanted))
-        try:
-            params = {"dimensions": self.job.dimensions} if self.job.dimensions is not None else None
-            source = [t for _, t in wanted]
-            async for result in self.engine.embed_map(source, model=model or "", params=params, ordered=True):
-                out[wanted[result.index][0]] = result
-        finally:
-            self._ended(len(wanted))
+        self.in_flight += len(wanted)
+        params = {"dimensions": self.job.dimensions} if self.job.dimensions is not None else None
+        source = [t for _, t in wanted]
+        async for result in self.engine.embed_map(source, model=model or "", params=params, ordered=True):
+            out[wanted[result.index][0]] = result
+            self._answered(None)  # a vector is no Result: the engine's on_result does not see it
         return embedding_columns([r if r is not None else SluiceError("not embedded") for r in out])
 
-    def _started(self, n: int) -> None:
-        self.in_flight += n
-
-    def _ended(self, n: int) -> None:
-        self.in_flight -= n
-        self.rows += n
+    def _answered(self, result: Result | None) -> None:
+        """Each row's result as the engine emits it: rows under way go down as they end."""
+        self.in_flight -= 1
+        self.rows += 1
 
     async def _heartbeat(self, engine: Engine) -> None:
         client = self.store.connection.client
