@@ -20,7 +20,6 @@ from typing import Any
 
 from .._errors import ConfigError
 from .._format import usd
-from .._models import Request
 from .._records import result_from_record
 from ._store import job_keys
 
@@ -152,7 +151,7 @@ async def _copy_answers(url: str, job: str, namespace: str, path: Path) -> int:
                 if b"\x00" in body:  # an embedding's: the report counts chat answers
                     continue
                 record = json.loads(body)
-                result = result_from_record(Request(model=record.get("model") or "-", messages=[]), record)
+                result = result_from_record(None, record)
                 cost = float(record.get("cost_usd") or 0.0)
                 intent = await store.begin(field.decode(), cost)
                 await store.put_at(field.decode(), result, float(record.get("at") or time.time()))

@@ -145,7 +145,16 @@ class RowWorker:
             results = await self.engine.run(asked)
         finally:
             self.store.forget(keys)
+        await self._note_refused(rows, results)
         return chat_columns(_in_order(results, rows), self.reader.schema)
+
+    async def _note_refused(self, rows: Sequence[dict[str, Any]], results: list[Result]) -> None:
+        """Rows that could not be asked, counted with the job's failures: stored under their
+        content (a rerun of the same bad row moves no count), as nothing else stores them."""
+        for row, result in zip(rows, results, strict=True):
+            if result.request is None and result.error is not None:
+                content = json.dumps(row, sort_keys=True, default=str)
+                await self.store.put("row\x1f" + content, result)
 
     async def _embed(self, rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
         texts = [self.reader.text(row, i) for i, row in enumerate(rows)]
