@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import redis
+from redis_server import RedisServer
 
 from sluice.testing import FakeServer
 
@@ -24,6 +25,17 @@ KEY = "sk-test-pipelines-41c2"
 KEY_ENV = "SLUICE_TEST_PIPELINE_KEY"
 MODEL = "openai/gpt-test"
 PRICE = (1.0, 2.0)  # USD per million tokens in, out: what the fake bills and sluice reserves at
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One redis-server for a module (each test uses jobs of its own)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.kill()
 
 
 @contextlib.contextmanager

@@ -12,7 +12,6 @@ from typing import Any
 import pipelinetools as checks
 import pytest
 from pipelinetools import KEY, KEY_ENV
-from redis_server import RedisServer
 
 dd = pytest.importorskip("dask.dataframe")
 distributed = pytest.importorskip("distributed")
@@ -23,16 +22,6 @@ import sluice.dask  # noqa: E402
 from sluice import ConfigError  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    try:
-        yield server.url
-    finally:
-        server.kill()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -47,6 +36,9 @@ def local_cluster() -> Iterator[Any]:
         distributed.Client(cluster) as client,
     ):
         yield client
+
+
+redis_url = checks.redis_url  # the fixture: one redis-server for the module
 
 
 def run(rows: list[dict[str, Any]], args: dict[str, Any], *, workers: int, batch_size: int) -> list[dict[str, Any]]:

@@ -11,7 +11,6 @@ from typing import Any
 import pipelinetools as checks
 import pytest
 from pipelinetools import KEY, KEY_ENV
-from redis_server import RedisServer
 
 ray = pytest.importorskip("ray")
 
@@ -23,16 +22,6 @@ pytestmark = [
     # Ray's own deprecations of its own settings, warned as it starts: not sluice's
     pytest.mark.filterwarnings(r"ignore::DeprecationWarning:ray\..*"),
 ]
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    try:
-        yield server.url
-    finally:
-        server.kill()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,6 +39,9 @@ def local_ray() -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+redis_url = checks.redis_url  # the fixture: one redis-server for the module
 
 
 def run(rows: list[dict[str, Any]], args: dict[str, Any], *, workers: int, batch_size: int) -> list[dict[str, Any]]:
