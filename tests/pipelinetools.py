@@ -150,7 +150,8 @@ def check_300_rows_then_a_rerun(run: Run, redis_url: str, job: str) -> None:
         assert [row["text"] for row in rows[:2]] == ["echo: question number 0", "echo: question number 1"]
         assert fake.stats.rate_limited <= 3
         assert fake.stats.accepted == 300
-        assert sent_twice(fake) == 0
+        assert fake.stats.duplicate_successes == 0  # no row answered twice
+        assert sent_twice(fake) <= fake.stats.rate_limited  # only a 429's retry goes again
         ideal = 300 / (100 / 10)  # seconds at the provider's own pace
         assert arrival_span(fake) <= 1.2 * ideal
         assert {row["attempts"] for row in rows} == {1}

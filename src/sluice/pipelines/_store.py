@@ -262,6 +262,12 @@ class RedisAnswers(_Answers):
             found += await self.connection.call(self.connection.client.hmget(self.keys["results"], chunk))
         return found
 
+    async def aclose(self) -> None:
+        if self._sync is not None:
+            self._sync.close()
+            self._sync = None
+        await super().aclose()
+
     def _read_sync(self, digests: list[str]) -> list[bytes | None]:
         """Keys no batch read ahead, and vectors (blocks for a round trip)."""
         import redis

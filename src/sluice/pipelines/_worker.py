@@ -96,11 +96,12 @@ class RowWorker:
             return
         self.closed = True
         if self._loop.is_running():
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # best effort: leases and holds expire on their own
                 asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=60)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
-        if not self._loop.is_running():
+        if not self._loop.is_running() and not self._loop.is_closed():
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -218,6 +219,10 @@ class RowWorker:
         for part in reversed(self._parts):
             with contextlib.suppress(Exception):
                 await (part.aclose() if hasattr(part, "aclose") else part.close())
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:  # what the parts left running (their listeners): ended, not dropped
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _in_order(results: list[Result], rows: Sequence[Any]) -> list[Result]:
