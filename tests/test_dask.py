@@ -21,7 +21,7 @@ import pandas as pd  # noqa: E402
 import sluice.dask  # noqa: E402
 from sluice import ConfigError  # noqa: E402
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("dask")]  # one cluster, in one test worker
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,7 +31,7 @@ def local_cluster() -> Iterator[Any]:
     os.environ[KEY_ENV] = KEY
     with (
         distributed.LocalCluster(
-            n_workers=3, threads_per_worker=2, processes=True, dashboard_address=None, silence_logs=40
+            n_workers=3, threads_per_worker=2, processes=True, dashboard_address=":0", silence_logs=40
         ) as cluster,
         distributed.Client(cluster) as client,
     ):

@@ -19,6 +19,7 @@ from sluice import ConfigError  # noqa: E402
 
 pytestmark = [
     pytest.mark.timeout(600),
+    pytest.mark.xdist_group("ray"),  # one local Ray for the module, in one test worker
     # Ray's own deprecations of its own settings, warned as it starts: not sluice's
     pytest.mark.filterwarnings(r"ignore::DeprecationWarning:ray\..*"),
 ]
