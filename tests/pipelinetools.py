@@ -154,7 +154,7 @@ def check_300_rows_then_a_rerun(run: Run, redis_url: str, job: str) -> None:
         assert sent_twice(fake) <= fake.stats.rate_limited  # only a 429's retry goes again
         ideal = 300 / (100 / 10)  # seconds at the provider's own pace
         assert arrival_span(fake) <= 1.2 * ideal
-        assert {row["attempts"] for row in rows} == {1}
+        assert sum(row["attempts"] - 1 for row in rows) <= fake.stats.rate_limited  # retried: only a 429
         assert not any(row["cached"] for row in rows)
         progress = read_progress(redis_url, job)
         assert progress["answered"] == 300

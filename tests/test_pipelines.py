@@ -142,3 +142,21 @@ def test_sluice_report_shows_a_pipeline_job_from_its_redis(redis_server: RedisSe
         alone = run_cli(fake, "report", "--job", "report-job")
         assert alone.returncode == 2
         assert "--redis and --job go together" in alone.stderr
+
+
+def test_a_schema_gives_each_row_its_parsed_answer(redis_server: RedisServer) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"label": {"type": "string"}, "score": {"type": "integer"}},
+        "required": ["label", "score"],
+        "additionalProperties": False,
+    }
+    with fake_provider() as fake:
+        worker = _worker(job_args(fake, redis_server.url, "schema-job", schema=schema))
+        try:
+            out = answer_batch(worker, pd.DataFrame(prompts(3)))
+        finally:
+            worker.close()
+    assert out["ok"].all()
+    assert all(set(parsed) == {"label", "score"} for parsed in out["parsed"])
+    assert all(isinstance(parsed["score"], int) for parsed in out["parsed"])
