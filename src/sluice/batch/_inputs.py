@@ -50,6 +50,7 @@ __all__ = [
     "detect_format",
     "embeds",
     "read_inputs",
+    "record_item",
     "request_of",
 ]
 
@@ -240,6 +241,11 @@ def _read_jsonl(path: Path, options: InputOptions, only: Container[int] | None) 
                 yield _bad(number, f"{where}: not valid JSON ({exc})")
                 continue
             yield _item(record, number, where, options)
+
+
+def record_item(record: Any, number: int, where: str, options: InputOptions) -> InputItem:
+    """One record not read from a file (a dataframe's row, made a JSON object) as a line is."""
+    return _item(record, number, where, options)
 
 
 def _item(record: Any, number: int, where: str, options: InputOptions, *, row: bool = False) -> InputItem:

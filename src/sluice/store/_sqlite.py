@@ -243,6 +243,13 @@ class SqliteStore:
         row = _result_row(key, result)
         await self._write().run(lambda db: db.execute(_PUT, row))
 
+    async def put_at(self, key: str, result: Result, finished_at: float) -> None:
+        """:meth:`put` of a result that finished elsewhere, at ``finished_at`` (Unix seconds):
+        a copy for the report (``sluice report --redis --job``)."""
+        self._note_key(key)
+        row = (*_result_row(key, result)[:-1], finished_at)
+        await self._write().run(lambda db: db.execute(_PUT, row))
+
     async def put_settled(self, key: str, result: Result, intent: int, charged_usd: float, *, answered: bool) -> None:
         """:meth:`put` and the :meth:`settle` of the attempt that ended with ``result``, as one
         write in one transaction (a result costs one op, not two); returns when durable."""
