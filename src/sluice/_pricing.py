@@ -108,12 +108,12 @@ class Pricing:
         known = self.known(deployment)
         if known is None:
             return None
-        if known.exact is not None:  # every prompt token an hour-long write, where that is dearer
-            written = prompt_tokens if hour else 0
-            usage = Usage(prompt_tokens, max_output_tokens, cache_write_tokens=written, cache_write_1h_tokens=written)
-            return max(
-                known.exact(usage), known.exact(Usage(input_tokens=prompt_tokens, output_tokens=max_output_tokens))
+        if known.exact is not None:  # every prompt token a cache write (an hour-long one), where that is dearer
+            hours = prompt_tokens if hour else 0
+            written = Usage(
+                prompt_tokens, max_output_tokens, cache_write_tokens=prompt_tokens, cache_write_1h_tokens=hours
             )
+            return max(known.exact(written), known.exact(Usage(prompt_tokens, max_output_tokens)))
         assert known.price is not None
         return worst_case_cost(known.price, prompt_tokens, max_output_tokens, hour=hour)
 
