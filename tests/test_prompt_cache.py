@@ -37,9 +37,7 @@ async def run_job(
     """The job through ``Engine.map`` with ``prompt_cache=mode``: its results, the fake
     (its ledger and cache stats), and the job's time on the loop's clock."""
     limits = dict(limits or {})
-    async with FakeServer(
-        api_key="sk-x", prices=PRICES, latency=latency, prompt_cache=fake_cache, **limits
-    ) as server:  # type: ignore[arg-type]
+    async with FakeServer(api_key="sk-x", prices=PRICES, latency=latency, prompt_cache=fake_cache, **limits) as server:  # type: ignore[arg-type]
         d = deployment_at(server, model, **limits)
         async with sluice.Engine(d, prompt_cache=mode, concurrency=concurrency) as engine:
             loop = asyncio.get_running_loop()
@@ -114,7 +112,8 @@ def test_a_job_whose_lines_share_nothing_costs_and_runs_as_with_the_planner_off(
     async def both() -> tuple[tuple[float, float], tuple[float, float], FakeServer]:
         _, off, off_took, _ = await run_job(lines, model, "off", latency=1.0, concurrency=8)
         _, on, on_took, engine = await run_job(lines, model, "auto", latency=1.0, concurrency=8)
-        assert engine.attempts.caching is not None and engine.attempts.caching.total.requests == 0
+        assert engine.attempts.caching is not None
+        assert engine.attempts.caching.total.requests == 0
         return (billed(off), off_took), (billed(on), on_took), on
 
     (off_bill, off_time), (on_bill, on_time), server = run_in_virtual_time(both())

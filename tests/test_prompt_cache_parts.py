@@ -106,7 +106,8 @@ def test_a_requests_own_breakpoints_are_kept_and_counted() -> None:
     ]
     request = Request("anthropic/claude-sonnet-4-5", messages, params={"cache_control": {"type": "ephemeral"}})
     assert marked_positions(request) == [(1, "1h"), (3, "5m")]
-    assert asks_an_hour(request) and not asks_an_hour(qa("q?"))
+    assert asks_an_hour(request)
+    assert not asks_an_hour(qa("q?"))
     assert legal_ttls([(0, "5m")], [(1, "1h")]) == ["1h"]  # never a 5-minute one before an hour
     assert legal_ttls([(2, "1h"), (3, "1h")], [(1, "5m")]) == ["5m", "5m"]
 
