@@ -107,11 +107,23 @@ async def fan_out(
                 if isinstance(prepared, Result):
                     finished.put((index, prepared))
                     continue
-                if priming is not None:
+                if priming is not None and priming.may_share(prepared):
                     priming.offer(prepared)
                     if not await send_ready():
                         break
-                elif not await dispatch(prepared):
+                    continue
+                try:  # as dispatch() does, inline: the common path costs no coroutine
+                    if not runtime.gate.try_acquire():
+                        await runtime.gate.acquire(prepared.priority, prepared.seq)
+                except asyncio.CancelledError:  # closed while it waited: it still gets its result
+                    finished.put((index, attempts.not_started(prepared)))
+                    raise
+                if runtime.stopping:
+                    runtime.gate.release()
+                    finished.put((index, attempts.not_started(prepared)))
+                    break
+                workers.hand(prepared, loop)
+                if runtime.stopping:
                     break
             else:
                 if priming is not None:  # the source is done: what the plan holds goes as it is released

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from ._groups import Group
 from ._plan import Planned, PromptCache
+from ._rules import LOWEST_MINIMUM
 
 if TYPE_CHECKING:
     import asyncio
@@ -69,6 +70,11 @@ class Priming:
     def waiting(self) -> bool:
         """Jobs are undecided, held or ready: the fan-out must not end yet."""
         return bool(self._window or self._held or self.ready)
+
+    def may_share(self, job: Job) -> bool:
+        """Whether ``job``'s prompt is long enough for any cache (one test on the common
+        path; the rest goes straight to its worker)."""
+        return job.tokens - job.output >= LOWEST_MINIMUM
 
     def offer(self, job: Job) -> None:
         """A job just read: to :attr:`ready` at once when it can share nothing."""
