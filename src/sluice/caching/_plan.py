@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .._models import Deployment, Request, Result
     from .._pricing import Pricing
 
-__all__ = ["Planned", "PromptCache"]
+__all__ = ["CacheRates", "Planned", "PromptCache", "cache_rates", "shared_chain"]
 
 #: A boundary counts only this far past its model's minimum (sluice's estimate of tokens
 #: is not the provider's count).
@@ -80,7 +80,7 @@ class Planned:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Rates:
+class CacheRates:
     """A model's cache prices as multiples of its input price."""
 
     read: float
@@ -91,6 +91,41 @@ class _Rates:
         """Whether writing a prefix once and reading it ``lines - 1`` times costs less than
         sending it ``lines`` times."""
         return (self.hour if hour else self.write) + (lines - 1) * self.read < lines
+
+
+def cache_rates(pricing: Pricing, deployment: Deployment, rules: CacheRules) -> CacheRates:
+    """The model's read and write prices as multiples of its input price: genai-prices'
+    (or the deployment's own), else the providers' documented ones."""
+    read, write = (0.1, 1.25) if rules.kind == "anthropic" else (0.5, 1.0)
+    known = pricing.known(deployment)
+    price = known.price if known is not None else None
+    if price is not None and price.input_per_mtok > 0:
+        if price.cached_input_per_mtok is not None:
+            read = price.cached_input_per_mtok / price.input_per_mtok
+        if price.cache_write_per_mtok is not None:
+            write = price.cache_write_per_mtok / price.input_per_mtok
+    return CacheRates(read, write, 2.0 if rules.kind == "anthropic" else write)
+
+
+def shared_chain(
+    boundaries: list[Boundary], index: PrefixIndex, rules: CacheRules, rates: CacheRates, room: int
+) -> list[tuple[Boundary, int]]:
+    """The boundaries of a prompt that other lines share (with how many lines), past the
+    model's minimum and where caching pays, the deepest of each level of sharing, outer
+    first; at most ``room`` of them, the deepest (Anthropic: the breakpoints left; OpenAI:
+    one, a key per group, since an outer group's entry is on another machine)."""
+    least = rules.minimum * _MARGIN
+    shared: list[tuple[Boundary, int]] = []
+    for boundary in boundaries:
+        if boundary.tokens < least:
+            continue
+        lines = index.count(boundary.digest)
+        if lines < 2 or not rates.pays(lines):
+            continue
+        if shared and lines >= shared[-1][1]:
+            shared.pop()  # as widely shared as this one, and shorter: this one covers it
+        shared.append((boundary, lines))
+    return shared[-room:] if room > 0 else []
 
 
 class PromptCache:
@@ -106,9 +141,12 @@ class PromptCache:
         self.max_hold = max_hold
         #: Of a predicted read, the share answers bore out (learnt; 1.0 to begin with).
         self.borne_out = 1.0
+        #: Each job's boundaries are counted as it comes (off once a whole input was
+        #: counted beforehand: :meth:`adopt`).
+        self.counting = True
         self.total = CacheTally()
         self.by_deployment: dict[str, CacheTally] = {}
-        self._rates: dict[int, tuple[Deployment, _Rates]] = {}
+        self._rates: dict[int, tuple[Deployment, CacheRates]] = {}
 
     # -- what a job shares ----------------------------------------------------------------
 
@@ -122,8 +160,15 @@ class PromptCache:
         if rules is None:
             return None
         found = fingerprint(job.request)
-        self.index.add(found)
+        if self.counting:
+            self.index.add(found)
         return found
+
+    def adopt(self, index: PrefixIndex) -> None:
+        """Plan on ``index``: every line of the job counted beforehand (``sluice run``'s
+        first pass over its input), so a line knows the lines far ahead that share it."""
+        self.index = index
+        self.counting = False
 
     def chain(self, job: Job, boundaries: list[Boundary]) -> list[tuple[Boundary, Group]]:
         """The groups ``job`` shares, outer first (see the module docstring)."""
@@ -132,25 +177,8 @@ class PromptCache:
         assert rules is not None
         rates = self.rates(deployment, rules)
         hour = deployment.tier == "batch"
-        least = rules.minimum * _MARGIN
-        index = self.index
-        shared: list[tuple[Boundary, int]] = []
-        for boundary in boundaries:
-            if boundary.tokens < least:
-                continue
-            lines = index.count(boundary.digest)
-            if lines < 2 or not rates.pays(lines):
-                continue
-            if shared and lines >= shared[-1][1] and shared[-1][0].digest != boundary.digest:
-                shared.pop()  # as widely shared as this one, and shorter: this one covers it
-            shared.append((boundary, lines))
-        if not shared:
-            return []
-        if rules.breakpoints:
-            room = MAX_BREAKPOINTS - len(marked_positions(job.request))
-            shared = shared[-room:] if room > 0 else []
-        else:
-            shared = shared[-1:]  # OpenAI: a key per group; an outer group's entry is on another machine
+        room = MAX_BREAKPOINTS - len(marked_positions(job.request)) if rules.breakpoints else 1
+        shared = shared_chain(boundaries, self.index, rules, rates, room)
         chain = []
         for boundary, lines in shared:
             group = self.groups.get(boundary.digest, boundary.tokens)
@@ -168,7 +196,7 @@ class PromptCache:
         for number, (_, group) in enumerate(chain):
             if group.live(now):
                 deepest = number
-        if deepest + 1 < len(chain):
+        if deepest + 1 < len(chain) and job.route.deployment.tier != "batch":  # a batch is not waited on
             group = chain[deepest + 1][1]
             if group.priming:
                 group.held.append(job)
@@ -190,21 +218,12 @@ class PromptCache:
         ttls = legal_ttls(wanted, marked_positions(job.request))
         return tuple((boundary.cut, ttl) for (boundary, _), ttl in zip(chain, ttls, strict=True))
 
-    def rates(self, deployment: Deployment, rules: CacheRules) -> _Rates:
-        """The model's read and write prices as multiples of its input price (the
-        providers' documented ones where genai-prices has none)."""
+    def rates(self, deployment: Deployment, rules: CacheRules) -> CacheRates:
+        """The model's cache prices (see :func:`cache_rates`), looked up once per deployment."""
         entry = self._rates.get(id(deployment))
         if entry is not None and entry[0] is deployment:
             return entry[1]
-        read, write = (0.1, 1.25) if rules.kind == "anthropic" else (0.5, 1.0)
-        known = self.pricing.known(deployment)
-        price = known.price if known is not None else None
-        if price is not None and price.input_per_mtok > 0:
-            if price.cached_input_per_mtok is not None:
-                read = price.cached_input_per_mtok / price.input_per_mtok
-            if price.cache_write_per_mtok is not None:
-                write = price.cache_write_per_mtok / price.input_per_mtok
-        rates = _Rates(read, write, 2.0 if rules.kind == "anthropic" else write)
+        rates = cache_rates(self.pricing, deployment, rules)
         self._rates[id(deployment)] = (deployment, rates)
         return rates
 

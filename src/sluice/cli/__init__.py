@@ -24,7 +24,7 @@ from .._models import Price
 from ..batch._inputs import InputOptions, Template
 from ..structured import MAX_REASKS
 from ._config import JobConfig, describe, describe_defaults, load_config, with_overrides
-from ._flags import duration, fail, schema_flag, with_tier
+from ._flags import distributed_flags, duration, fail, prompt_cache_option, schema_flag, with_tier
 from ._otel import otel_option, with_otel
 from ._worker import checked_redis_url
 
@@ -365,6 +365,7 @@ def main() -> None:
     show_default=True,
     help="With a schema: times an invalid answer is asked again (each re-ask is billed, within --budget).",
 )
+@prompt_cache_option
 @click.option("--claim-after", type=click.FloatRange(min=0.5), default=12.0, hidden=True)
 @click.option("--max-deliveries", type=click.IntRange(min=1), default=5, hidden=True)
 @otel_option
@@ -389,7 +390,7 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
 
     _say_library_warnings()
     config = with_otel(with_tier(_job_config(flags), flags), flags.pop("otel"))
-    config = dataclasses.replace(config, max_reasks=flags.pop("max_reasks"))
+    config = dataclasses.replace(config, max_reasks=flags.pop("max_reasks"), prompt_cache=flags.pop("prompt_cache"))
     inputs = _input_opts(config, flags.pop("model"), **{k: flags[k] for k in _INPUT_FLAGS if k in flags})
     schema = schema_flag(flags.pop("schema_spec"), inputs, config)
     spec = JobSpec(
@@ -406,33 +407,9 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
         overwrite=flags["overwrite"],
         adopt_output=flags["adopt_output"],
         grace=flags["grace"],
-        distributed=_distributed(flags),
+        distributed=distributed_flags(flags),
     )
     sys.exit(run_job_command(spec, log_every=flags["log_every"]))
-
-
-def _distributed(flags: dict[str, Any]) -> Any:
-    """``--redis`` and its options, or None for a job run in this process."""
-    from ..batch._job import Distributed
-
-    url = flags["redis_url"]
-    if url is None:
-        for flag in ("redis_fail_open", "no_local_worker"):
-            if flags[flag]:
-                fail(f"--{flag.replace('_', '-')} needs --redis URL")
-        return None
-    if flags["ordered"]:
-        fail("--ordered is not available with --redis: records are written as the workers answer")
-    from ._worker import require_redis
-
-    require_redis()
-    return Distributed(
-        url,
-        fail_open=flags["redis_fail_open"],
-        local_worker=not flags["no_local_worker"],
-        claim_after=flags["claim_after"],
-        max_deliveries=flags["max_deliveries"],
-    )
 
 
 @main.command()
