@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import sys
 import traceback
@@ -458,15 +459,21 @@ def worker(redis_url: str, **flags: Any) -> None:
 @_config_options
 @_input_options
 @click.option("--expected-output", type=click.IntRange(min=0), help="Output tokens you expect per request.")
+@prompt_cache_option
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON (cost_usd as planned).")
 @_friendly
 def estimate(input_path: Path, **flags: Any) -> None:
-    """Count INPUT's requests and tokens and the shortest time the limits allow; sends nothing."""
+    """Count INPUT's requests and tokens, the prompt-cache plan, the cost and the shortest
+    time the limits allow; sends nothing."""
     from ..batch._estimate import estimate_job
 
-    config = _job_config(flags)
-    expected_output = flags.pop("expected_output")  # the rest are _INPUT_FLAGS
+    config = dataclasses.replace(_job_config(flags), prompt_cache=flags.pop("prompt_cache"))
+    expected_output, as_json = flags.pop("expected_output"), flags.pop("as_json")  # the rest are _INPUT_FLAGS
     inputs = _input_opts(config, flags.pop("model"), **flags)
     result = estimate_job(input_path, config, inputs, expected_output=expected_output)
+    if as_json:
+        click.echo(json.dumps(result.as_json(), indent=2))
+        return
     _print_table(f"sluice estimate {input_path}", result.rows())
     for line in result.examples_of_bad:
         click.echo(f"  {line}", err=True)
