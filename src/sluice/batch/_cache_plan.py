@@ -73,7 +73,7 @@ class FilePlan:
             starts[group + 1] += 1
         for group in range(count):
             starts[group + 1] += starts[group]
-        members = array("q", bytes(8 * len(groups)))
+        members = array("I", bytes(4 * len(groups)))
         filled = array("q", starts)
         for position, group in enumerate(groups):
             members[filled[group]] = position
@@ -106,7 +106,7 @@ def plan_file(path: Path, options: InputOptions, done: DoneLines, *, reorder: bo
             index.add(fingerprint(item.request))
     if not reorder:
         return FilePlan(index)
-    numbers, offsets, groups = array("q"), array("q"), array("q")
+    numbers, offsets, groups = array("q"), array("q"), array("I")
     group_ids: dict[int, int] = {}
     family_ids: dict[int, int] = {}
     family_of: list[int] = [0]
