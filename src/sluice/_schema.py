@@ -4,8 +4,11 @@ A :class:`Schema` is what ``Request(schema=...)``, ``engine.complete(..., schema
 ``sluice run --schema`` and a line's ``response_format`` all become. It knows how to
 ask for itself (:meth:`Schema.response_format`, OpenAI's shape: the Anthropic provider
 translates it into a forced tool), how to check an answer against itself (see
-:mod:`._check`), and what it adds to a request's store key (:attr:`Schema.digest`), so
-the store and the cache tell two schemas apart.
+:mod:`sluice.structured._check`), and what it adds to a request's store key
+(:attr:`Schema.digest`), so the store and the cache tell two schemas apart.
+
+A value, beside the other values (``Request.schema`` holds one): :mod:`sluice.structured`
+asks with it, checks and re-asks above it, and the values never import that feature.
 
 Validation is the job of well-kept validators: ``jsonschema`` for a JSON Schema,
 Pydantic for a model. Both are imported on first use, not with ``import sluice``.
@@ -20,10 +23,14 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from .. import _json
-from .._errors import InvalidRequestError
+from . import _json
+from ._errors import InvalidRequestError
 
-__all__ = ["MAX_REASKS", "Schema", "schema_from_response_format"]
+__all__ = ["ASK_MODES", "MAX_REASKS", "Schema", "schema_from_response_format"]
+
+#: How a deployment may be asked for a schema's answer (``options = {structured = "..."}``,
+#: checked with the deployment; what each means: :mod:`sluice.structured._ask`).
+ASK_MODES = ("json_schema", "json_object", "prompt")
 
 #: Re-asks of an invalid answer by default: a model whose answers are invalid one time in
 #: five then leaves a line invalid with p = 0.2**6 (6e-5; every line of a 500-line job valid
