@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import _json
-from ..shapes._messages_errors import anthropic_error_body, error_type_for
+from ..shapes.messages._errors import anthropic_error_body, error_type_for
 
 __all__ = ["anthropic_error", "anthropic_model", "anthropic_shaped", "from_anthropic_client"]
 

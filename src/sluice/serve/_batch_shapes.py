@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._models import Usage
-from ..shapes._responses_api import response_from_chat
+from ..shapes.responses._api import response_from_chat
 from ._batch_ctx import derived_id
 from ._errors import UPSTREAM_AUTH, upstream_auth_failed
 

@@ -4,7 +4,7 @@ batch's internal input file.
 Anthropic refuses the whole batch, with a 400 naming the field, when it is not a list of
 1 to 100,000 requests, each ``{"custom_id", "params"}`` with a ``custom_id`` of 1 to 64
 characters of ``[a-zA-Z0-9_-]`` used once, and ``params`` a Messages body (checked by
-:func:`~sluice.shapes._messages_in.chat_from_messages`, as ``POST /v1/messages`` checks
+:func:`~sluice.shapes.messages._in.chat_from_messages`, as ``POST /v1/messages`` checks
 one; ``stream`` is not taken in a batch). Messages are Anthropic's (pydantic's) way of
 saying it: ``requests.3.params.max_tokens: Field required``.
 
@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import _json
 from ..shapes._common import ShapeError
-from ..shapes._messages_in import chat_from_messages
+from ..shapes.messages._in import chat_from_messages
 from ._batch_ctx import MESSAGES
 from ._json_items import ItemTooLarge, JsonScan, NotJson
 

@@ -20,8 +20,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._records import error_from_record
-from ..shapes._messages_errors import ERROR_TYPES, anthropic_error_body, error_type_for
-from ..shapes._messages_out import message_from_chat
+from ..shapes.messages._errors import ERROR_TYPES, anthropic_error_body, error_type_for
+from ..shapes.messages._out import message_from_chat
 from ._batch_shapes import chat_body, usage_of
 from ._context import error_for
 from ._errors import UPSTREAM_AUTH, upstream_auth_failed

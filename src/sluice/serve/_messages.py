@@ -26,10 +26,10 @@ from .._streaming import Delta
 from .._tokens import estimate_message_tokens
 from ..providers._anthropic import AnthropicProvider
 from ..shapes._common import ShapeError
-from ..shapes._messages_errors import error_type_for
-from ..shapes._messages_events import MessagesEvents
-from ..shapes._messages_in import chat_from_messages, check_count_tokens
-from ..shapes._messages_out import message_from_chat
+from ..shapes.messages._errors import error_type_for
+from ..shapes.messages._events import MessagesEvents
+from ..shapes.messages._in import chat_from_messages, check_count_tokens
+from ..shapes.messages._out import message_from_chat
 from ._chat import cached, completion_of, parse_chat, unstreamed
 from ._context import CONTEXT, JSON_BODY, BadBody, client_of
 from ._relay import complete, open_stream, relay

@@ -30,7 +30,7 @@ from .. import _json
 from .._models import Native, Request, Result
 from .._streaming import Delta
 from ..shapes._common import ShapeError
-from ..shapes._responses_api import ResponsesEvents, chat_from_responses, conversation_items, response_from_chat
+from ..shapes.responses._api import ResponsesEvents, chat_from_responses, conversation_items, response_from_chat
 from ._chat import cached, completion_of, parse_chat, unstreamed
 from ._context import CONTEXT, JSON_BODY, BadBody, client_of
 from ._errors import openai_error

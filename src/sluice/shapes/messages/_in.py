@@ -9,8 +9,8 @@ Translated: ``system`` -> a first system message (text blocks joined by blank li
 ``role: "system"`` message in the conversation stays where it is);
 text, base64 and URL images, base64 PDFs (chat ``file`` parts), plain-text and content
 documents (text parts); ``tool_use`` -> ``tool_calls``; ``tool_result`` -> ``role: "tool"``
-messages (see :mod:`._messages_content`); ``tools`` -> function tools, ``tool_choice``
-(see :mod:`._messages_tools`); ``stop_sequences`` -> ``stop``; ``metadata.user_id`` ->
+messages (see :mod:`._content`); ``tools`` -> function tools, ``tool_choice``
+(see :mod:`._tools`); ``stop_sequences`` -> ``stop``; ``metadata.user_id`` ->
 ``user`` (one longer than the 64 characters OpenAI takes as its SHA-256, still a stable
 opaque id); ``temperature``, ``top_p`` and ``max_tokens`` as they are; ``stream``;
 ``output_config.format`` (structured output) -> ``response_format`` json_schema.
@@ -57,10 +57,10 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from ._common import ChatView, ShapeError
-from ._fields import compact_json, integer, number, obj, refuse, seq, shown, text
-from ._messages_content import chat_messages, text_part
-from ._messages_tools import ChatTools, chat_tool_choice, chat_tools, forces_a_tool
+from .._common import ChatView, ShapeError
+from .._fields import compact_json, integer, number, obj, refuse, seq, shown, text
+from ._content import chat_messages, text_part
+from ._tools import ChatTools, chat_tool_choice, chat_tools, forces_a_tool
 
 __all__ = ["MAX_STOP_SEQUENCES", "chat_from_messages", "check_count_tokens"]
 

@@ -9,13 +9,13 @@ deployment that speaks Responses) or refused:
 
 - Translated: ``model``; ``instructions`` -> a leading ``system`` message (not carried
   over from earlier responses, as OpenAI does not); the stored ``history`` then
-  ``input`` -> ``messages`` (see :mod:`._responses_items`); ``max_output_tokens`` ->
+  ``input`` -> ``messages`` (see :mod:`._items`); ``max_output_tokens`` ->
   ``max_tokens``; ``temperature``, ``top_p``, ``service_tier``, ``prompt_cache_key``,
   ``parallel_tool_calls`` as they are; ``user`` (else ``safety_identifier``) -> ``user``;
   ``reasoning.effort`` -> ``reasoning_effort``; ``stream`` -> ``stream`` with
   ``stream_options.include_usage``; ``include: ["message.output_text.logprobs"]`` ->
   ``logprobs`` (and ``top_logprobs`` with it); tools, ``tool_choice`` and ``text`` (see
-  :mod:`._responses_tools`).
+  :mod:`._tools`).
 - Dropped: ``store``, ``metadata`` and ``previous_response_id`` (sluice keeps and echoes
   them; the caller resolves the previous response into ``history``), ``client_metadata``
   (what a client says of itself, as OpenAI's Codex CLI sends on every request), ``truncation``
@@ -39,7 +39,7 @@ deployment that speaks Responses) or refused:
   input at all; ``stream_options`` without ``stream``; ``previous_response_id`` with
   ``conversation``; ``tool_choice`` naming no given tool, or ``required`` with no tools;
   ``json_object`` when no message says "json"; and the item errors of
-  :mod:`._responses_items` (an output with no call, a call with no output...).
+  :mod:`._items` (an output with no call, a call with no output...).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._common import ChatView, ShapeError
-from ._responses_fields import (
+from .._common import ChatView, ShapeError
+from ._fields import (
     at,
     check_json,
     invalid_value,
@@ -62,8 +62,8 @@ from ._responses_fields import (
     read_str,
     wrong_type,
 )
-from ._responses_items import Conversation
-from ._responses_tools import chat_text_format, chat_tool_choice, chat_tools
+from ._items import Conversation
+from ._tools import chat_text_format, chat_tool_choice, chat_tools
 
 __all__ = ["INCLUDABLE", "KNOWN_FIELDS", "chat_from_responses"]
 

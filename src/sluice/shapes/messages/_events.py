@@ -17,10 +17,10 @@ from typing import Any
 
 import orjson
 
-from .._models import Usage
-from ..providers._events import TextDelta, ToolCallDelta
-from ._messages_out import message_id as new_message_id
-from ._messages_out import stop_reason_for, tool_use_id, usage_from
+from ..._models import Usage
+from ...providers._events import TextDelta, ToolCallDelta
+from ._out import message_id as new_message_id
+from ._out import stop_reason_for, tool_use_id, usage_from
 
 __all__ = ["MessagesEvents", "sse_event"]
 

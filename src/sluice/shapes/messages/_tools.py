@@ -1,5 +1,5 @@
 """Anthropic ``tools`` and ``tool_choice`` -> Chat Completions ``tools``, ``tool_choice``
-and ``parallel_tool_calls`` (the decisions: :mod:`._messages_in`)."""
+and ``parallel_tool_calls`` (the decisions: :mod:`._in`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._fields import compact_json, obj, refuse, seq, shown, text
+from .._fields import compact_json, obj, refuse, seq, shown, text
 
 __all__ = ["OPENAI_NAME_LIMIT", "ChatTools", "chat_tool_choice", "chat_tools", "forces_a_tool"]
 

@@ -7,8 +7,8 @@ Read a create body with :func:`chat_from_responses`, answer it with
 
 from __future__ import annotations
 
-from ._responses_answer import conversation_items, new_id, response_from_chat
-from ._responses_request import chat_from_responses
-from ._responses_stream import ResponsesEvents
+from ._answer import conversation_items, new_id, response_from_chat
+from ._request import chat_from_responses
+from ._stream import ResponsesEvents
 
 __all__ = ["ResponsesEvents", "chat_from_responses", "conversation_items", "new_id", "response_from_chat"]

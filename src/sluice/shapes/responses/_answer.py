@@ -21,8 +21,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._models import Usage
-from ._responses_tools import namespaced
+from ..._models import Usage
+from ._tools import namespaced
 
 __all__ = [
     "ERROR_CODES",

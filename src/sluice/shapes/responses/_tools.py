@@ -35,8 +35,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ._common import ShapeError
-from ._responses_fields import (
+from .._common import ShapeError
+from ._fields import (
     at,
     invalid_value,
     missing,

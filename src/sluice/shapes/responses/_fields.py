@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from ._common import ShapeError
+from .._common import ShapeError
 
 __all__ = [
     "at",

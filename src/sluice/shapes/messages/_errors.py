@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..providers._anthropic_stream import ERROR_STATUS
+from ...providers._anthropic_stream import ERROR_STATUS
 
 __all__ = ["ERROR_TYPES", "anthropic_error_body", "error_type_for", "lost_message", "status_for"]
 

@@ -18,7 +18,7 @@ exact blocks, ``stop_sequence`` and cache counts. Otherwise it is built:
 * ``usage``: Anthropic's ``input_tokens`` leave out the cached ones, OpenAI's include them.
 
 Tool-use ids are made valid for Anthropic (``^[a-zA-Z0-9_-]+$``): a client sends them
-back in its next request, which must pass Anthropic's own check (:mod:`._messages_in`)
+back in its next request, which must pass Anthropic's own check (:mod:`._in`)
 and may even go to a Claude deployment.
 """
 
@@ -30,8 +30,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from .._models import Usage
-from ..providers._anthropic_names import JSON_TOOL_NAME
+from ..._models import Usage
+from ...providers._anthropic_names import JSON_TOOL_NAME
 
 __all__ = [
     "UNPARSED_ARGUMENTS",

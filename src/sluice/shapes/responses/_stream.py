@@ -33,10 +33,10 @@ from typing import Any
 
 import orjson
 
-from .._models import Usage
-from ..providers._events import TextDelta, ToolCallDelta
-from ._responses_answer import ERROR_CODES, incomplete_reason, named_back, new_id, response_object
-from ._responses_tools import namespaced
+from ..._models import Usage
+from ...providers._events import TextDelta, ToolCallDelta
+from ._answer import ERROR_CODES, incomplete_reason, named_back, new_id, response_object
+from ._tools import namespaced
 
 __all__ = ["ResponsesEvents"]
 

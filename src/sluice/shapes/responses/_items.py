@@ -14,7 +14,7 @@
 - ``function_call`` items join the assistant message before them (a Chat Completions
   answer is one message, its text and its calls), ``call_id`` becoming the call's ``id``
   (a call with a ``namespace`` is named as the namespace's functions are sent:
-  :func:`~._responses_tools.flat_name`);
+  :func:`~._tools.flat_name`);
   ``function_call_output`` is a ``tool`` message, placed right after the message holding
   its call (Chat Completions wants the outputs there; Responses lets other items come
   between). An output with no call before it, a call with no output, and a ``call_id``
@@ -37,9 +37,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._common import ShapeError
-from ._responses_fields import at, invalid_value, missing, read_array, read_enum, read_str, wrong_type
-from ._responses_tools import flat_name
+from .._common import ShapeError
+from ._fields import at, invalid_value, missing, read_array, read_enum, read_str, wrong_type
+from ._tools import flat_name
 
 __all__ = ["BUILTIN_ITEMS", "Conversation"]
 

@@ -1,4 +1,4 @@
-"""Anthropic ``messages`` -> Chat Completions messages (the decisions: :mod:`._messages_in`).
+"""Anthropic ``messages`` -> Chat Completions messages (the decisions: :mod:`._in`).
 
 Consecutive messages of one role are one turn, as Anthropic combines them, and each turn
 becomes one chat message: the assistant's text and ``tool_calls`` together (Chat
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._fields import compact_json, obj, refuse, seq, shown, text
+from .._fields import compact_json, obj, refuse, seq, shown, text
 
 __all__ = ["MAX_MESSAGES", "chat_messages", "text_part", "text_parts"]
 
