@@ -60,13 +60,15 @@ from ._context import CONTEXT, JSON_BODY, BadBody, Refused, ServeContext, client
 from ._dashboard import DashboardAuth, is_dashboard, setup_dashboard
 from ._embeddings import embeddings
 from ._errors import openai_error
+from ._forward import forward_middleware
 from ._key_rules import bearer, operator_key, same_key
 from ._keys import BATCH_ENGINE, CLIENT, ENGINE, STATE_DIR, ClientLike
 from ._live import RECENT, Live, Recent
+from ._message_batches import add_message_batch_routes
 from ._messages import count_tokens, messages
 from ._metrics import CONTENT_TYPE, Metrics
 from ._queue import Admission, serve_limiter
-from ._replicas import REPLICAS, Replicas, forward_middleware
+from ._replicas import REPLICAS, Replicas
 from ._responses import add_responses_routes
 from ._responses_db import ResponsesDB
 from ._settings import ClientSpec, ServeSettings
@@ -234,6 +236,7 @@ def build_app(
         resolve_model=functools.partial(_batch_model, ctx),
         validate_json=settings.validate_json,
     )
+    add_message_batch_routes(app)  # Anthropic's Message Batches, on the Batch API's state and runs
     app.on_cleanup.append(close)  # after them: batches stop feeding and record what is in flight first
     if redis_url is not None:
         replicas = Replicas(redis_url, state_dir, advertise_url)

@@ -33,6 +33,7 @@ __all__ = [
     "Caller",
     "Limits",
     "ModelCheck",
+    "batch_objects",
     "caller",
     "derived_id",
     "new_batch",
@@ -202,6 +203,12 @@ def derived_id(prefix: str, *parts: str, nbytes: int = 12) -> str:
     is redone after a crash replaces its files instead of leaving orphans)."""
     digest = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
     return prefix + digest[: nbytes * 2]
+
+
+def batch_objects(batch_id: str) -> list[str]:
+    """A batch and its output and error files (their ids are derived from the batch's): what
+    a replica records it holds when it makes the batch."""
+    return [batch_id, *(derived_id("file-", batch_id, kind) for kind in ("output", "errors"))]
 
 
 def query_int(request: web.Request, name: str, default: int, lo: int, hi: int) -> int | str:

@@ -1,5 +1,6 @@
 """``/v1/batches`` (create, retrieve, list, cancel) and ``/v1/files``, run by sluice
-(and Anthropic's ``/v1/messages/batches``, on the same machinery: ``_message_batches``).
+(Anthropic's ``/v1/messages/batches`` runs on the same machinery, from its own package:
+``serve/message_batches``, whose routes the app adds beside these).
 
 Code written for OpenAI's Batch API runs unchanged against ``sluice serve``: upload a JSONL
 file of requests (``purpose="batch"``), create a batch over it, poll it, download its
@@ -29,6 +30,7 @@ from ._batch_ctx import (
     BatchContext,
     Limits,
     ModelCheck,
+    batch_objects,
     caller,
     new_batch,
     new_id,
@@ -43,7 +45,6 @@ from ._errors import openai_error
 from ._file_expiry import start_expiry, stop_expiry
 from ._files import add_file_routes
 from ._keys import ClientLike
-from ._message_batches import add_message_batch_routes
 from ._replicas import LIST_CAP, REPLICAS, is_forwarded, merged_page
 
 __all__ = ["Limits", "recent_batches", "setup_batch_api"]
@@ -82,7 +83,6 @@ def setup_batch_api(
     app.router.add_get("/v1/batches", list_batches)
     app.router.add_get("/v1/batches/{batch_id}", retrieve_batch)
     app.router.add_post("/v1/batches/{batch_id}/cancel", cancel_batch)
-    add_message_batch_routes(app)
     app.on_startup.append(resume_batches)
     app.on_startup.append(start_expiry)
     app.on_cleanup.append(stop_expiry)
@@ -131,7 +131,7 @@ async def create_batch(request: web.Request) -> web.Response:
     ctx.db.save_batch(client.name, batch)
     replicas = request.app.get(REPLICAS)
     if replicas is not None:  # before the client hears of it: any replica can then find it
-        await replicas.own_batch(batch["id"], client.name)
+        await replicas.own(batch_objects(batch["id"]), client.name)
     start_run(request.app, client, batch)
     return web.json_response(public(batch))
 

@@ -33,7 +33,7 @@ from aiohttp import web
 
 from .._errors import StoreError
 from ._anthropic import anthropic_error
-from ._batch_ctx import BATCH_CTX, MESSAGES, caller, derived_id, new_batch, new_id
+from ._batch_ctx import BATCH_CTX, MESSAGES, batch_objects, caller, derived_id, new_batch, new_id
 from ._batch_db import FileRow
 from ._batch_output import write_failed_results
 from ._batch_runs import cancel_run, live_copy, start_run
@@ -122,7 +122,7 @@ async def create_message_batch(request: web.Request) -> web.Response:
                 leftover.unlink()
     replicas = request.app.get(REPLICAS)
     if replicas is not None:  # before the client hears of it: any replica can then find it
-        await replicas.own_batch(batch_id, client.name)
+        await replicas.own(batch_objects(batch_id), client.name)
     start_run(request.app, client, batch)
     return web.json_response(message_batch(batch))
 

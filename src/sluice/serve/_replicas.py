@@ -16,6 +16,8 @@ this replica's objects with those of every live replica.
 The replica's id is kept in its state dir, so a replica restarted on another address
 still answers for what it holds. Forwarding is written here (a few lines of aiohttp's
 client): no library proxies one aiohttp request to another while keeping OpenAI's errors.
+Which requests are forwarded is the app's middleware (``serve/_forward.py``): it knows
+every API's objects, this module none of them.
 """
 
 from __future__ import annotations
@@ -24,9 +26,8 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import secrets
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,16 +35,12 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 
-from .. import _json
-from ._batch_ctx import BATCH_CTX, caller, derived_id
-from ._body import BodyTimeout, read_body, read_json, timed_out
 from ._errors import openai_error
-from ._responses_db import RESPONSES_DB
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
-__all__ = ["FORWARDED", "REPLICAS", "Owner", "Replicas", "forward_middleware", "is_forwarded", "merged_page"]
+__all__ = ["FORWARDED", "LIST_CAP", "REPLICAS", "Owner", "Replicas", "is_forwarded", "merged_page"]
 
 _log = logging.getLogger("sluice.serve.replicas")
 
@@ -59,12 +56,6 @@ _CHUNK = 1 << 16
 #: An Anthropic client gives its key as ``x-api-key``, and its version (errors go in its shape).
 _PASSED_HEADERS = ("authorization", "x-api-key", "anthropic-version", "content-type", "accept")
 _RETURNED_HEADERS = ("content-type", "retry-after", "content-disposition", "x-request-id")
-_OBJECT_PATH = re.compile(r"^/v1/(files|batches|messages/batches|responses)/([^/]+)(/.*)?$")
-#: A create that names an object another replica may hold: its path -> the body's field.
-_NAMED_IN_BODY = {"/v1/batches": ("input_file_id", "files"), "/v1/responses": ("previous_response_id", "responses")}
-_WHAT = {"files": "file", "batches": "batch", "messages/batches": "batch", "responses": "response"}
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +142,6 @@ class Replicas:
             await self._redis.mset({self._key("owner", oid): record for oid in object_ids})
         except Exception as exc:
             _log.error("sluice serve: cannot record in Redis that this replica holds %s: %s", list(object_ids), exc)
-
-    async def own_batch(self, batch_id: str, client: str) -> None:
-        """A batch and its output and error files (their ids are derived from the batch's)."""
-        files = [derived_id("file-", batch_id, kind) for kind in ("output", "errors")]
-        await self.own([batch_id, *files], client)
 
     async def disown(self, object_id: str) -> None:
         try:
@@ -294,59 +280,3 @@ def merged_page(
                 ordered = ordered[index + 1 :]
                 break
     return ordered[:limit], len(ordered) > limit
-
-
-# -- the middleware ------------------------------------------------------------------------------
-
-
-async def _held_here(request: web.Request, kind: str, client: str, object_id: str) -> bool:
-    if kind == "responses":
-        stored = request.app[RESPONSES_DB]
-        return await asyncio.to_thread(stored.response, client, object_id) is not None
-    db = request.app[BATCH_CTX].db
-    return (db.file(client, object_id) if kind == "files" else db.batch(client, object_id)) is not None
-
-
-@web.middleware
-async def forward_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Send a request for an object held by another replica to that replica."""
-    replicas = request.app.get(REPLICAS)
-    if replicas is None or is_forwarded(request):
-        return await handler(request)
-    match = _OBJECT_PATH.match(request.path)
-    body: bytes | None = None
-    if match is not None:
-        kind, object_id = match.group(1), match.group(2)
-    elif request.path in _NAMED_IN_BODY and request.method == "POST":
-        field, kind = _NAMED_IN_BODY[request.path]
-        try:  # within the body limits and timeout; read once, the handler gets the same
-            parsed = await read_json(request)
-        except Exception:  # the handler says what is wrong with it
-            return await handler(request)
-        object_id = parsed.get(field) if isinstance(parsed, dict) else None
-        if not isinstance(object_id, str):
-            return await handler(request)
-        body = _json.dumps(parsed)
-    else:
-        return await handler(request)
-    client = caller(request).name
-    if await _held_here(request, kind, client, object_id):
-        return await handler(request)
-    what = f"{_WHAT[kind]} {object_id[:80]}"
-    try:
-        owner = await replicas.owner(object_id)
-    except Exception as exc:
-        _log.warning("sluice serve: cannot look up who holds %s in Redis: %s", what, exc)
-        return openai_error(
-            503, f"cannot find which replica holds {what}: Redis does not answer; retry later", type="server_error"
-        )
-    if owner is None or owner.client != client or owner.replica == replicas.id:
-        return await handler(request)  # nobody's, another client's, or ours and gone: the handler's 404
-    if not owner.address:  # its replica does not beat: never guess where it went
-        return openai_error(503, f"the replica that holds {what} is not reachable; retry later", type="server_error")
-    if body is None and request.method not in ("GET", "HEAD"):
-        try:
-            body = await read_body(request)
-        except BodyTimeout:
-            return timed_out(request)
-    return await replicas.forward(request, owner, body, what)
