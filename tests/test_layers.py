@@ -202,3 +202,51 @@ def test_the_values_import_only_values() -> None:
         if module not in VALUES and module != "sluice"
     ]
     assert found == []
+
+
+#: The sub-packages of ``serve/`` and ``shapes/``, each with what of its package it may import
+#: (the arrows point down; docs/architecture.md draws them). A new sub-package takes its
+#: place here; the modules at a package's top level are above them all (``serve/_app.py``,
+#: ``shapes/__init__.py``) or shared below them all (``SHARED``).
+ARROWS = {
+    "sluice.serve": {
+        "core": (),
+        "chat": ("core",),
+        "embeddings": ("core",),
+        "responses": ("core", "chat"),
+        "messages": ("core", "chat"),
+        "files": ("core",),
+        "batches": ("core", "files"),
+        "message_batches": ("core", "files", "batches", "messages"),
+        "dashboard": ("core",),
+    },
+    "sluice.shapes": {"messages": (), "responses": ()},
+}
+SHARED = {"sluice.serve": (), "sluice.shapes": ("_common", "_fields")}
+
+
+@pytest.mark.parametrize("package", sorted(ARROWS))
+def test_sub_packages_import_only_downward(package: str) -> None:
+    arrows, shared = ARROWS[package], SHARED[package]
+    folder = SRC.parent / package.replace(".", "/")
+    assert {p.name for p in folder.iterdir() if (p / "__init__.py").exists()} == set(arrows)
+    names = {name for name, _ in _modules()}
+    found = []
+    for name, path in _modules():
+        if not name.startswith(f"{package}."):
+            continue
+        here = name.removeprefix(f"{package}.").split(".")[0]
+        for module, imported, line in _imports(name, path):  # for annotations too: an arrow is an arrow
+            target = f"{module}.{imported}" if f"{module}.{imported}" in names else module
+            if target != package and not target.startswith(f"{package}."):
+                continue
+            there = target.removeprefix(f"{package}.").split(".")[0] if target != package else "__init__"
+            if here == there:
+                continue
+            if here in arrows:
+                allowed = there in arrows[here] or there in shared
+            else:
+                allowed = here not in shared or there in shared
+            if not allowed:
+                found.append(f"{path.relative_to(SRC)}:{line} imports {target}")
+    assert found == []

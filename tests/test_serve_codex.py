@@ -16,7 +16,7 @@ import servetools
 from servetools import ALICE_KEY, PRICE, UPSTREAM_KEY, fake, plain_server, serving
 
 from sluice import Deployment
-from sluice.serve._settings import ClientSpec
+from sluice.serve.core._settings import ClientSpec
 from sluice.shapes.responses._api import chat_from_responses, response_from_chat
 
 CLIENTS = (ClientSpec("alice", key_env="ALICE_KEY"),)

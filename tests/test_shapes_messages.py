@@ -65,7 +65,7 @@ def chat(**fields: Any) -> ChatView:
 
 
 def request_of(view: ChatView) -> Request:
-    """The Request the server builds from a view (as ``serve/_chat.parse_chat`` does)."""
+    """The Request the server builds from a view (as ``serve/chat/_chat.parse_chat`` does)."""
     rest = dict(view.body)
     rest.pop("stream", None)
     return Request(

@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from .. import _json
-from ._batch_ctx import BATCH_CTX, caller
-from ._body import BodyTimeout, read_body, read_json, timed_out
-from ._errors import openai_error
-from ._replicas import REPLICAS, is_forwarded
-from ._responses_db import RESPONSES_DB
+from .core._body import BodyTimeout, read_body, read_json, timed_out
+from .core._errors import openai_error
+from .core._replicas import REPLICAS, is_forwarded
+from .files._ctx import BATCH_CTX, caller
+from .responses._db import RESPONSES_DB
 
 __all__ = ["forward_middleware"]
 
