@@ -120,3 +120,29 @@ def test_a_job_whose_lines_share_nothing_costs_and_runs_as_with_the_planner_off(
     assert on_bill == pytest.approx(off_bill)
     assert on_time == pytest.approx(off_time, abs=0.01)  # no priming delay
     assert server.prompt_cache.stats.requests == 0  # no breakpoint, no cache key: nothing asked the cache
+
+
+def test_reads_that_do_not_come_teach_the_limiter_to_reserve_them_again() -> None:
+    """The ITPM-bound job against a fake whose entries live 1.5 s (the plan counts on 5
+    minutes): the reads it left out of its reservations are not there, every miss is
+    written and counted in full; the share of a predicted read that answers bear out falls,
+    and the reservations cover the prompts again, so the fake's limit is not overrun."""
+    from sluice.testing._prompt_cache import PromptCacheSettings
+
+    lines = document_qa("claude-sonnet-4-5", documents=10)
+    limits = {"itpm": 20_000.0, "window": 10.0}
+    short = PromptCacheSettings("auto", ttl_5m=1.5)
+
+    async def job() -> tuple[list[sluice.Result], FakeServer, sluice.Engine]:
+        async with FakeServer(api_key="sk-x", prices=PRICES, latency=1.0, prompt_cache=short, **limits) as server:  # type: ignore[arg-type]
+            d = deployment_at(server, CLAUDE, **limits)
+            async with sluice.Engine(d, concurrency=64) as engine:
+                results = [r async for r in engine.map(asked(lines, CLAUDE))]
+        return results, server, engine
+
+    results, server, engine = run_in_virtual_time(job())
+    assert all(r.ok for r in results)
+    assert server.prompt_cache.stats.duplicate_writes > 0  # the plan's reads did miss
+    assert server.stats.rate_limited <= 2
+    assert engine.attempts.caching is not None
+    assert engine.attempts.caching.borne_out < 0.5
