@@ -348,8 +348,13 @@ class Attempts(Admission):
                     trace.attempt(route, tally.attempts)
                     entered = trace.enter()
                 if send is None:
+                    asked = (
+                        job.request
+                        if job.cache is None
+                        else job.cache.request_for(job.request, route.deployment, sent_at)
+                    )
                     reply: _A | Reply = await route.provider.send(
-                        job.request, route.deployment, idempotency_key=job.idempotency_key
+                        asked, route.deployment, idempotency_key=job.idempotency_key
                     )
                 else:
                     reply = await send(route)

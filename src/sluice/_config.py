@@ -58,6 +58,8 @@ class JobConfig:
     max_reasks: int = MAX_REASKS
     #: OpenTelemetry spans (``--otel``; :mod:`sluice.otel`); None: none.
     tracing: Tracing | None = None
+    #: The prompt-cache planner (``--prompt-cache``; :mod:`sluice.caching`): ``auto`` or ``off``.
+    prompt_cache: str = "auto"
 
 
 def engine_from(config: JobConfig, **overrides: Any) -> Engine:
@@ -76,6 +78,7 @@ def engine_from(config: JobConfig, **overrides: Any) -> Engine:
         "cooldown": config.cooldown,
         "max_reasks": config.max_reasks,
         "tracing": config.tracing,
+        "prompt_cache": config.prompt_cache,
         **overrides,
     }
     deployments = arguments.pop("deployments", config.deployments)

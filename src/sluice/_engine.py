@@ -34,6 +34,7 @@ from ._runtime import Runtime
 from ._session import Session
 from ._spending import CheaperModel, Spending
 from ._stats import Stats
+from .caching._mode import prompt_cache_of
 from .providers import HttpProvider, ProviderSet
 from .structured import MAX_REASKS
 
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from ._errors import StoreError
     from ._streaming import Stream
     from ._tracing import Tracing
+    from .caching import PromptCache
     from .store import Store
 
 __all__ = ["Engine", "RequestLike", "RetryEvent"]
@@ -90,6 +92,11 @@ class Engine:
     A request with a ``schema`` gets an answer that parses or says why not: each answer
     is validated, and an invalid one re-asked up to ``max_reasks`` times, every re-ask an
     attempt like any other (see :mod:`sluice.structured`).
+    ``prompt_cache="auto"`` (the default) plans for the providers' prompt caches: lines of
+    ``map()`` that share a long prefix are grouped, one of each group sent first and the
+    rest once its answer has begun, marked with Anthropic breakpoints or OpenAI cache keys,
+    and reserved at the input their limits count (see :mod:`sluice.caching`); ``"off"``
+    sends every request as it came.
     """
 
     def __init__(
@@ -116,6 +123,7 @@ class Engine:
         spending: Spending | None = None,
         max_reasks: int = MAX_REASKS,
         tracing: bool | Tracing | None = None,
+        prompt_cache: str | PromptCache | None = "auto",
     ) -> None:
         if isinstance(deployments, Deployment):
             deployments = [deployments]
@@ -159,6 +167,7 @@ class Engine:
             on_retry=on_retry,
             max_reasks=max_reasks,
         )
+        self.attempts.caching = prompt_cache_of(prompt_cache, self.spending.pricing)
         if tracing is not None and tracing is not False:  # spans' module only when asked for
             from ._tracing import make_tracer
 

@@ -22,6 +22,7 @@ from ._models import Result
 if TYPE_CHECKING:
     from ._attempts import Attempts
     from ._job import Job
+    from .caching import Priming
 
 __all__ = ["fan_out"]
 
@@ -46,23 +47,72 @@ async def fan_out(
     loop = asyncio.get_running_loop()
     finished: _Finished[tuple[int, Result] | BaseException | None] = _Finished()
     space = _Room(room)
-    workers = _Workers(attempts, finished)
+    priming = None
+    if attempts.caching is not None:  # the prompt-cache plan: groups primed, then read
+        from .caching import Priming
+
+        priming = Priming(attempts.caching, loop, ahead=not isinstance(requests, AsyncIterable))
+    workers = _Workers(attempts, finished, priming)
     taken = 0
     producer_done = False
+
+    async def dispatch(job: Job) -> bool:
+        """Hand ``job`` to a worker once the gate has a slot; False: the engine is stopping."""
+        try:
+            if not runtime.gate.try_acquire():
+                await runtime.gate.acquire(job.priority, job.seq)
+        except asyncio.CancelledError:  # closed while it waited: it still gets its result
+            workers.done(job, attempts.not_started(job))
+            raise
+        if runtime.stopping:
+            runtime.gate.release()
+            workers.done(job, attempts.not_started(job))
+            return False
+        workers.hand(job, loop)
+        return not runtime.stopping
+
+    async def send_ready() -> bool:
+        """Send the jobs the plan has ready; False: the engine is stopping."""
+        assert priming is not None
+        while (ready := priming.take()) is not None:
+            job, planned = ready
+            if planned is not None:
+                attempts.planned(job, planned)
+            if not await dispatch(job):
+                return False
+        return True
+
+    async def make_room() -> bool:
+        """Wait for room for the next item, sending what the plan makes ready meanwhile
+        (held jobs may be what the consumer waits for); False: the engine is stopping."""
+        if priming is None:
+            await space.take()
+            return True
+        priming.flush()
+        while True:
+            if not await send_ready():
+                return False
+            if await space.take_or(priming.changed()):
+                return True
 
     async def produce() -> None:
         nonlocal taken
         try:
             async for item in aiterate(requests):
-                if not space.try_take():
-                    await space.take()
+                if not space.try_take() and not await make_room():
+                    break
                 index = taken
                 taken += 1
                 prepared = attempts.prepare_item(item, index, model, priority, budget)
                 if isinstance(prepared, Result):
                     finished.put((index, prepared))
                     continue
-                try:
+                if priming is not None and priming.may_share(prepared):
+                    priming.offer(prepared)
+                    if not await send_ready():
+                        break
+                    continue
+                try:  # as dispatch() does, inline: the common path costs no coroutine
                     if not runtime.gate.try_acquire():
                         await runtime.gate.acquire(prepared.priority, prepared.seq)
                 except asyncio.CancelledError:  # closed while it waited: it still gets its result
@@ -75,7 +125,15 @@ async def fan_out(
                 workers.hand(prepared, loop)
                 if runtime.stopping:
                     break
+            else:
+                if priming is not None:  # the source is done: what the plan holds goes as it is released
+                    priming.flush()
+                    while await send_ready() and priming.waiting:
+                        await priming.changed()
         finally:
+            if priming is not None:
+                for job in priming.drain():  # the engine is stopping, or the fan-out ends early
+                    workers.done(job, attempts.not_started(job))
             workers.close()
             finished.put(None)
 
@@ -114,11 +172,18 @@ class _Workers:
     ``job.cancelled``; cancelled before it started, "never started"; a ``stop()``
     absorbed, the worker goes on to the next."""
 
-    __slots__ = ("_attempts", "_closed", "_finished", "_jobs", "_sleeping", "tasks")
+    __slots__ = ("_attempts", "_closed", "_finished", "_jobs", "_priming", "_sleeping", "tasks")
 
-    def __init__(self, attempts: Attempts, finished: _Finished[tuple[int, Result] | BaseException | None]) -> None:
+    def __init__(
+        self,
+        attempts: Attempts,
+        finished: _Finished[tuple[int, Result] | BaseException | None],
+        priming: Priming | None = None,
+    ) -> None:
         self._attempts = attempts
         self._finished = finished
+        #: The prompt-cache plan's fan-out part (told of every planned job's result).
+        self._priming = priming
         self._jobs: collections.deque[Job] = collections.deque()
         #: Idle workers: the future each sleeps on, and its task.
         self._sleeping: collections.deque[tuple[asyncio.Future[None], asyncio.Task[None]]] = collections.deque()
@@ -143,6 +208,12 @@ class _Workers:
         self.tasks.add(task)
         task.add_done_callback(self._ended)
         runtime.track(task)
+
+    def done(self, job: Job, result: Result) -> None:
+        """``job``'s one Result, to the consumer (and to the plan, when it has one)."""
+        self._finished.put((_index(job), result))
+        if job.cache is not None and self._priming is not None:
+            self._priming.finished(job, result)
 
     def close(self) -> None:
         """No more jobs: sleeping workers end, busy ones after their job."""
@@ -179,7 +250,7 @@ class _Workers:
                 # nothing to share or serve from a store: one coroutine less
                 result = await (attempts.run(job) if job.key is None else attempts.execute(job))
             except asyncio.CancelledError:
-                finished.put((_index(job), job.cancelled or self._never_started(job)))
+                self.done(job, job.cancelled or self._never_started(job))
                 if not runtime.absorb_stop():
                     self._abandon()
                     runtime.untrack(me)
@@ -188,7 +259,7 @@ class _Workers:
             except Exception as exc:  # a bug: the consumer raises it
                 finished.put(exc)
             else:
-                finished.put((_index(job), result))
+                self.done(job, result)
             finally:
                 runtime.gate.release()  # the slot the producer took for it, however it ended
 
@@ -199,7 +270,7 @@ class _Workers:
         while self._jobs:
             job = self._jobs.popleft()
             self._attempts.runtime.gate.release()
-            self._finished.put((_index(job), self._never_started(job)))
+            self.done(job, self._never_started(job))
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
@@ -279,6 +350,26 @@ class _Room:
             finally:
                 self._waiter = None
         self._free -= 1
+
+    async def take_or(self, other: asyncio.Future[None]) -> bool:
+        """Room (taken: True), or ``other`` done first (False: nothing taken)."""
+        while self._free <= 0:
+            if other.done():
+                return False
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+
+            def wake(_: object, waiter: asyncio.Future[None] = waiter) -> None:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+            other.add_done_callback(wake)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                other.remove_done_callback(wake)
+        self._free -= 1
+        return True
 
     def give(self) -> None:
         self._free += 1

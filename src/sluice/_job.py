@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ._models import Request, Result
     from ._router import Group, Route
     from ._tracing import RequestTrace
+    from .caching import Planned
 
 __all__ = ["Job", "idempotency_key_of"]
 
@@ -64,6 +65,9 @@ class Job:
     #: Of ``tokens``, the output cap (``max_tokens``): what an output limit (``otpm``) is
     #: charged, the rest going to an input limit (``itpm``). 0 for embeddings.
     output: int = 0
+    #: Its prompt-cache plan (see :mod:`sluice.caching`): its groups, breakpoints, key;
+    #: None: sent as it came.
+    cache: Planned | None = None
 
     @property
     def batch(self) -> bool:

@@ -132,12 +132,14 @@ class Limiter(Protocol):
         """Learn from the server's rate-limit headers (counted per the snapshot's windows)."""
 
 
-def usage_counts(usage: Usage) -> tuple[int, int, int]:
+def usage_counts(usage: Usage, *, reads_counted: bool = False) -> tuple[int, int, int]:
     """What an answer counts for (tokens, input tokens, output tokens) as providers count
     their limits: every token for a token limit; for an input limit the prompt and the
     cache writes but not the cache reads (Anthropic's ITPM rule; sluice's
-    ``Usage.input_tokens`` includes both kinds of cached tokens)."""
-    return usage.total_tokens, max(0, usage.input_tokens - usage.cached_input_tokens), usage.output_tokens
+    ``Usage.input_tokens`` includes both kinds of cached tokens), unless ``reads_counted``
+    (Anthropic's older models count them: ``caching.reads_counted``)."""
+    read = 0 if reads_counted else usage.cached_input_tokens
+    return usage.total_tokens, max(0, usage.input_tokens - read), usage.output_tokens
 
 
 #: Grants within this many seconds share one ledger entry, dated by the latest of them:

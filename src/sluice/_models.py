@@ -273,6 +273,9 @@ class Usage:
     reasoning_tokens: int = 0
     #: Of ``input_tokens``, those written to the prompt cache (dearer, on Anthropic).
     cache_write_tokens: int = 0
+    #: Of ``cache_write_tokens``, those written for an hour (Anthropic's ``"ttl": "1h"``:
+    #: twice the input price, where a 5-minute write is 1.25 times it).
+    cache_write_1h_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -285,6 +288,7 @@ class Usage:
             self.cached_input_tokens + other.cached_input_tokens,
             self.reasoning_tokens + other.reasoning_tokens,
             self.cache_write_tokens + other.cache_write_tokens,
+            self.cache_write_1h_tokens + other.cache_write_1h_tokens,
         )
 
 
@@ -430,9 +434,18 @@ class Price:
     output_per_mtok: float
     cached_input_per_mtok: float | None = None
     cache_write_per_mtok: float | None = None
+    #: An hour-long cache write (Anthropic's ``"ttl": "1h"``); None: twice the input price,
+    #: as Anthropic bills it (genai-prices lists only the 5-minute write).
+    cache_write_1h_per_mtok: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("input_per_mtok", "output_per_mtok", "cached_input_per_mtok", "cache_write_per_mtok"):
+        for name in (
+            "input_per_mtok",
+            "output_per_mtok",
+            "cached_input_per_mtok",
+            "cache_write_per_mtok",
+            "cache_write_1h_per_mtok",
+        ):
             value = getattr(self, name)
             if value is None and name not in ("input_per_mtok", "output_per_mtok"):
                 continue

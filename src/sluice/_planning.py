@@ -13,6 +13,7 @@ from ._coerce import coerce
 from ._errors import CancelledError, InvalidRequestError, SluiceError
 from ._job import Job
 from ._models import Request, Result, store_key
+from .caching._rules import rules_for
 from .providers import max_output_tokens
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
     from ._spending import Spending
     from ._stats import Stats
+    from .caching import Planned, PromptCache
     from .store import Store
 
 __all__ = ["JobPlanning"]
@@ -34,6 +36,8 @@ class JobPlanning:
     spending: Spending
     stats: Stats
     store: Store | None
+    #: The prompt-cache planner (``Engine(prompt_cache=...)``); None: off.
+    caching: PromptCache | None = None
     _loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -132,6 +136,18 @@ class JobPlanning:
         job.request, job.tokens, job.output, job.tried = request, tokens, output, frozenset()
         if job.budget is not None:
             job.worst_cost = self.worst_of_candidates(job) if job.guarded else worst
+
+    def planned(self, job: Job, planned: Planned) -> None:
+        """Send ``job`` on its prompt-cache plan: it reserves the input its limit will count
+        (a read the plan expects is left out where reads are free of it), and under a budget
+        its worst case covers an hour-long write when it asks for one."""
+        job.cache = planned
+        rules = rules_for(job.route.deployment)
+        if planned.expect_read and rules is not None and rules.reads_free:
+            job.tokens = max(job.output + 1, job.tokens - planned.expect_read)
+        if planned.hour and job.budget is not None:
+            hour = self.spending.worst_cost(job.request, job.route.deployment, hour=True)
+            job.worst_cost = max(job.worst_cost, hour)
 
     def worst(self, job: Job) -> float:
         """What an attempt counts for when it may have been billed unseen: its worst case."""

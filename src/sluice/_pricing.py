@@ -24,28 +24,41 @@ from ._errors import ConfigError
 from ._models import BATCH_SUFFIX, TIER_DISCOUNT, Deployment, Price, Usage
 from ._price_cache import PriceCache, price_cache
 
-__all__ = ["Price", "Pricing", "cost_of", "worst_case_cost"]
+__all__ = ["Price", "Pricing", "cost_of", "hour_write_rate", "worst_case_cost"]
 
 
 def cost_of(price: Price, usage: Usage) -> float:
     """Dollars for ``usage``: cache reads and writes at their own rates (the input rate when
-    unknown); reasoning tokens are part of output."""
+    unknown; an hour-long write at twice the input rate unless the price says otherwise);
+    reasoning tokens are part of output."""
     cached = min(usage.cached_input_tokens, usage.input_tokens)
     written = min(usage.cache_write_tokens, usage.input_tokens - cached)
+    hour = min(usage.cache_write_1h_tokens, written)
     read_rate = price.input_per_mtok if price.cached_input_per_mtok is None else price.cached_input_per_mtok
     write_rate = price.input_per_mtok if price.cache_write_per_mtok is None else price.cache_write_per_mtok
     return (
         (usage.input_tokens - cached - written) * price.input_per_mtok
         + cached * read_rate
-        + written * write_rate
+        + (written - hour) * write_rate
+        + hour * hour_write_rate(price)
         + usage.output_tokens * price.output_per_mtok
     ) / 1_000_000
 
 
-def worst_case_cost(price: Price, prompt_tokens: int, max_output_tokens: int) -> float:
+def hour_write_rate(price: Price) -> float:
+    """USD per million tokens written to the cache for an hour: the price's own, else twice
+    the input rate (Anthropic: "1-hour cache write tokens are 2 times the base input tokens
+    price", docs.anthropic.com/en/docs/build-with-claude/prompt-caching#pricing)."""
+    return 2.0 * price.input_per_mtok if price.cache_write_1h_per_mtok is None else price.cache_write_1h_per_mtok
+
+
+def worst_case_cost(price: Price, prompt_tokens: int, max_output_tokens: int, *, hour: bool = False) -> float:
     """The most a request can cost: its whole prompt at the dearest input rate (a cache
-    write, where that costs more) and every output token used."""
+    write, where that costs more; an hour-long one when ``hour``: the request asks for one)
+    and every output token used."""
     input_rate = max(price.input_per_mtok, price.cache_write_per_mtok or 0.0)
+    if hour:
+        input_rate = max(input_rate, hour_write_rate(price))
     return (prompt_tokens * input_rate + max_output_tokens * price.output_per_mtok) / 1_000_000
 
 
@@ -87,14 +100,22 @@ class Pricing:
         assert known.price is not None
         return cost_of(known.price, usage)
 
-    def worst_case(self, deployment: Deployment, prompt_tokens: int, max_output_tokens: int) -> float | None:
+    def worst_case(
+        self, deployment: Deployment, prompt_tokens: int, max_output_tokens: int, *, hour: bool = False
+    ) -> float | None:
+        """The most a request can cost (see :func:`worst_case_cost`); ``hour``: it may write
+        the cache for an hour."""
         known = self.known(deployment)
         if known is None:
             return None
-        if known.exact is not None:
-            return known.exact(Usage(input_tokens=prompt_tokens, output_tokens=max_output_tokens))
+        if known.exact is not None:  # every prompt token a cache write (an hour-long one), where that is dearer
+            hours = prompt_tokens if hour else 0
+            written = Usage(
+                prompt_tokens, max_output_tokens, cache_write_tokens=prompt_tokens, cache_write_1h_tokens=hours
+            )
+            return max(known.exact(written), known.exact(Usage(prompt_tokens, max_output_tokens)))
         assert known.price is not None
-        return worst_case_cost(known.price, prompt_tokens, max_output_tokens)
+        return worst_case_cost(known.price, prompt_tokens, max_output_tokens, hour=hour)
 
     def describe(self, deployment: Deployment) -> str:
         """Where the price comes from, for ``sluice config check``: configured, genai-prices
@@ -282,15 +303,25 @@ def _genai_price(name: str, route: dict[str, Any], key: str | None, cache: Price
     keep({"tiered": True})
 
     def exact(usage: Usage) -> float:
-        priced = model_price.calc_price(
-            PriceUsage(
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
-                cache_read_tokens=usage.cached_input_tokens,
-                cache_write_tokens=usage.cache_write_tokens,
+        hour = min(usage.cache_write_1h_tokens, usage.cache_write_tokens)
+
+        def priced(of: Usage, plain: int = 0) -> float:
+            calculated = model_price.calc_price(
+                PriceUsage(
+                    input_tokens=of.input_tokens - plain,
+                    output_tokens=of.output_tokens,
+                    cache_read_tokens=of.cached_input_tokens,
+                    cache_write_tokens=of.cache_write_tokens - hour,
+                )
             )
-        )
-        return float(priced["total_price"])
+            return float(calculated["total_price"])
+
+        if not hour:
+            return priced(usage)
+        # genai-prices has no hour-long write price: those tokens are priced as plain input
+        # at the request's tier, and then again (twice the input rate, as Anthropic bills them)
+        whole = priced(usage)
+        return whole + (whole - priced(usage, plain=hour))
 
     return _Known(None, exact=exact, source=source)
 

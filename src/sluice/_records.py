@@ -35,13 +35,16 @@ def usd_record(cost: float | None) -> float | None:
 
 
 def usage_record(usage: Usage) -> dict[str, int]:
-    return {
+    record = {
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
         "cached_input_tokens": usage.cached_input_tokens,
         "reasoning_tokens": usage.reasoning_tokens,
         "cache_write_tokens": usage.cache_write_tokens,
     }
+    if usage.cache_write_1h_tokens:  # only where there are some: records of other answers keep their shape
+        record["cache_write_1h_tokens"] = usage.cache_write_1h_tokens
+    return record
 
 
 def error_record(error: _errors.SluiceError) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from ._budget import BudgetHold
 from ._errors import CancelledError, StoreError
 from ._limits import Reservation, usage_counts
 from ._stats import Stats
+from .caching._rules import reads_counted
 
 if TYPE_CHECKING:
     from ._errors import SluiceError
@@ -172,7 +173,8 @@ class Slot:
         """Settle the reservation to what the answer used: its tokens, and its input and
         output as their limits count them (see ``usage_counts``); an answer without usage
         keeps the ``estimate`` it reserved."""
-        tokens, given, output = usage_counts(usage)
+        counted = usage.cached_input_tokens > 0 and reads_counted(self.route.deployment)
+        tokens, given, output = usage_counts(usage, reads_counted=counted)
         if not tokens:
             self.reservation.reconcile(estimate)
             return

@@ -25,6 +25,7 @@ from ._errors import ConfigError
 from ._models import Deployment, Request, Usage
 from ._pricing import Pricing
 from ._tokens import max_prompt_tokens
+from .caching._marks import asks_an_hour
 from .providers._base import max_output_tokens
 from .structured._ask import sent_params
 
@@ -129,7 +130,8 @@ class Spending:
             return request, 0.0
         if request.max_tokens is None and _output_cap(request) is None:
             request = dataclasses.replace(request, max_tokens=deployment.default_max_tokens)
-        worst = self.pricing.worst_case(deployment, *worst_case_tokens(request, deployment))
+        hour = asks_an_hour(request)  # an hour-long cache write bills twice the input price
+        worst = self.pricing.worst_case(deployment, *worst_case_tokens(request, deployment), hour=hour)
         if worst is None:
             if not self.allow_unpriced:
                 raise UnknownPriceError(
@@ -139,13 +141,15 @@ class Spending:
             return request, 0.0
         return request, worst
 
-    def worst_cost(self, request: Request, deployment: Deployment) -> float:
-        """The most ``request`` can cost as it will be sent (0.0 when its price is unknown).
+    def worst_cost(self, request: Request, deployment: Deployment, *, hour: bool = False) -> float:
+        """The most ``request`` can cost as it will be sent (0.0 when its price is unknown);
+        ``hour``: it will be marked to write the cache for an hour.
 
         Without an output cap it is priced at ``deployment.default_max_tokens``, the cap a
         budgeted run sends it with.
         """
-        return self.pricing.worst_case(deployment, *worst_case_tokens(request, deployment)) or 0.0
+        hour = hour or asks_an_hour(request)
+        return self.pricing.worst_case(deployment, *worst_case_tokens(request, deployment), hour=hour) or 0.0
 
     def check_priced(self, deployment: Deployment) -> None:
         """Look the price up now; under a budget, refuse a deployment with none (unless allowed)."""

@@ -15,11 +15,13 @@ import functools
 import itertools
 from collections.abc import AsyncIterator, Callable, Container, Iterator
 
+from .._engine import Engine
 from .._errors import CancelledError, InvalidInputError, ParkedError, SluiceError
 from .._models import Priority, Request, Result, idempotency_key_of, store_key
 from ..store import SqliteStore
 from ..tiers import batch_request
-from ._inputs import EMBEDDING_IN_CHAT_JOB, InputItem, read_inputs, request_of
+from ._cache_plan import FilePlan, plan_file
+from ._inputs import EMBEDDING_IN_CHAT_JOB, InputItem, read_inputs, read_jsonl_at, request_of
 from ._job import JobProgress, JobSpec
 from ._output import DoneLines, JobOutput, OutputFile, output_record
 from ._parked import ParkedLines
@@ -62,7 +64,10 @@ async def stream_chat(
     ) -> Iterator[Request | SluiceError]:
         """The input's lines (``only``: those), each kept in ``into`` under its index in the
         map that takes it (``numbering``: that map's count)."""
-        for item in read_inputs(spec.input, spec.inputs, only):
+        source = read_inputs(spec.input, spec.inputs, only)
+        if only is None and plan is not None and plan.reordered:  # group by group (see _cache_plan)
+            source = read_jsonl_at(spec.input, spec.inputs, plan.order())
+        for item in source:
             if item.line in done:
                 continue
             if item.error is not None and spec.strict:
@@ -114,6 +119,7 @@ async def stream_chat(
                 while len(again) >= again_room and not progress.stopping:
                     await parking.changed()
 
+    plan = await cache_plan(spec, engine, done)
     output = JobOutput(file, progress)
     async with running(engine, store, output, progress, on_tick) as watch:
 
@@ -170,3 +176,17 @@ async def stream_chat(
             raise
         await rest
         progress.source_exhausted = first_done and not progress.stopping and parking.waiting == 0
+
+
+async def cache_plan(spec: JobSpec, engine: Engine, done: DoneLines) -> FilePlan | None:
+    """The prompt-cache plan of the lines to do (see ``_cache_plan``), made off the loop;
+    its counts handed to the engine's planner. Lines keep their order with ``--ordered``
+    (the output's) and ``--strict`` (it stops at the first bad line of the file)."""
+    cache = engine.attempts.caching
+    if cache is None:
+        return None
+    reorder = not (spec.ordered or spec.strict)
+    plan = await asyncio.to_thread(plan_file, spec.input, spec.inputs, done, reorder=reorder)
+    if plan is not None:
+        cache.adopt(plan.index)
+    return plan

@@ -13,12 +13,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .._config import JobConfig
 from .._model_names import configured_model
 from .._models import Deployment, Usage
 from .._pricing import Pricing
 from .._tokens import estimate_message_tokens, estimate_text_tokens
+from ..caching._forecast import Forecast, Foreseen
 from ..providers import estimate_request_tokens
 from ..structured import sent_params
 from ._embed_inputs import EmbeddingInput
@@ -36,6 +38,22 @@ class _Tally:
     max_output_tokens: int = 0
     #: Texts to embed (embedding lines are packed many texts to a request).
     texts: int = 0
+    #: The prompt-cache plan: prompt tokens it expects read from the cache and written to
+    #: it, and the lines in a group (``--prompt-cache off``: none).
+    read_tokens: int = 0
+    written_tokens: int = 0
+    grouped: int = 0
+    #: Dollars, line by line (a tiered price is per request): as planned, and uncached;
+    #: None once a line's price is unknown.
+    planned_usd: float | None = 0.0
+    plain_usd: float | None = 0.0
+
+    def price(self, pricing: Pricing, prompt: int, output: int, read: int, written: int) -> None:
+        """Add one line's cost, as planned and uncached."""
+        planned = pricing.cost(self.deployment, Usage(prompt, output, read, cache_write_tokens=written))
+        plain = pricing.cost(self.deployment, Usage(prompt, output))
+        self.planned_usd = None if planned is None or self.planned_usd is None else self.planned_usd + planned
+        self.plain_usd = None if plain is None or self.plain_usd is None else self.plain_usd + plain
 
     def seconds(self, tokens: int, output: int = 0) -> float | None:
         """The shortest time the limits allow for ``tokens`` in all, ``output`` of them
@@ -56,6 +74,43 @@ class Estimate:
     examples_of_bad: list[str] = field(default_factory=list)
     pricing: Pricing = field(default_factory=Pricing)
     expected_output: int | None = None
+    #: Groups of lines the prompt-cache plan found (None: the plan was off).
+    groups: int | None = None
+
+    def _planned(self, tally: _Tally, cached: bool) -> float | None:
+        """Dollars of the tally's requests: prompts as planned (``cached``) or all uncached,
+        and ``expected_output`` tokens each (else every max_tokens used)."""
+        return tally.planned_usd if cached else tally.plain_usd
+
+    def as_json(self) -> dict[str, Any]:
+        """The figures as data (``sluice estimate --json``): requests, prompt tokens, the cost
+        as planned and without the prompt cache, per deployment and in all."""
+        by_deployment = {}
+        for label, tally in self.tallies.items():
+            planned, plain = self._planned(tally, True), self._planned(tally, False)
+            prompt = tally.prompt_tokens
+            by_deployment[label] = {
+                "requests": tally.requests,
+                "input_tokens": prompt,
+                "cache_read_tokens": tally.read_tokens,
+                "cache_write_tokens": tally.written_tokens,
+                "expected_hit_rate": round(tally.read_tokens / prompt, 4) if prompt else 0.0,
+                "cost_usd": None if planned is None else round(planned, 6),
+                "cost_usd_without_cache": None if plain is None else round(plain, 6),
+            }
+        figures = list(by_deployment.values())
+        costs: list[float | None] = [f["cost_usd"] for f in figures]
+        plains: list[float | None] = [f["cost_usd_without_cache"] for f in figures]
+        return {
+            "records": self.records,
+            "invalid": self.invalid,
+            "requests": sum(f["requests"] for f in figures),
+            "input_tokens": sum(f["input_tokens"] for f in figures),
+            "cost_usd": _total(costs),
+            "cost_usd_without_cache": _total(plains),
+            "prompt_cache": None if self.groups is None else {"groups": self.groups},
+            "by_deployment": by_deployment,
+        }
 
     def _cost(self, tally: _Tally, tier: str = "sync") -> str:
         """From prompts only to every output token used: the true cost lies between."""
@@ -75,6 +130,15 @@ class Estimate:
             expected = f", ~${mid:,.4f} at {self.expected_output} output tokens each"
         return f"${low:,.4f} (prompts only) .. ${high:,.4f} (every max_tokens used){expected}"
 
+    def _cache_line(self, tally: _Tally) -> str:
+        share = tally.read_tokens / tally.prompt_tokens if tally.prompt_tokens else 0.0
+        planned, plain = self._planned(tally, True), self._planned(tally, False)
+        money = "" if planned is None or plain is None else f"; ~${planned:,.4f} against ~${plain:,.4f} uncached"
+        return (
+            f"{tally.grouped:,} lines in {self.groups or 0:,} groups; ~{tally.read_tokens:,} tokens read "
+            f"({share:.0%} of the prompts), ~{tally.written_tokens:,} written{money}"
+        )
+
     def rows(self) -> list[tuple[str, str]]:
         from .._format import format_duration
 
@@ -89,6 +153,8 @@ class Estimate:
             rows.append(("  prompt tokens (est.)", f"{tally.prompt_tokens:,}"))
             rows.append(("  reserved tokens", f"{tally.reserved_tokens:,} (prompt + max_tokens)"))
             rows.append(("  cost", self._cost(tally)))
+            if tally.read_tokens or tally.written_tokens:
+                rows.append(("  prompt cache (planned)", self._cache_line(tally)))
             provider = tally.deployment.provider_name
             if provider in ("openai", "anthropic"):  # the tiers this model could use instead
                 rows.append(("  cost, --tier batch", f"{self._cost(tally, 'batch')}; within 24 h (the batch window)"))
@@ -106,6 +172,12 @@ class Estimate:
         return rows
 
 
+def _total(costs: list[float | None]) -> float | None:
+    """The sum of known costs; None when one is unknown (no price: never a silent zero)."""
+    known = [cost for cost in costs if cost is not None]
+    return round(sum(known), 6) if len(known) == len(costs) else None
+
+
 def estimate_job(
     path: Path, config: JobConfig, options: InputOptions, *, expected_output: int | None = None
 ) -> Estimate:
@@ -114,6 +186,7 @@ def estimate_job(
     check_input(path, options)  # no record can be sent: say so, rather than estimate nothing
     routes = {key: d for d in config.deployments for key in (d.model, d.label)}
     result = Estimate(expected_output=expected_output)
+    forecast = _forecast(path, options, result, config)
     for item in read_inputs(path, options):
         result.records += 1
         if item.embedding is not None:
@@ -139,7 +212,27 @@ def estimate_job(
         tally.prompt_tokens += prompt
         tally.reserved_tokens += reserved
         tally.max_output_tokens += reserved - prompt
+        foreseen = forecast.line(request, deployment, prompt) if forecast is not None else Foreseen()
+        tally.read_tokens += foreseen.read
+        tally.written_tokens += foreseen.written
+        tally.grouped += foreseen.group is not None
+        output = reserved - prompt if expected_output is None else expected_output
+        tally.price(result.pricing, prompt, output, foreseen.read, foreseen.written)
+    if forecast is not None:
+        result.groups = forecast.groups
     return result
+
+
+def _forecast(path: Path, options: InputOptions, result: Estimate, config: JobConfig) -> Forecast | None:
+    """The prompt-cache plan's foresight over the input (None: ``--prompt-cache off``, or
+    an input the plan does not read)."""
+    if config.prompt_cache == "off":
+        return None
+    from ._cache_plan import plan_file
+    from ._output import DoneLines
+
+    plan = plan_file(path, options, DoneLines(), reorder=False)
+    return None if plan is None else Forecast(plan.index, result.pricing)
 
 
 #: Inputs per embeddings request at most (OpenAI's limit; sluice packs up to it).

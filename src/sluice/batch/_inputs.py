@@ -29,7 +29,7 @@ import dataclasses
 import io
 import json
 import string
-from collections.abc import Container, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -49,7 +49,10 @@ __all__ = [
     "count_records",
     "detect_format",
     "embeds",
+    "jsonl_item",
+    "jsonl_offsets",
     "read_inputs",
+    "read_jsonl_at",
     "record_item",
     "request_of",
 ]
@@ -221,26 +224,57 @@ def _read_jsonl(path: Path, options: InputOptions, only: Container[int] | None) 
         for number, raw in _lines(f, options.max_line_bytes):
             if only is not None and number not in only:
                 continue
-            where = f"line {number}"
-            if raw is None:
-                yield _bad(number, f"{where} is longer than {options.max_line_bytes:,} bytes")
-                continue
-            if not raw.strip():
-                continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield _bad(
-                    number,
-                    f"{where}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
-                )
-                continue
-            try:
-                record = _json.loads(text)
-            except ValueError as exc:
-                yield _bad(number, f"{where}: not valid JSON ({exc})")
-                continue
-            yield _item(record, number, where, options)
+            item = _jsonl_item(number, raw, options)
+            if item is not None:
+                yield item
+
+
+def _jsonl_item(number: int, raw: bytes | None, options: InputOptions) -> InputItem | None:
+    """One JSONL line's item (None: a blank line, which is no record)."""
+    where = f"line {number}"
+    if raw is None:
+        return _bad(number, f"{where} is longer than {options.max_line_bytes:,} bytes")
+    if not raw.strip():
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return _bad(number, f"{where}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})")
+    try:
+        record = _json.loads(text)
+    except ValueError as exc:
+        return _bad(number, f"{where}: not valid JSON ({exc})")
+    return _item(record, number, where, options)
+
+
+def jsonl_offsets(path: Path, options: InputOptions) -> Iterator[tuple[int, int, bytes | None]]:
+    """(line number, byte offset, bytes) of each line of a JSONL input, for reading lines
+    again out of order (:func:`read_jsonl_at`); None for a line over the length cap."""
+    with path.open("rb") as f:
+        offset = 0
+        for number, raw in _lines(f, options.max_line_bytes):
+            yield number, offset, raw
+            offset = f.tell()
+
+
+def jsonl_item(number: int, raw: bytes | None, options: InputOptions) -> InputItem | None:
+    """The item of one JSONL line read by :func:`jsonl_offsets` (None: a blank line)."""
+    return _jsonl_item(number, raw, options)
+
+
+def read_jsonl_at(path: Path, options: InputOptions, lines: Iterable[tuple[int, int]]) -> Iterator[InputItem]:
+    """The items of ``lines`` ((line number, byte offset) pairs from :func:`jsonl_offsets`),
+    in the order given: each read where it starts."""
+    with path.open("rb") as f:
+        for number, offset in lines:
+            f.seek(offset)
+            raw = f.readline(options.max_line_bytes + 1)
+            if len(raw) > options.max_line_bytes and not raw.endswith(b"\n"):
+                item = _jsonl_item(number, None, options)
+            else:
+                item = _jsonl_item(number, raw[len(_BOM) :] if number == 1 and raw.startswith(_BOM) else raw, options)
+            if item is not None:
+                yield item
 
 
 def record_item(record: Any, number: int, where: str, options: InputOptions) -> InputItem:

@@ -9,6 +9,7 @@ from typing import Any
 
 from .._format import usd
 from .._stats import LatencyHistogram
+from ..caching._report import fold_summaries, summary_rows
 from ..store import SqliteStore
 
 __all__ = ["job_status", "report_rows", "structured_line"]
@@ -73,6 +74,7 @@ def report_rows(path: Path) -> list[tuple[str, str]]:
     if structured is not None:
         rows.append(("structured", structured_line(**structured)))
     rows += _deployment_rows(meta)
+    rows += summary_rows(fold_summaries(meta.get("prompt_cache_earlier"), meta.get("prompt_cache")))
     rows += _batch_rows(chunks)
     p50, p90, p99 = (histogram.percentile(q) for q in (50, 90, 99))
     if p50 is not None and p90 is not None and p99 is not None:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .._errors import ConfigError, SluiceError, StoreError
+from ..caching._report import fold_summaries
 from ..store import SqliteStore
 from ._embed_inputs import embedding_hash
 from ._inputs import count_records, embeds, read_inputs, request_of
@@ -178,6 +179,8 @@ async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[]
             runs=int(meta.get("runs") or (1 if "run_started_at" in meta else 0)) + 1,
             deployments_earlier=fold_deployments(meta.get("deployments_earlier"), meta.get("deployments")),
             deployments=[],
+            prompt_cache_earlier=fold_summaries(meta.get("prompt_cache_earlier"), meta.get("prompt_cache")),
+            prompt_cache=None,
         )
         note_run(store, spec.config)
         store.set_meta(

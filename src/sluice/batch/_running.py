@@ -110,8 +110,10 @@ def note_deployments(store: SqliteStore, engine: Engine, written: int) -> None:
     """Each deployment's state this run (cooling down, answered, failed), and the records
     written so far, for `sluice report` on a running or interrupted job."""
     rows = [dataclasses.asdict(status) for status in engine.deployment_status()]
+    cache = engine.attempts.caching
+    planned = {"prompt_cache": cache.summary(groups=50)} if cache is not None and cache.total.requests else {}
     with contextlib.suppress(SluiceError):
-        store.set_meta_soon(deployments=rows, deployments_at=time.time(), written=written)
+        store.set_meta_soon(deployments=rows, deployments_at=time.time(), written=written, **planned)
 
 
 def fold_deployments(earlier: object, last_run: object) -> dict[str, dict[str, int]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import sys
 import traceback
@@ -24,7 +25,7 @@ from .._models import Price
 from ..batch._inputs import InputOptions, Template
 from ..structured import MAX_REASKS
 from ._config import JobConfig, describe, describe_defaults, load_config, with_overrides
-from ._flags import duration, fail, schema_flag, with_tier
+from ._flags import distributed_flags, duration, fail, prompt_cache_option, schema_flag, with_tier
 from ._otel import otel_option, with_otel
 from ._worker import checked_redis_url
 
@@ -365,6 +366,7 @@ def main() -> None:
     show_default=True,
     help="With a schema: times an invalid answer is asked again (each re-ask is billed, within --budget).",
 )
+@prompt_cache_option
 @click.option("--claim-after", type=click.FloatRange(min=0.5), default=12.0, hidden=True)
 @click.option("--max-deliveries", type=click.IntRange(min=1), default=5, hidden=True)
 @otel_option
@@ -389,7 +391,7 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
 
     _say_library_warnings()
     config = with_otel(with_tier(_job_config(flags), flags), flags.pop("otel"))
-    config = dataclasses.replace(config, max_reasks=flags.pop("max_reasks"))
+    config = dataclasses.replace(config, max_reasks=flags.pop("max_reasks"), prompt_cache=flags.pop("prompt_cache"))
     inputs = _input_opts(config, flags.pop("model"), **{k: flags[k] for k in _INPUT_FLAGS if k in flags})
     schema = schema_flag(flags.pop("schema_spec"), inputs, config)
     spec = JobSpec(
@@ -406,33 +408,9 @@ def run(input_path: Path, output: Path, **flags: Any) -> None:
         overwrite=flags["overwrite"],
         adopt_output=flags["adopt_output"],
         grace=flags["grace"],
-        distributed=_distributed(flags),
+        distributed=distributed_flags(flags),
     )
     sys.exit(run_job_command(spec, log_every=flags["log_every"]))
-
-
-def _distributed(flags: dict[str, Any]) -> Any:
-    """``--redis`` and its options, or None for a job run in this process."""
-    from ..batch._job import Distributed
-
-    url = flags["redis_url"]
-    if url is None:
-        for flag in ("redis_fail_open", "no_local_worker"):
-            if flags[flag]:
-                fail(f"--{flag.replace('_', '-')} needs --redis URL")
-        return None
-    if flags["ordered"]:
-        fail("--ordered is not available with --redis: records are written as the workers answer")
-    from ._worker import require_redis
-
-    require_redis()
-    return Distributed(
-        url,
-        fail_open=flags["redis_fail_open"],
-        local_worker=not flags["no_local_worker"],
-        claim_after=flags["claim_after"],
-        max_deliveries=flags["max_deliveries"],
-    )
 
 
 @main.command()
@@ -481,15 +459,21 @@ def worker(redis_url: str, **flags: Any) -> None:
 @_config_options
 @_input_options
 @click.option("--expected-output", type=click.IntRange(min=0), help="Output tokens you expect per request.")
+@prompt_cache_option
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON (cost_usd as planned).")
 @_friendly
 def estimate(input_path: Path, **flags: Any) -> None:
-    """Count INPUT's requests and tokens and the shortest time the limits allow; sends nothing."""
+    """Count INPUT's requests and tokens, the prompt-cache plan, the cost and the shortest
+    time the limits allow; sends nothing."""
     from ..batch._estimate import estimate_job
 
-    config = _job_config(flags)
-    expected_output = flags.pop("expected_output")  # the rest are _INPUT_FLAGS
+    config = dataclasses.replace(_job_config(flags), prompt_cache=flags.pop("prompt_cache"))
+    expected_output, as_json = flags.pop("expected_output"), flags.pop("as_json")  # the rest are _INPUT_FLAGS
     inputs = _input_opts(config, flags.pop("model"), **flags)
     result = estimate_job(input_path, config, inputs, expected_output=expected_output)
+    if as_json:
+        click.echo(json.dumps(result.as_json(), indent=2))
+        return
     _print_table(f"sluice estimate {input_path}", result.rows())
     for line in result.examples_of_bad:
         click.echo(f"  {line}", err=True)

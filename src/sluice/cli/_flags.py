@@ -16,7 +16,18 @@ from .._errors import ConfigError
 from ..batch._inputs import InputOptions
 from ..structured import Schema, load_schema
 
-__all__ = ["duration", "fail", "schema_flag", "with_tier"]
+__all__ = ["distributed_flags", "duration", "fail", "prompt_cache_option", "schema_flag", "with_tier"]
+
+
+prompt_cache_option = click.option(
+    "--prompt-cache",
+    type=click.Choice(["auto", "off"]),
+    default="auto",
+    show_default=True,
+    help="auto: lines that share a long prefix are grouped, one sent first to write the provider's "
+    "prompt cache and the rest once it has answered, marked (Anthropic breakpoints, OpenAI cache keys) "
+    "and limited by what they will be counted for; off: every line as it is written.",
+)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -108,3 +119,27 @@ def duration(text: str, flag: str) -> float:
     if not seconds > 0 or seconds != seconds or seconds == float("inf"):
         raise click.BadParameter(f"{text!r}: a duration must be positive", param_hint=flag)
     return seconds
+
+
+def distributed_flags(flags: dict[str, Any]) -> Any:
+    """``--redis`` and its options, or None for a job run in this process."""
+    from ..batch._job import Distributed
+
+    url = flags["redis_url"]
+    if url is None:
+        for flag in ("redis_fail_open", "no_local_worker"):
+            if flags[flag]:
+                fail(f"--{flag.replace('_', '-')} needs --redis URL")
+        return None
+    if flags["ordered"]:
+        fail("--ordered is not available with --redis: records are written as the workers answer")
+    from ._worker import require_redis
+
+    require_redis()
+    return Distributed(
+        url,
+        fail_open=flags["redis_fail_open"],
+        local_worker=not flags["no_local_worker"],
+        claim_after=flags["claim_after"],
+        max_deliveries=flags["max_deliveries"],
+    )

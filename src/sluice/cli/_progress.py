@@ -17,6 +17,7 @@ from .._format import format_duration, usd
 from .._models import TIER_DISCOUNT
 from ..batch._job import JobProgress
 from ..batch._report import structured_line
+from ..caching._report import summary_rows as cache_rows
 
 __all__ = ["ProgressView", "format_duration", "summary_rows", "table", "usd"]
 
@@ -179,6 +180,8 @@ def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
         )
         rows.append(("structured (this run)", line))
     rows += _tier_rows(progress)
+    if progress.engine is not None and progress.engine.attempts.caching is not None:
+        rows += cache_rows(progress.engine.attempts.caching.summary())
     rows += _troubled_deployments(progress)
     rate = progress.written / elapsed if elapsed > 0 else 0.0
     rows.append(("elapsed", f"{format_duration(elapsed)} ({rate:,.1f} records/s)"))

@@ -12,7 +12,7 @@ from ._anthropic_names import FINISH_REASONS, JSON_TOOL_NAME
 from ._base import Reply
 from ._http import token_count
 
-__all__ = ["anthropic_reply", "openai_completion"]
+__all__ = ["anthropic_reply", "anthropic_usage", "openai_completion"]
 
 
 def anthropic_reply(body: Mapping[str, Any], *, created: int) -> Reply:
@@ -56,15 +56,24 @@ def anthropic_reply(body: Mapping[str, Any], *, created: int) -> Reply:
 
 
 def _usage(raw: Any) -> Usage:
-    usage = raw if isinstance(raw, Mapping) else {}
+    return anthropic_usage(raw if isinstance(raw, Mapping) else {})
+
+
+def anthropic_usage(usage: Mapping[str, Any]) -> Usage:
+    """A Messages ``usage`` in sluice's terms: ``input_tokens`` counts the cache's reads and
+    writes too (Anthropic's leave them out; OpenAI's ``prompt_tokens`` include them), and the
+    writes made for an hour (``cache_creation.ephemeral_1h_input_tokens``, billed at twice
+    the input price) are told apart from the 5-minute ones."""
     cache_read = token_count(usage.get("cache_read_input_tokens"))
     cache_write = token_count(usage.get("cache_creation_input_tokens"))
+    creation = usage.get("cache_creation")
+    hour = token_count(creation.get("ephemeral_1h_input_tokens")) if isinstance(creation, Mapping) else 0
     return Usage(
-        # Anthropic's input_tokens leave out the cached ones; OpenAI's prompt_tokens include them
         input_tokens=token_count(usage.get("input_tokens")) + cache_read + cache_write,
         output_tokens=token_count(usage.get("output_tokens")),
         cached_input_tokens=cache_read,
         cache_write_tokens=cache_write,
+        cache_write_1h_tokens=min(hour, cache_write),
     )
 
 

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._errors import MalformedResponseError, ProviderError, error_for_status
-from .._models import Usage
 from ._anthropic_names import FINISH_REASONS, JSON_TOOL_NAME
+from ._anthropic_reply import anthropic_usage
 from ._events import Finish, StreamEvent, StreamStart, TextDelta, ToolCallDelta, UsageUpdate
 from ._http import token_count
 from ._sse import SseError, SseEvent, typed_data
@@ -51,7 +51,7 @@ class AnthropicStreamDecoder:
     def __init__(self, label: str, request_id: str | None) -> None:
         self._label = label
         self._request_id = request_id
-        self._usage: dict[str, int] = {}
+        self._usage: dict[str, Any] = {}
         #: Content block index -> tool-call number, for the ``tool_use`` blocks.
         self._blocks: dict[int, int] = {}
         #: The content block index of JSON mode's tool, whose input is the answer's text.
@@ -128,19 +128,11 @@ class AnthropicStreamDecoder:
         for name in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
             if name in usage and usage[name] is not None:
                 self._usage[name] = token_count(usage[name])
-        cache_read = self._usage.get("cache_read_input_tokens", 0)
-        cache_write = self._usage.get("cache_creation_input_tokens", 0)
+        creation = usage.get("cache_creation")
+        if isinstance(creation, Mapping) and creation.get("ephemeral_1h_input_tokens") is not None:
+            self._usage["cache_creation"] = {"ephemeral_1h_input_tokens": creation["ephemeral_1h_input_tokens"]}
         # as AnthropicProvider.parse_reply counts it: input includes the cached parts
-        return [
-            UsageUpdate(
-                Usage(
-                    input_tokens=self._usage.get("input_tokens", 0) + cache_read + cache_write,
-                    output_tokens=self._usage.get("output_tokens", 0),
-                    cached_input_tokens=cache_read,
-                    cache_write_tokens=cache_write,
-                )
-            )
-        ]
+        return [UsageUpdate(anthropic_usage(self._usage))]
 
     def _malformed(self, what: str) -> MalformedResponseError:
         return MalformedResponseError(f"{self._label} streamed {what}", request_id=self._request_id)

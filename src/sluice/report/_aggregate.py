@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..batch._report import job_status
+from ..caching._report import fold_summaries
 from ..store import SqliteStore
 from ._buckets import rounded
 from ._lines import from_output, from_state
@@ -46,6 +47,8 @@ def build_report(state: Path, output: Path | None = None, *, top: int = 20) -> d
     if report["job"]["budget_usd"] is None:
         report["job"]["budget_usd"] = budget  # the last run's (the state's notes have none)
     report["lines"] = lines
+    # what the prompt-cache planner did over every run (None: it planned nothing)
+    report["prompt_cache"] = fold_summaries(meta.get("prompt_cache_earlier"), meta.get("prompt_cache"))
     finite: dict[str, Any] = _finite(report)
     return finite
 

@@ -62,6 +62,7 @@ def render_html(report: dict[str, Any]) -> str:
         failure_rows=failures,
         failure_max=max([max(r[1] or 0, r[2] or 0) for r in failures] or [1]),
         cost_rows=_cost_rows(report),
+        cache_rows=_cache_rows(report.get("prompt_cache")),
         uplot_version=UPLOT_VERSION,
         uplot_css=_asset("uPlot.min.css"),
         css=_asset("report.css"),
@@ -95,6 +96,7 @@ _TOP_LEVEL = (
     "cooldowns",
     "lines",
     "runs",
+    "prompt_cache",
 )
 
 
@@ -125,6 +127,33 @@ def _cost_rows(report: dict[str, Any]) -> list[tuple[str, list[tuple[str, float,
     for name, values in (report.get("cost_by") or {}).items():
         total = max(values.values(), default=0.0) or 1.0
         out.append((name, [(key, value, _bar(value, total)) for key, value in values.items()]))
+    return out
+
+
+def _cache_rows(cache: dict[str, Any] | None, groups: int = 10) -> list[dict[str, Any]]:
+    """The prompt cache's rows: the whole job, each deployment, the largest groups; each
+    with its prompt tokens split into uncached, written and read, as shares of a bar."""
+    if not cache:
+        return []
+    rows = [("all requests", cache)]
+    rows += [(f"deployment {label}", figures) for label, figures in sorted(cache["by_deployment"].items())]
+    largest = sorted(cache["by_group"].items(), key=lambda kv: -int(kv[1].get("requests") or 0))[:groups]
+    rows += [(f"group {label} ({figures.get('tokens', 0):,} tokens)", figures) for label, figures in largest]
+    out = []
+    for label, figures in rows:
+        parts = [int(figures.get(key) or 0) for key in ("uncached_tokens", "written_tokens", "read_tokens")]
+        total = sum(parts)
+        out.append(
+            {
+                "label": label,
+                "requests": figures.get("requests"),
+                "tokens": parts,
+                "shares": [_bar(part, total) for part in parts],
+                "hit_rate": figures.get("hit_rate"),
+                "duplicate_writes": figures.get("duplicate_writes"),
+                "saved_usd": figures.get("saved_usd"),
+            }
+        )
     return out
 
 

@@ -1,0 +1,279 @@
+"""The plan for one request: which groups it belongs to, whether it writes their entries or
+reads them (or waits for the request that writes them), and how it is marked.
+
+:class:`PromptCache` is an engine's planner (``Engine(prompt_cache=...)``): the prefix
+index, the groups, what each answer read and wrote, and the share of a predicted read
+that answers bear out. A request of at least the fewest tokens its model caches is
+fingerprinted and counted; its *chain* is the boundaries it shares with other lines,
+past its model's minimum, where sharing pays at the cache's prices, one per level of
+sharing (the instructions every line has, then the document eight lines ask about),
+outer first. Walking the chain: a group whose entry lives is read; one being written by
+another request makes this one wait (held in that group); otherwise this request writes every
+group from there in (it *primes* them). A request whose chain is empty is sent as it
+came: nothing marked, nothing held.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from .._models import Usage
+from ._fingerprint import Boundary, Cut, fingerprint, marked_positions
+from ._groups import CacheTally, Group, Groups
+from ._index import PrefixIndex
+from ._marks import legal_ttls, with_breakpoints, with_key
+from ._rules import LOWEST_MINIMUM, MAX_BREAKPOINTS, TTL_1H, TTL_5M, CacheRules, rules_for
+
+if TYPE_CHECKING:
+    from .._job import Job
+    from .._models import Deployment, Request, Result
+    from .._pricing import Pricing
+
+__all__ = ["CacheRates", "Planned", "PromptCache", "cache_rates", "shared_chain"]
+
+#: A boundary counts only this far past its model's minimum (sluice's estimate of tokens
+#: is not the provider's count).
+_MARGIN = 1.05
+#: How far a prediction of what a request reads moves with each answer.
+_LEARNING = 0.3
+
+
+class Planned:
+    """What the plan says of one job (``Job.cache``): the groups it writes (``primes``) and
+    the deepest one it reads (``reads``), its breakpoints, and the read it expects."""
+
+    __slots__ = ("_marked", "cuts", "expect_read", "primes", "reads")
+
+    def __init__(self, cuts: tuple[tuple[Cut, str], ...], primes: tuple[Group, ...], reads: Group | None) -> None:
+        self.cuts = cuts
+        self.primes = primes
+        self.reads = reads
+        self.expect_read = 0
+        self._marked: tuple[Request, Request] | None = None
+
+    @property
+    def hour(self) -> bool:
+        """A breakpoint asks for an hour-long entry (billed at twice the input price)."""
+        return any(ttl == "1h" for _, ttl in self.cuts)
+
+    @property
+    def route(self) -> Any:
+        """The deployment (router Route) whose cache holds what it reads, if any."""
+        return self.reads.route if self.reads is not None else None
+
+    def request_for(self, request: Request, deployment: Deployment, now: float) -> Request:
+        """``request`` marked for the cache of ``deployment`` (as it is sent; sent as it is
+        to a provider that caches nothing the planner knows)."""
+        rules = rules_for(deployment)
+        if rules is None:
+            return request
+        if rules.kind == "anthropic":
+            if not self.cuts:
+                return request
+            marked = self._marked
+            if marked is None or marked[0] is not request:
+                marked = self._marked = (request, with_breakpoints(request, self.cuts))
+            return marked[1]
+        group = self.primes[-1] if self.primes else self.reads
+        return with_key(request, group.key(now)) if group is not None else request
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CacheRates:
+    """A model's cache prices as multiples of its input price."""
+
+    read: float
+    write: float
+    hour: float
+
+    def pays(self, lines: int, hour: bool = False) -> bool:
+        """Whether writing a prefix once and reading it ``lines - 1`` times costs less than
+        sending it ``lines`` times."""
+        return (self.hour if hour else self.write) + (lines - 1) * self.read < lines
+
+
+def cache_rates(pricing: Pricing, deployment: Deployment, rules: CacheRules) -> CacheRates:
+    """The model's read and write prices as multiples of its input price: genai-prices'
+    (or the deployment's own), else the providers' documented ones."""
+    read, write = (0.1, 1.25) if rules.kind == "anthropic" else (0.5, 1.0)
+    known = pricing.known(deployment)
+    price = known.price if known is not None else None
+    if price is not None and price.input_per_mtok > 0:
+        if price.cached_input_per_mtok is not None:
+            read = price.cached_input_per_mtok / price.input_per_mtok
+        if price.cache_write_per_mtok is not None:
+            write = price.cache_write_per_mtok / price.input_per_mtok
+    return CacheRates(read, write, 2.0 if rules.kind == "anthropic" else write)
+
+
+def shared_chain(
+    boundaries: list[Boundary], index: PrefixIndex, rules: CacheRules, rates: CacheRates, room: int
+) -> list[tuple[Boundary, int]]:
+    """The boundaries of a prompt that other lines share (with how many lines), past the
+    model's minimum and where caching pays, the deepest of each level of sharing, outer
+    first; at most ``room`` of them, the deepest (Anthropic: the breakpoints left; OpenAI:
+    one, a key per group, since an outer group's entry is on another machine)."""
+    least = rules.minimum * _MARGIN
+    shared: list[tuple[Boundary, int]] = []
+    for boundary in boundaries:
+        if boundary.tokens < least:
+            continue
+        lines = index.count(boundary.digest)
+        if lines < 2 or not rates.pays(lines):
+            continue
+        if shared and lines >= shared[-1][1]:
+            shared.pop()  # as widely shared as this one, and shorter: this one covers it
+        shared.append((boundary, lines))
+    return shared[-room:] if room > 0 else []
+
+
+class PromptCache:
+    """An engine's prompt-cache planner (see the module docstring)."""
+
+    def __init__(self, pricing: Pricing, *, lookahead: int = 64, max_hold: float = 120.0) -> None:
+        self.pricing = pricing
+        self.index = PrefixIndex()
+        self.groups = Groups()
+        #: Jobs a fan-out reads ahead before it decides the first; seconds a job may wait
+        #: for its group's primer before it is sent anyway.
+        self.lookahead = lookahead
+        self.max_hold = max_hold
+        #: Of a predicted read, the share answers bore out (learnt; 1.0 to begin with).
+        self.borne_out = 1.0
+        #: Each job's boundaries are counted as it comes (off once a whole input was
+        #: counted beforehand: :meth:`adopt`).
+        self.counting = True
+        self.total = CacheTally()
+        self.by_deployment: dict[str, CacheTally] = {}
+        self._rates: dict[int, tuple[Deployment, CacheRates]] = {}
+
+    # -- what a job shares ----------------------------------------------------------------
+
+    def boundaries(self, job: Job) -> list[Boundary] | None:
+        """The job's boundaries, counted in the index; None when its model caches nothing
+        the planner knows, or its prompt is shorter than any cache takes (no fingerprint:
+        the common case of short prompts costs one test)."""
+        if job.tokens - job.output < LOWEST_MINIMUM or job.request.native is not None:
+            return None
+        rules = rules_for(job.route.deployment)
+        if rules is None:
+            return None
+        found = fingerprint(job.request)
+        if self.counting:
+            self.index.add(found)
+        return found
+
+    def adopt(self, index: PrefixIndex) -> None:
+        """Plan on ``index``: every line of the job counted beforehand (``sluice run``'s
+        first pass over its input), so a line knows the lines far ahead that share it."""
+        self.index = index
+        self.counting = False
+
+    def chain(self, job: Job, boundaries: list[Boundary]) -> list[tuple[Boundary, Group]]:
+        """The groups ``job`` shares, outer first (see the module docstring)."""
+        deployment = job.route.deployment
+        rules = rules_for(deployment)
+        assert rules is not None
+        rates = self.rates(deployment, rules)
+        hour = deployment.tier == "batch"
+        room = MAX_BREAKPOINTS - len(marked_positions(job.request)) if rules.breakpoints else 1
+        shared = shared_chain(boundaries, self.index, rules, rates, room)
+        chain = []
+        for boundary, lines in shared:
+            group = self.groups.get(boundary.digest, boundary.tokens)
+            group.lines = lines
+            group.ttl = TTL_1H if hour and rates.pays(lines, hour=True) else TTL_5M
+            chain.append((boundary, group))
+        return chain
+
+    def place(self, job: Job, chain: list[tuple[Boundary, Group]], now: float) -> Planned | Group | None:
+        """``job``'s plan: a :class:`Planned` to send it with, the Group it waits in (for its
+        primer's answer), or None (nothing shared: sent as it came)."""
+        if not chain:
+            return None
+        deepest = -1
+        for number, (_, group) in enumerate(chain):
+            if group.live(now):
+                deepest = number
+        if deepest + 1 < len(chain) and job.route.deployment.tier != "batch":  # a batch is not waited on
+            group = chain[deepest + 1][1]
+            if group.priming:
+                group.held.append(job)
+                return group
+        primes = tuple(group for _, group in chain[deepest + 1 :])
+        for group in primes:
+            group.priming = True
+        reads = chain[deepest][1] if deepest >= 0 else None
+        planned = Planned(self._cuts(job, chain), primes, reads)
+        if reads is not None:
+            planned.expect_read = int(chain[deepest][0].tokens * self.borne_out)
+        return planned
+
+    def _cuts(self, job: Job, chain: list[tuple[Boundary, Group]]) -> tuple[tuple[Cut, str], ...]:
+        rules = rules_for(job.route.deployment)
+        if rules is None or not rules.breakpoints:
+            return ()
+        wanted = [(boundary.order, "1h" if group.ttl == TTL_1H else "5m") for boundary, group in chain]
+        ttls = legal_ttls(wanted, marked_positions(job.request))
+        return tuple((boundary.cut, ttl) for (boundary, _), ttl in zip(chain, ttls, strict=True))
+
+    def rates(self, deployment: Deployment, rules: CacheRules) -> CacheRates:
+        """The model's cache prices (see :func:`cache_rates`), looked up once per deployment."""
+        entry = self._rates.get(id(deployment))
+        if entry is not None and entry[0] is deployment:
+            return entry[1]
+        rates = cache_rates(self.pricing, deployment, rules)
+        self._rates[id(deployment)] = (deployment, rates)
+        return rates
+
+    # -- what it got ----------------------------------------------------------------------
+
+    def finished(self, job: Job, planned: Planned, result: Result, now: float) -> list[Job]:
+        """``job``'s answer (or failure) is in: its groups learn, and the jobs that waited
+        for it as their primer are handed back (to be placed again)."""
+        answered = result.ok and result.attempts > 0 and not result.cached
+        for group in planned.primes:
+            group.priming = False
+            if answered:
+                group.used(now)
+                group.route = job.route
+        if answered and planned.reads is not None:
+            planned.reads.used(now)
+        if answered:
+            self._count(job, planned, result.usage)
+        released: list[Job] = []
+        for group in planned.primes:
+            while group.held:
+                released.append(group.held.popleft())
+        return released
+
+    def _count(self, job: Job, planned: Planned, usage: Usage) -> None:
+        read = min(usage.cached_input_tokens, usage.input_tokens)
+        written = min(usage.cache_write_tokens, usage.input_tokens - read)
+        uncached = usage.input_tokens - read - written
+        if planned.expect_read:
+            self.borne_out = min(1.0, (1 - _LEARNING) * self.borne_out + _LEARNING * read / planned.expect_read)
+        deployment = job.route.deployment
+        saved = 0.0
+        cost = self.pricing.cost(deployment, usage)
+        if cost is not None:
+            plain = Usage(usage.input_tokens, usage.output_tokens, reasoning_tokens=usage.reasoning_tokens)
+            saved = (self.pricing.cost(deployment, plain) or 0.0) - cost
+        duplicate = written > 0 and not planned.primes
+        tallies = [self.total, self.by_deployment.setdefault(deployment.label, CacheTally())]
+        group = planned.primes[-1] if planned.primes else planned.reads
+        if group is not None:
+            tallies.append(group.tally)
+        for tally in tallies:
+            tally.add(uncached, written, read, saved, duplicate=duplicate)
+
+    def summary(self, groups: int = 10) -> dict[str, Any]:
+        """What the planner did, as JSON-ready data: totals, per deployment, the largest groups."""
+        largest = sorted((g for g in self.groups if g.tally.requests), key=lambda g: -g.tally.requests)[:groups]
+        return {
+            **self.total.summary(),
+            "groups": sum(1 for g in self.groups if g.tally.requests),
+            "by_deployment": {label: tally.summary() for label, tally in sorted(self.by_deployment.items())},
+            "by_group": {g.label: {"tokens": g.tokens, **g.tally.summary()} for g in largest},
+        }
