@@ -1,6 +1,8 @@
-"""Fairness between deployments (issue 34, point 16): requests waiting on one deployment's
-limiter lend their slots of the engine's gate, so a burst on one deployment cannot starve
-another that has room; the gate still caps the requests at work."""
+"""Fairness between deployments and honest waits (issue 34, points 16 and 17): requests
+waiting on one deployment's limiter lend their slots of the engine's gate, so a burst on
+one deployment cannot starve another that has room (the gate still caps the requests at
+work); and ``sluice serve`` predicts a wait from the deployment's own queue and schedule
+(its window, pacer and burst), so it refuses only what its limits would not send in time."""
 
 from __future__ import annotations
 
@@ -10,13 +12,16 @@ from typing import Any
 
 import anthropic
 import openai
+import pytest
 from fake_provider import deployment_at
 from servetools import ENV, PRICE, UPSTREAM_KEY, listening
 
 from sluice import Deployment, Engine, Price, Result, RetryPolicy
 from sluice._gate import PriorityGate
+from sluice._limits import pace_factor
 from sluice.cli._config import JobConfig
 from sluice.serve._app import build_app
+from sluice.serve._queue import ServeLimiter
 from sluice.serve._settings import ServeSettings
 from sluice.store import SqliteStore
 from sluice.testing import FakeServer, run_in_virtual_time
@@ -207,3 +212,64 @@ async def test_a_messages_burst_and_a_responses_burst_through_serve_go_side_by_s
     first = seen[: 2 * rpm]
     assert first.count("claude") >= rpm * 3 // 4, first
     assert first.count("gpt") >= rpm * 3 // 4, first
+
+
+# -- wait predictions ---------------------------------------------------------------------------
+
+
+def test_a_plain_windows_wait_is_predicted_as_the_window_admits_it() -> None:
+    """300 per 60 s as a plain window (a burst of the whole limit): the 600th request waits
+    one window, not the two minutes an even pace would take; an even pace is predicted as
+    one. Before: 599 x 0.2 s = 120 s for both."""
+
+    async def scenario() -> tuple[float, float]:
+        window = ServeLimiter(requests=300, window=60.0, burst_requests=300)
+        paced = ServeLimiter(requests=300, window=60.0)
+        return window.eta(12, 599, None), paced.eta(12, 599, None)
+
+    window, paced = run_in_virtual_time(scenario())
+    assert window == pytest.approx(60.0, abs=0.1)
+    assert paced == pytest.approx(599 * 60.0 / 300 * pace_factor(60.0))
+
+
+async def test_serve_admits_what_the_deployments_windows_send_within_max_wait(tmp_path: Path) -> None:
+    """Two deployments, each upstream a plain window of 20 per 4 s and each deployment
+    told so (``burst_requests`` = its rpm). A first 20 for each fill their windows; then 20
+    more for each at once, with a max wait of 6 s: each deployment sends them when its
+    window turns, within 4 s, so none is refused. Before: every request the server held
+    counted as queued ahead of each, at an even pace (up to 40 x 0.2 s), and most of the
+    second wave was refused at once."""
+    rpm, window = 20, 4.0
+    async with (
+        FakeServer(rpm=rpm, window=window, slice=None, api_key=UPSTREAM_KEY) as one,
+        FakeServer(rpm=rpm, window=window, slice=None, api_key=UPSTREAM_KEY) as other,
+    ):
+        limits: dict[str, Any] = {"rpm": rpm, "window": window, "burst_requests": rpm, "price": PRICE}
+        deployments = (
+            deployment_at(one, "openai/gpt-one", api_key=UPSTREAM_KEY, **limits),
+            deployment_at(other, "openai/gpt-other", api_key=UPSTREAM_KEY, **limits),
+        )
+        config = JobConfig(deployments, retry=RetryPolicy(max_attempts=1))
+        app = build_app(config, ServeSettings(max_queue=200, max_wait_s=6), (), tmp_path, environ=ENV)
+        async with listening(app) as url:
+            client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+            async def wave(name: str) -> list[Any]:
+                calls = [
+                    client.chat.completions.create(
+                        model=model, messages=[{"role": "user", "content": f"{name} {model} {i}"}], max_tokens=8
+                    )
+                    for i in range(rpm)
+                    for model in ("gpt-one", "gpt-other")
+                ]
+                return await asyncio.gather(*calls, return_exceptions=True)
+
+            try:
+                outcomes = await wave("first")
+                outcomes += await wave("second")
+            finally:
+                await client.close()
+        refused = [str(o)[:200] for o in outcomes if isinstance(o, BaseException)]
+        assert refused == []
+        assert one.stats.accepted == other.stats.accepted == 2 * rpm
+        assert one.stats.rate_limited == other.stats.rate_limited == 0

@@ -60,6 +60,7 @@ from ._meter import (
     WINDOW_MARGIN,
     Entry,
     Meter,
+    answer_bound,
     capacity_error,
     pace_factor,
 )
@@ -150,7 +151,7 @@ LEDGER_TICK = 0.001
 class Grant:
     """A :class:`LocalLimiter`'s reservation (see :class:`Reservation`)."""
 
-    __slots__ = ("_counted", "_entry", "_limiter", "_open", "_paced", "_sent", "output", "tokens")
+    __slots__ = ("_counted", "_entry", "_limiter", "_open", "_paced", "output", "tokens")
 
     def __init__(self, limiter: LocalLimiter, entry: Entry, tokens: int, output: int = 0) -> None:
         self._limiter = limiter
@@ -162,7 +163,6 @@ class Grant:
         #: What this grant adds to its ledger entry per meter (the entry may hold other
         #: grants too); None once refunded.
         self._counted: list[int] | None = [1, tokens, tokens - output, output]
-        self._sent = False
         #: It has its place in the send pacer (``send_delay`` was asked).
         self._paced = False
 
@@ -179,9 +179,10 @@ class Grant:
 
     def sent(self, at: float) -> None:
         """It was handed to the provider at ``at`` (the loop's clock): the window and the
-        send pacer count from when it left, not from when it was granted."""
-        if self._counted is not None and not self._sent:
-            self._sent = True
+        send pacer count from when it left, not from when it was granted. Told again
+        when it really left (its connection ready, see ``_arrival.departed``), the window
+        counts from then."""
+        if self._counted is not None:
             self._limiter._left(self, at)
 
     def reconcile(
@@ -202,7 +203,10 @@ class Grant:
     def done(self) -> None:
         if self._open:
             self._open = False
-            self._limiter._release_slot()
+            limiter = self._limiter
+            if self._counted is not None and limiter._active:
+                limiter._answered(self._entry)
+            limiter._release_slot()
 
     def refund(self) -> None:
         if self._counted is not None:
@@ -240,6 +244,7 @@ class LocalLimiter:
 
     __slots__ = (
         "_active",
+        "_answer_bound",
         "_heap",
         "_in_flight",
         "_ledger",
@@ -270,6 +275,7 @@ class LocalLimiter:
     ) -> None:
         self.name = name
         self.window = window
+        self._answer_bound = answer_bound(window)
         self.max_in_flight = max_in_flight
         #: Requests, tokens, input tokens, output tokens (see :mod:`._meter`).
         self._meters = (
@@ -364,10 +370,11 @@ class LocalLimiter:
         now = self._now()
         self._expire(now)
         changed = False
+        lingering = self._lingering(now)
         for meter, reading in zip(self._meters, readings(sane_snapshot(snapshot)), strict=True):
             if meter.limit is None and reading.limit is not None:
                 self._activate(meter)
-            changed = meter.learn(reading, self.window, now) or changed
+            changed = meter.learn(reading, self.window, now, lingering[meter.index]) or changed
         if changed:
             self._wake()
 
@@ -415,6 +422,30 @@ class LocalLimiter:
     def waiting(self) -> int:
         return sum(1 for *_, w in self._heap if not w.future.done())
 
+    def waiting_before(self, priority: int) -> int:
+        """Waiters a new request of ``priority`` would queue behind (its lane and those before it)."""
+        return sum(1 for p, *_, w in self._heap if p <= priority and not w.future.done())
+
+    def forecast(self, tokens: int, ahead: int = 0, *, output: int = 0) -> float:
+        """When (the loop's clock) a request of ``tokens`` behind ``ahead`` others of its size
+        would be granted, by this limiter's own schedule: its pause, its window and its
+        pacer (a burst allowance included), not an even pace alone. Slots in flight are
+        not in it (they free when answers come: the caller knows how long those take)."""
+        now = self._now()
+        self._expire(now)
+        start = self._paused_until if self._paused_until > now else now
+        at = start
+        span = self.window + WINDOW_MARGIN
+        amounts = 1, tokens, tokens - output, output
+        nth = max(0, ahead) + 1
+        for meter in self._active:
+            amount = amounts[meter.index]
+            if amount:
+                ready = meter.forecast(amount, nth, start, self._ledger, span)
+                if ready > at:
+                    at = ready
+        return at
+
     def set_max_in_flight(self, cap: int | None) -> None:
         """Change the in-flight cap (adaptive concurrency); a higher one lets waiters go."""
         raised = cap is None or (self.max_in_flight is not None and cap > self.max_in_flight)
@@ -459,6 +490,18 @@ class LocalLimiter:
             for meter in self._active:
                 meter.used -= amounts[meter.index]
 
+    def _lingering(self, now: float) -> list[int]:
+        """What the ledger holds, per meter, only because answers came late (the entries
+        whose window from when they left is over): the oldest entries, at its head."""
+        span = self.window + WINDOW_MARGIN
+        totals = [0, 0, 0, 0]
+        for entry in self._ledger:
+            if entry.left + span > now:
+                break
+            for index, amount in enumerate(entry.amounts):
+                totals[index] += amount
+        return totals
+
     def _activate(self, meter: Meter) -> None:
         """``meter`` is about to learn a limit: from now on it counts, starting from what
         the ledger holds of it (nothing counted it while it had no limit)."""
@@ -497,7 +540,7 @@ class LocalLimiter:
         given = tokens - output
         if ledger and now - ledger[-1].t <= LEDGER_TICK:
             entry = ledger[-1]  # one entry per millisecond, its time the latest grant's
-            entry.t = now
+            entry.t = entry.left = now
             held = entry.amounts
             held[REQUESTS] += 1
             held[TOKENS] += tokens
@@ -541,8 +584,11 @@ class LocalLimiter:
         cannot reach the server sooner). One that skipped ``send_delay`` (a caller that does
         not ask) takes its send pacer slot now."""
         entry = grant._entry
-        if at > entry.t and not entry.gone:
-            entry.t = at
+        if not entry.gone:
+            if at > entry.left:
+                entry.left = at
+            if at > entry.t:
+                entry.t = at
         if not grant._paced:
             self._send_delay(grant, at)
 
@@ -565,6 +611,18 @@ class LocalLimiter:
                     meter.adjust(change, counted=counted, sent=sent)
         if (self._heap or self._timer is not None) and min(delta) < 0:
             self._wake()
+
+    def _answered(self, entry: Entry) -> None:
+        """A grant of ``entry`` was answered now: the server counted it by then, so the
+        entry counts from now at the latest, up to ``answer_bound`` after it left."""
+        if entry.gone:
+            return
+        latest = entry.t + self._answer_bound
+        now = self._now()
+        if now < latest:
+            latest = now
+        if latest > entry.t:
+            entry.t = latest
 
     def _release_slot(self) -> None:
         self._in_flight -= 1
