@@ -11,6 +11,7 @@ pool; each provider says how its events read (:class:`StreamDecoder`).
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from .. import _json
-from .._arrival import heard
+from .._arrival import departed, heard
 from .._errors import (
     AttemptTimeoutError,
     ConfigError,
@@ -41,6 +42,8 @@ from ._sse import SseDecoder, SseError, SseEvent
 
 if TYPE_CHECKING:
     import aiohttp
+    from aiohttp.abc import AbstractStreamWriter
+    from aiohttp.connector import Connection
 
 __all__ = ["HttpProvider", "HttpTransport", "StreamDecoder", "header_number", "token_count", "untranslatable"]
 
@@ -114,6 +117,24 @@ class StreamDecoder(Protocol):
         ...
 
 
+@functools.cache
+def _departing_request() -> type[aiohttp.ClientRequest]:
+    """aiohttp's request, telling the attempt core the moment its body is written (see
+    ``_arrival.departed``): after a new connection's handshake, and after the loop came
+    round to the task that writes it (aiohttp writes a body in a task of its own, which
+    before Python 3.12 starts on a later turn of the loop)."""
+    import aiohttp
+
+    class DepartingRequest(aiohttp.ClientRequest):
+        async def write_bytes(
+            self, writer: AbstractStreamWriter, conn: Connection, content_length: int | None = None
+        ) -> None:
+            await super().write_bytes(writer, conn, content_length)
+            departed(self.loop.time())
+
+    return DepartingRequest
+
+
 class HttpTransport:
     """One lazily created aiohttp session shared by every HTTP provider of an engine."""
 
@@ -134,6 +155,7 @@ class HttpTransport:
             connector = aiohttp.TCPConnector(limit=self._limit, limit_per_host=0, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(
                 connector=connector,
+                request_class=_departing_request(),
                 json_serialize=json.dumps,
                 raise_for_status=False,
                 # the engine times each attempt, the idle timeout of a plain request included
