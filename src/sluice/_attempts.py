@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, cast
 
 from ._admission import Admission
-from ._arrival import departing, listening
+from ._arrival import listening
 from ._errors import (
     AttemptTimeoutError,
     CancelledError,
@@ -360,7 +360,6 @@ class Attempts(Admission):
         elif hard is not None:
             watch = self.timer.arm(loop, hard)
         listened = listening.set(watch) if idle is not None else None
-        leaving = departing.set(slot.reservation)  # the provider says when it really leaves
         entered = None
         try:
             try:
@@ -375,7 +374,6 @@ class Attempts(Admission):
                     reply = await send(route)
             finally:
                 timed_out = self.timer.disarm(watch)
-                departing.reset(leaving)
                 if listened is not None:
                     listening.reset(listened)
                 if trace is not None:

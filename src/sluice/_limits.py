@@ -151,7 +151,7 @@ LEDGER_TICK = 0.001
 class Grant:
     """A :class:`LocalLimiter`'s reservation (see :class:`Reservation`)."""
 
-    __slots__ = ("_counted", "_entry", "_limiter", "_open", "_paced", "output", "tokens")
+    __slots__ = ("_counted", "_entry", "_limiter", "_open", "_paced", "_sent", "output", "tokens")
 
     def __init__(self, limiter: LocalLimiter, entry: Entry, tokens: int, output: int = 0) -> None:
         self._limiter = limiter
@@ -163,6 +163,7 @@ class Grant:
         #: What this grant adds to its ledger entry per meter (the entry may hold other
         #: grants too); None once refunded.
         self._counted: list[int] | None = [1, tokens, tokens - output, output]
+        self._sent = False
         #: It has its place in the send pacer (``send_delay`` was asked).
         self._paced = False
 
@@ -179,10 +180,9 @@ class Grant:
 
     def sent(self, at: float) -> None:
         """It was handed to the provider at ``at`` (the loop's clock): the window and the
-        send pacer count from when it left, not from when it was granted. Told again
-        when it really left (its connection ready, see ``_arrival.departed``), the window
-        counts from then."""
-        if self._counted is not None:
+        send pacer count from when it left, not from when it was granted."""
+        if self._counted is not None and not self._sent:
+            self._sent = True
             self._limiter._left(self, at)
 
     def reconcile(

@@ -11,7 +11,6 @@ pool; each provider says how its events read (:class:`StreamDecoder`).
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import os
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from .. import _json
-from .._arrival import departed, heard
+from .._arrival import heard
 from .._errors import (
     AttemptTimeoutError,
     ConfigError,
@@ -42,8 +41,6 @@ from ._sse import SseDecoder, SseError, SseEvent
 
 if TYPE_CHECKING:
     import aiohttp
-    from aiohttp.abc import AbstractStreamWriter
-    from aiohttp.connector import Connection
 
 __all__ = ["HttpProvider", "HttpTransport", "StreamDecoder", "header_number", "token_count", "untranslatable"]
 
@@ -89,6 +86,8 @@ def _secrets_in(headers: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(found)
 
 
+#: aiohttp warns of raw bytes bodies over this (``aiohttp.payload.TOO_LARGE_BYTES_BODY``).
+_LARGE_BODY = 1 << 20
 #: Each native API's output cap.
 _OUTPUT_CAP = {"anthropic": "max_tokens", "responses": "max_output_tokens"}
 #: What each native API is called in messages.
@@ -117,24 +116,6 @@ class StreamDecoder(Protocol):
         ...
 
 
-@functools.cache
-def _departing_request() -> type[aiohttp.ClientRequest]:
-    """aiohttp's request, telling the attempt core the moment its body is written (see
-    ``_arrival.departed``): after a new connection's handshake, and after the loop came
-    round to the task that writes it (aiohttp writes a body in a task of its own, which
-    before Python 3.12 starts on a later turn of the loop)."""
-    import aiohttp
-
-    class DepartingRequest(aiohttp.ClientRequest):
-        async def write_bytes(
-            self, writer: AbstractStreamWriter, conn: Connection, content_length: int | None = None
-        ) -> None:
-            await super().write_bytes(writer, conn, content_length)
-            departed(self.loop.time())
-
-    return DepartingRequest
-
-
 class HttpTransport:
     """One lazily created aiohttp session shared by every HTTP provider of an engine."""
 
@@ -155,7 +136,6 @@ class HttpTransport:
             connector = aiohttp.TCPConnector(limit=self._limit, limit_per_host=0, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(
                 connector=connector,
-                request_class=_departing_request(),
                 json_serialize=json.dumps,
                 raise_for_status=False,
                 # the engine times each attempt, the idle timeout of a plain request included
@@ -542,9 +522,13 @@ class HttpProvider(ABC):
                 else:
                     response.close()  # left early or broken: drop the connection
 
-    def _encode(self, body: Mapping[str, Any]) -> bytes:
+    def _encode(self, body: Mapping[str, Any]) -> bytes | io.BytesIO:
+        """The body as JSON; over aiohttp's 1 MiB mark (base64 images, long documents) as a
+        BytesIO, which aiohttp writes in pieces: raw bytes that large make it warn that they
+        may block the loop (a ResourceWarning, an error where warnings are)."""
         try:
-            return _json.dumps(body)
+            data = _json.dumps(body)
+            return io.BytesIO(data) if len(data) > _LARGE_BODY else data
         except UnicodeEncodeError as exc:
             raise InvalidRequestError(f"the request holds text that is not valid Unicode ({exc.reason})") from None
         except (TypeError, ValueError) as exc:

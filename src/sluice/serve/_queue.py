@@ -6,8 +6,9 @@ grants it capacity (the engine's concurrency gate, a budget wait and the limiter
 all count). The server counts such requests; past ``max_queue`` a new one is refused at
 once, and one whose wait would pass its ``max_wait`` is refused (at once when the
 limiter's schedule already says so, else when the time is up). Either way the 429 carries
-a ``Retry-After`` worked out from what the limiter knows: its pacing interval, its pause
-after a provider's 429, the requests queued ahead.
+a ``Retry-After`` worked out from what the limiter knows (:meth:`LocalLimiter.forecast`):
+its window, its pacer and burst, its pause after a provider's 429, and the requests
+queued on that deployment ahead of this one (not those waiting for other deployments).
 
 How the server learns the moment of the grant without changing the engine: the engine is
 built with :class:`ServeLimiter` (``Engine(limiter_factory=...)``), a LocalLimiter that
