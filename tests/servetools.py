@@ -53,11 +53,13 @@ async def serving(
     *,
     clients: tuple[ClientSpec, ...] = (),
     retry: RetryPolicy | None = None,
+    environ: dict[str, str] | None = None,
     **settings: Any,
 ) -> AsyncIterator[str]:
     """The proxy on a loopback port; yields its base URL (``http://127.0.0.1:PORT``)."""
     config = JobConfig(tuple(deployments), retry=retry or RetryPolicy(max_attempts=3, base_delay=0.01))
-    async with listening(build_app(config, ServeSettings(**settings), clients, state, environ=ENV)) as url:
+    app = build_app(config, ServeSettings(**settings), clients, state, environ=ENV if environ is None else environ)
+    async with listening(app) as url:
         yield url
 
 

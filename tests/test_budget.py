@@ -388,3 +388,58 @@ def test_a_parked_hold_smaller_than_the_new_worst_case_is_given_back() -> None:
         assert spending.budget.reserved() == 0.0
 
     asyncio.run(main())
+
+
+def test_a_request_what_is_spent_leaves_no_room_for_is_refused_at_once() -> None:
+    """Money held in flight may come back; money spent never does. A request that does not
+    fit even if every hold came back whole is refused now, not left waiting on a hold
+    (a parked batch line's may be held for hours)."""
+
+    async def scenario() -> str:
+        ledger = BudgetLedger()
+        budget = Budget(1.0)
+        (await ledger.reserve(budget, 0.8)).commit(0.8)
+        held = await ledger.reserve(budget, 0.1)  # in flight, never settled here
+        try:
+            await asyncio.wait_for(ledger.reserve(budget, 0.3), timeout=3600)
+        except BudgetExhaustedError:
+            outcome = "refused"
+        except TimeoutError:
+            outcome = "waited an hour"
+        fits = await ledger.reserve(budget, 0.1)  # what the hold in flight may still give back fits
+        held.release()
+        fits.release()
+        return outcome
+
+    assert run_in_virtual_time(scenario()) == "refused"
+
+
+def test_a_parked_hold_settles_when_its_batch_ends_and_its_line_is_not_charged_again() -> None:
+    """``settle_parked``: the batch's bill counts when its results come; the line, asked
+    again, holds nothing more and its answer read back costs the budget nothing more
+    (though its record still says what it cost)."""
+    from sluice._spending import Spending
+
+    async def main() -> None:
+        spending = Spending(1.0)
+        budget = spending.budget
+        assert budget is not None
+        for key in ("answered", "unanswered"):
+            hold = await spending.reserve(budget, 0.2)
+            assert hold is not None
+            spending.park(key, hold)
+        assert budget.reserved() == pytest.approx(0.4)
+        spending.settle_parked("answered", 0.05)  # its batch answered it, for $0.05
+        spending.settle_parked("unanswered", None)  # its batch did not: not billed
+        spending.settle_parked("never-parked", 0.5)  # nothing to settle
+        assert budget.reserved() == 0.0
+        assert budget.spent() == pytest.approx(0.05)
+        again = spending.unpark(budget, "answered", 0.2)
+        assert again is not None
+        assert again.amount == 0.0  # nothing more is held for it
+        again.commit(0.05)  # its answer read back: already counted
+        assert budget.spent() == pytest.approx(0.05)
+        assert spending.unpark(budget, "unanswered", 0.2) is None  # asked again, it reserves afresh
+        assert not spending.holds_parked
+
+    asyncio.run(main())

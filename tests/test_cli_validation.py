@@ -149,3 +149,38 @@ def test_a_temperature_no_provider_takes_is_refused(server: FakeServer, tmp_path
     source = write_jsonl(tmp_path / "in.jsonl", questions(2))
     done = run_cli(server, "run", source, "-o", tmp_path / "out.jsonl", "--model", MODEL, "--temperature", "9")
     assert_refused(done, tmp_path, "'--temperature'", "0<=x<=2")
+
+
+def test_an_output_not_this_jobs_is_refused_leaving_no_state_behind(server: FakeServer, tmp_path: Path) -> None:
+    """Issue 34 point 24: the refusal came after the state file was made, and left it."""
+    source = write_jsonl(tmp_path / "in.jsonl", questions(3))
+    (tmp_path / "other.jsonl").write_text("someone's notes\n")
+    done = run_cli(server, "run", source, "-o", tmp_path / "other.jsonl", "--model", MODEL)
+    assert_refused(done, tmp_path, "already exists and was not written by this job", keep=("in.jsonl", "other.jsonl"))
+    assert (tmp_path / "other.jsonl").read_text() == "someone's notes\n"
+
+
+def test_an_unpriced_model_under_a_budget_is_refused_before_any_file(server: FakeServer, tmp_path: Path) -> None:
+    """Point 24: it showed progress, then refused, leaving an empty output and a state."""
+    source = write_jsonl(tmp_path / "in.jsonl", questions(3))
+    done = run_cli(
+        server, "run", source, "-o", tmp_path / "out.jsonl", "--model", "openai/my-unknown-model", "--budget", "1"
+    )
+    assert_refused(done, tmp_path, "'openai/my-unknown-model' has no known price", "--allow-unpriced")
+    assert "[sluice]" not in done.stderr  # no progress line for a job that never starts
+    assert server.stats.received == 0
+
+
+def test_a_report_refused_or_made_leaves_nothing_beside_the_state(server: FakeServer, tmp_path: Path) -> None:
+    """Point 24: ``sluice report OUT --html <the job's input>`` is refused, and neither it
+    nor a report that is made leaves SQLite's ``-wal``/``-shm`` files beside the state."""
+    source = write_jsonl(tmp_path / "in.jsonl", questions(3))
+    out = tmp_path / "out.jsonl"
+    assert run_cli(server, "run", source, "-o", out, "--model", MODEL).returncode == 0
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert before == ["in.jsonl", "out.jsonl", "out.sluice.db"]
+    refused = run_cli(server, "report", out, "--html", source)
+    assert_refused(refused, tmp_path, "is the job's input", keep=tuple(before))
+    made = run_cli(server, "report", out)
+    assert made.returncode == 0, made.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -9,8 +9,10 @@ import html
 import io
 import json
 import os
+import re
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from types import FrameType
@@ -27,7 +29,8 @@ from servetools import ALICE_KEY, BOB_KEY, ENV, PRICE, UPSTREAM_KEY, ask, deploy
 from sluice import CallableProvider, ConfigError, Deployment, Request, RetryPolicy, ServerError
 from sluice.cli._config import JobConfig
 from sluice.serve._app import build_app
-from sluice.serve._dashboard import LIVE, SESSION_S, DashboardAuth
+from sluice.serve._backoff import CAP, FORGET, FREE, Backoff
+from sluice.serve._dashboard import BACKOFF, LIVE, SESSION_S, DashboardAuth
 from sluice.serve._live import Live
 from sluice.serve._settings import ClientSpec, ServeSettings, serve_tables
 from sluice.testing import FakeServer
@@ -278,6 +281,8 @@ async def test_the_dashboard_renders_live_data_in_headless_chromium(tmp_path: Pa
                     assert r.status == 503
             async with aiohttp.ClientSession() as http, http.get(url + "/v1/models", headers=_bearer("sk-wrong")) as r:
                 assert r.status == 401  # counted above the errors, not one of them
+            async with aiohttp.ClientSession() as http:  # a model name with a bidi override, in an error
+                assert (await _chat_status(http, url, BOB_KEY, f"gpt-{RLO}tset"))[0] == 404
             stop = asyncio.Event()
             traffic = asyncio.create_task(_traffic(url, upstream, stop))
             try:
@@ -324,6 +329,8 @@ async def _check_page(visit: Any) -> None:
     errors = await visit.texts("#errors tbody tr")
     assert any("upstream says " + HOSTILE in row for row in errors)
     assert any("server_error" in row for row in errors)
+    assert any("The model `gpt-tset` does not exist" in row for row in errors)  # read as the server wrote it
+    assert not any(RLO in row for row in errors)
     for chart in ("requests", "tokens", "load", "spend"):
         points = await visit.attribute(f"#chart-{chart} polyline", "points")
         assert points is not None, chart
@@ -338,35 +345,109 @@ async def _check_page(visit: Any) -> None:
     isolated = "getComputedStyle(document.querySelector('%s')).unicodeBidi"
     for cell in ("#clients tbody td b", "#errors tbody td.why bdi", "#deployments tbody .why bdi"):
         assert await visit.page.evaluate(isolated % cell) == "isolate", cell
+    await _check_axes(visit)
+
+
+async def _check_axes(visit: Any) -> None:
+    """Issue 34, point 28: each chart has a y axis (several labels, from 0 to a round value
+    within twice its data's top, so a small series has height) and a time axis; money
+    labels share one format."""
+    for chart in ("requests", "tokens", "load", "spend"):
+        y_labels = await visit.texts(f"#chart-{chart} text.y-label")
+        x_labels = await visit.texts(f"#chart-{chart} text.x-label")
+        assert len(y_labels) >= 3, (chart, y_labels)
+        assert y_labels[0] in ("0", "$0.00", "$0.000", "$0.0000"), (chart, y_labels)
+        assert len(x_labels) >= 2, (chart, x_labels)
+        assert all(re.fullmatch(r"\d\d:\d\d(:\d\d)?", label) for label in x_labels), (chart, x_labels)
+        top = float(await visit.attribute(f"#chart-{chart} svg", "data-data-max") or "nan")
+        y_max = float(await visit.attribute(f"#chart-{chart} svg", "data-y-max") or "nan")
+        assert top <= y_max, chart
+        if top > 0:
+            assert y_max <= 2 * top, (chart, top, y_max)
+    money = await visit.texts("#chart-spend text.y-label")
+    assert all(re.fullmatch(r"\$\d[\d,]*\.\d+", label) for label in money), money
+    assert len({len(label.split(".")[1]) for label in money}) == 1, money
+
+
+def test_a_polls_last_point_is_a_rate_over_a_whole_tick() -> None:
+    """A poll moments after a tick adds a point a few hundredths of a second on: its rates
+    are measured over the tick before too, not over that sliver (1 answer in 0.05 s would
+    plot as 20/s where the server answers 10/s)."""
+    from types import SimpleNamespace
+
+    def sample(at: float, answered: int) -> Any:
+        return SimpleNamespace(
+            **{"at": at, "succeeded": answered, "failed": 0, "rate_limited": 0, "retries": 0},
+            **{"tokens": answered * 100, "spent": 0.0, "in_flight": 3, "waiting": 0, "requests": {}},
+        )
+
+    series = Live._series([sample(0.0, 0), sample(2.0, 20), sample(4.0, 40), sample(4.05, 41)])
+    assert series["t"] == [2.0, 4.0, 4.05]
+    assert series["answered_per_s"][:2] == [10.0, 10.0]
+    assert 9.5 <= series["answered_per_s"][2] <= 10.5, series
+    assert 57_000 <= series["tokens_per_min"][2] <= 63_000, series
+
+
+#: The login page's red (an error) as the browser computes it.
+_RED = "rgb(198, 40, 40)"
+_COLOUR = "getComputedStyle(document.getElementById('message')).color"
+
+
+async def test_the_login_page_shows_red_only_after_a_failed_attempt(tmp_path: Path) -> None:
+    """Issue 34, point 29: the first visit's prompt is plain text; a wrong key, or a
+    client's, is said in red."""
+    async with browse() as browser, fake() as upstream, dashboard_server([deployment(upstream)], tmp_path / "s") as url:
+        visit = await browser.visit(url + "/dashboard")
+        assert await visit.texts("#message") == ["Log in with the admin key."]
+        assert await visit.page.evaluate(_COLOUR) != _RED
+        for key, said in (("sk-wrong-0123456789abcdef", "Wrong key."), (ALICE_KEY, "That is a client's key")):
+            await visit.page.fill("input[name=key]", key)
+            async with visit.page.expect_navigation():
+                await visit.page.click("button[type=submit]")
+            (shown,) = await visit.texts("#message")
+            assert shown.startswith(said), shown
+            assert await visit.page.evaluate(_COLOUR) == _RED
+
+
+def _serve_args(tmp_path: Path, upstream_url: str) -> list[str]:
+    """``sluice serve``'s arguments for a config with an admin key variable, one deployment, one client."""
+    config = tmp_path / "sluice.toml"
+    config.write_text(
+        '[serve]\nadmin_key_env = "SLUICE_ADMIN_KEY"\n'
+        f'[[deployment]]\nmodel = "openai/gpt-test"\nbase_url = "{upstream_url}"\napi_key_env = "UPSTREAM_KEY"\n'
+        '[[client]]\nname = "alice"\nkey_env = "ALICE_KEY"\n'
+    )
+    return ["-m", "sluice", "serve", "--config", str(config), "--port", "0", "--state", str(tmp_path / "s")]
+
+
+async def _cli(args: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+
+
+async def _listening(process: asyncio.subprocess.Process) -> tuple[str, str]:
+    """The line ``sluice serve`` prints once it listens, and its URL."""
+    assert process.stdout is not None
+    async with asyncio.timeout(30):
+        line = (await process.stdout.readline()).decode()
+    return line, line.split("listening on ")[1].split()[0]
 
 
 async def test_sluice_serve_names_its_dashboard_and_never_logs_the_admin_key(tmp_path: Path) -> None:
     async with fake() as upstream:
-        config = tmp_path / "sluice.toml"
-        config.write_text(
-            '[serve]\nadmin_key_env = "SLUICE_ADMIN_KEY"\n'
-            f'[[deployment]]\nmodel = "openai/gpt-test"\nbase_url = "{upstream.url}"\napi_key_env = "UPSTREAM_KEY"\n'
-            '[[client]]\nname = "alice"\nkey_env = "ALICE_KEY"\n'
-        )
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "SLUICE_ADMIN"))}
         env.update(UPSTREAM_KEY=UPSTREAM_KEY, ALICE_KEY=ALICE_KEY)
-        args = ["-m", "sluice", "serve", "--config", str(config), "--port", "0", "--state", str(tmp_path / "s")]
-        missing = await asyncio.create_subprocess_exec(
-            sys.executable, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
+        args = _serve_args(tmp_path, upstream.url)
+        missing = await _cli(args, env)
         async with asyncio.timeout(30):
             _, stderr = await missing.communicate()
         assert missing.returncode == 2
         assert "the admin key variable $SLUICE_ADMIN_KEY is not set" in stderr.decode()
         env["SLUICE_ADMIN_KEY"] = ADMIN_KEY
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
+        process = await _cli(args, env)
         try:
-            assert process.stdout is not None
-            async with asyncio.timeout(30):
-                line = (await process.stdout.readline()).decode()
-            url = line.split("listening on ")[1].split()[0]
+            line, url = await _listening(process)
             assert f"dashboard {url}/dashboard" in line
             status, _, _ = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
             assert status == 200
@@ -379,8 +460,40 @@ async def test_sluice_serve_names_its_dashboard_and_never_logs_the_admin_key(tmp
                 out, err = await process.communicate()
         assert process.returncode == 0, err.decode()
         logs = line + out.decode() + err.decode()
-        assert "/dashboard/data" in logs  # the access log is on
+        assert "POST /dashboard/login" in logs  # the access log is on
         assert ADMIN_KEY not in logs
+
+
+async def test_sluice_serve_logs_api_traffic_not_the_dashboards_polls(tmp_path: Path) -> None:
+    """Issue 34, point 29: a dashboard polls every 2 s while its tab is open; the access log
+    keeps the API's requests and a refused poll, not the answered polls."""
+    async with fake() as upstream:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+        env.update(UPSTREAM_KEY=UPSTREAM_KEY, ALICE_KEY=ALICE_KEY, SLUICE_ADMIN_KEY=ADMIN_KEY)
+        args = _serve_args(tmp_path, upstream.url)
+        process = await _cli(args, env)
+        try:
+            _, url = await _listening(process)
+            for _ in range(5):
+                status, _, _ = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
+                assert status == 200
+            status, _, _ = await _get(url + "/dashboard/data")  # no key: refused, and logged
+            assert status == 401
+            status, _, _ = await _get(url + "/v1/models", _bearer(ALICE_KEY))
+            assert status == 200
+            status, _, _ = await _get(url + "/dashboard", _bearer(ADMIN_KEY))  # the page itself: a visit
+            assert status == 200
+        finally:
+            process.terminate()
+            async with asyncio.timeout(30):
+                _, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+        access = [entry for entry in err.decode().splitlines() if "aiohttp.access" in entry]
+        assert [entry for entry in access if "GET /v1/models " in entry and '" 200 ' in entry], access
+        assert [entry for entry in access if "GET /dashboard " in entry and '" 200 ' in entry], access
+        polls = [entry for entry in access if "/dashboard/data" in entry]
+        assert len(polls) == 1, polls  # the refused one only
+        assert '" 401 ' in polls[0]
 
 
 async def test_a_cooling_deployment_says_why_and_a_paused_one_for_how_long(tmp_path: Path) -> None:
@@ -651,3 +764,128 @@ async def test_a_logged_out_session_is_refused_here(tmp_path: Path) -> None:
                 assert r.status == 401  # where it goes: the login form
         assert (await _get(url + "/dashboard/data", cookie))[0] == 401  # replayed after the logout
         assert (await _get(url + "/dashboard/data", other))[0] == 200  # another session goes on
+
+
+# -- wrong keys back off ---------------------------------------------------------------------------
+
+
+class _Clock:
+    """A virtual clock for the backoff (the test moves it; nothing waits)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _login_status(http: aiohttp.ClientSession, url: str, key: str) -> tuple[int, str | None]:
+    async with http.post(url + "/dashboard/login", data={"key": key}, allow_redirects=False) as r:
+        return r.status, r.headers.get("retry-after")
+
+
+async def test_wrong_admin_keys_back_off_per_address(tmp_path: Path) -> None:
+    """300 wrong keys as fast as they go: 6 are checked (5 free, then a doubling wait); the
+    rest, and the right key while the address waits, are a 429 with Retry-After, never
+    checked. Another address is not held back; the right key clears the address."""
+    async with fake() as upstream:
+        config = JobConfig((deployment(upstream),), retry=RetryPolicy(max_attempts=1))
+        settings = ServeSettings(admin_key_env="ADMIN_KEY")
+        app = build_app(config, settings, CLIENTS, tmp_path / "s", environ={**ENV, "ADMIN_KEY": ADMIN_KEY})
+        clock = _Clock()
+        app[BACKOFF].clock = clock
+        async with listening(app) as url, aiohttp.ClientSession() as http:
+            answers = [await _login_status(http, url, f"sk-guess-{i:020d}") for i in range(300)]
+            right_while_waiting = await _login_status(http, url, ADMIN_KEY)
+            bearer_while_waiting = await _get(url + "/dashboard/data", _bearer(ADMIN_KEY))
+            cookie_free = await _get(url + "/dashboard/data")  # no key given: a plain 401, nothing to wait for
+            connector = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+            async with aiohttp.ClientSession(connector=connector) as elsewhere:
+                other_wrong = await _login_status(elsewhere, url, "sk-guess-from-elsewhere-0")
+                other_right = await _login_status(elsewhere, url, ADMIN_KEY)
+            clock.now += 1.0  # the first wait is over: one more key is checked, and doubles it
+            after_wait = await _login_status(http, url, "sk-guess-after-the-wait-0")
+            doubled = await _login_status(http, url, ADMIN_KEY)
+            clock.now += 2.0
+            cleared = await _login_status(http, url, ADMIN_KEY)
+            fresh = await _login_status(http, url, "sk-guess-after-a-login-00")
+    checked = [status for status, _ in answers if status != 429]
+    assert checked == [401] * 6
+    assert [status for status, _ in answers[6:]] == [429] * 294
+    assert {wait for _, wait in answers[6:]} == {"1"}
+    assert right_while_waiting == (429, "1")  # the right key is not even checked while it waits
+    assert bearer_while_waiting[0] == 429
+    assert bearer_while_waiting[1]["retry-after"] == "1"
+    assert json.loads(bearer_while_waiting[2])["error"]["code"] == "dashboard_throttled"
+    assert cookie_free[0] == 401
+    assert other_wrong == (401, None)
+    assert other_right == (303, None)
+    assert after_wait == (401, None)
+    assert doubled == (429, "2")
+    assert cleared == (303, None)
+    assert fresh == (401, None)
+
+
+def test_the_backoff_remembers_a_bounded_number_of_addresses() -> None:
+    clock = _Clock()
+    backoff = Backoff(entries=100, clock=clock)
+    for i in range(10_000):  # a spray from many addresses
+        backoff.failed(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}")
+    assert len(backoff) == 100  # the least recently seen are forgotten first
+    for i in range(40):  # one IPv6 host with many addresses counts as its /64
+        backoff.failed(f"2001:db8::{i:x}")
+    assert backoff.wait("2001:db8::ffff") == CAP
+    assert backoff.wait("2001:db8:0:1::1") == 0.0
+    for step in range(1, 12):  # the wait doubles, up to its cap
+        backoff.failed("192.0.2.1")
+        expected = 0.0 if step <= FREE else min(CAP, 2.0 ** (step - FREE - 1))
+        assert backoff.wait("192.0.2.1") == expected
+    clock.now += FORGET + CAP + 1  # quiet long enough: every address is forgotten
+    backoff.failed("192.0.2.9")
+    assert len(backoff) == 1
+
+
+# -- the error list between clients ------------------------------------------------------------------
+
+RLO = "\u202e"  # RIGHT-TO-LEFT OVERRIDE: everything after it would read backwards
+
+
+async def _chat_status(http: aiohttp.ClientSession, url: str, key: str, model: str) -> tuple[int, str]:
+    body = {"model": model, "messages": ask(1), "max_tokens": 8}
+    async with http.post(url + "/v1/chat/completions", json=body, headers=_bearer(key)) as r:
+        return r.status, await r.text()
+
+
+async def test_one_clients_flood_of_its_own_errors_leaves_the_others_in_view(tmp_path: Path) -> None:
+    async with (
+        fake() as upstream,
+        dashboard_server([deployment(upstream)], tmp_path / "s") as url,
+        aiohttp.ClientSession() as http,
+    ):
+        for i in range(60):  # alone, a client may fill the whole list
+            assert (await _chat_status(http, url, BOB_KEY, f"no-such-model-{i}"))[0] == 404
+        alone = json.loads((await _get(url + "/dashboard/data", _bearer(ADMIN_KEY)))[2])["errors"]
+        status, answered = await _chat_status(http, url, ALICE_KEY, f"gpt-{RLO}tset")  # one error of alice's
+        assert status == 404
+        upstream.inject("503")  # one retried attempt: the deployment's note
+        assert (await _chat_status(http, url, ALICE_KEY, "gpt-test"))[0] == 200
+        for i in range(200):  # bob floods the list with his own 4xx
+            assert (await _chat_status(http, url, BOB_KEY, f"no-such-model-{100 + i}"))[0] == 404
+        errors: list[dict[str, Any]] = []
+
+        async def newest_shown() -> bool:  # the data is made once per sample: wait for one after the flood
+            errors[:] = json.loads((await _get(url + "/dashboard/data", _bearer(ADMIN_KEY)))[2])["errors"]
+            return "no-such-model-299`" in errors[0]["message"]
+
+        await until(newest_shown, timeout=60)
+    assert len(alone) == 50
+    assert {e["client"] for e in alone} == {"bob"}
+    assert len(errors) == 50
+    held = Counter((e["source"], e["client"] or e["deployment"]) for e in errors)
+    assert held == {("client", "bob"): 48, ("client", "alice"): 1, ("upstream", "openai/gpt-test"): 1}
+    assert errors[0]["message"].endswith("no-such-model-299` does not exist or you do not have access to it.")
+    (alices,) = [e for e in errors if e["client"] == "alice"]
+    # the name's bidi control is gone: the server's own words after it read as written
+    assert alices["message"] == "The model `gpt-tset` does not exist or you do not have access to it."
+    assert RLO not in answered
+    assert RLO not in json.dumps(errors, ensure_ascii=False)

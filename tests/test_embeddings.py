@@ -477,3 +477,25 @@ def test_cli_ctrl_c_then_rerun_embeds_every_text_once(server: FakeServer, tmp_pa
     assert records[-1]["embedding"] == expected("text 19999", 4)
     assert sum(server.embeddings.batch_sizes) == 20_000  # every text embedded once, over both runs
     assert server.stats.duplicate_successes == 0
+
+
+async def test_the_vector_type_the_docs_name_is_the_one_embed_returns(server: FakeServer) -> None:
+    """Issue 34 point 29: ``engine.embed`` gives float32 ``array('f')`` vectors, not lists
+    (an eighth of the memory); the README and the docstring say so, and how to get a list."""
+    import json
+
+    section = _readme_section("## Streaming and embeddings")
+    assert "float32 `array('f')`, not a list" in section
+    assert "v.tolist()" in section
+    assert "not a list" in (Engine.embed.__doc__ or "")
+    async with Engine(deployment_at(server, MODEL), retry=FAST_RETRY) as engine:
+        (vector,) = await engine.embed(["a text"], model=MODEL, dimensions=8)
+    assert isinstance(vector, array)
+    assert vector.typecode == "f"
+    assert json.loads(json.dumps(vector.tolist())) == expected("a text", 8)
+
+
+def _readme_section(title: str) -> str:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index(title) :]
+    return section[: section.index("\n## ")]

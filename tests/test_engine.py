@@ -648,3 +648,15 @@ def test_an_engine_runs_on_one_loop_after_another_whatever_it_is_asked_first() -
         return answer.ok
 
     assert asyncio.run(chat_then_close())
+
+
+async def test_a_request_over_a_mebibyte_is_sent_without_a_warning(server: FakeServer) -> None:
+    """A long document (or a base64 image) makes a body past aiohttp's 1 MiB mark for raw
+    bytes, where it warns that the body may block the loop; the suite's warnings are
+    errors, so before the body went as a BytesIO this request failed before it was sent."""
+    document = "word " * 300_000  # 1.5 MB
+    async with Engine(deployment_at(server), retry=FAST_RETRY) as engine:
+        result = await engine.complete("openai/gpt-test", document, max_tokens=10)
+    assert result.ok, result.error
+    assert server.stats.received == 1
+    assert result.usage.input_tokens > 100_000

@@ -146,14 +146,23 @@ def test_ctrl_c_while_starting_is_quiet(server: FakeServer, tmp_path: Path) -> N
     # a warm start, as a user's: a first run with a cold bytecode cache spends its first
     # 60 ms compiling the interpreter's own start-up, before any of sluice can run
     assert run_cli(server, "--version").returncode == 0
-    for delay in (0.06, 0.1, 0.15):  # after the interpreter itself has started (~20 ms)
+    landed = 0
+    for delay in (0.06, 0.1, 0.15) * 4:  # after the interpreter itself has started (~20 ms)
         process = start_cli(server, "run", source, "-o", tmp_path / f"out-{delay}.jsonl", "--model", MODEL)
         time.sleep(delay)
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=30)
+        if "Fatal Python error: init_import_site" in stderr:
+            # Python's own start-up (site's .pth files, before any of sluice is read) took
+            # longer than the delay: a loaded machine; not this promise's, so try again
+            continue
         assert "Traceback" not in stderr
         assert "KeyboardInterrupt" not in stderr
         assert process.returncode in (0, 130), stderr
+        landed += 1
+        if landed == 3:
+            break
+    assert landed >= 1, "every Ctrl-C landed in the interpreter's own start-up"
 
 
 # -- points 12, 13, 14: what a rerun keeps, what it redoes, and the exit status ----------------
@@ -182,6 +191,54 @@ def test_a_plain_rerun_redoes_what_was_not_the_requests_fault(server: FakeServer
     third = run_cli(server, *args, "--retry-failed")
     assert third.returncode == 0, third.stderr
     assert all(r["ok"] for r in read_output(output))
+
+
+def test_a_request_too_large_for_the_provider_is_kept_like_a_400(server: FakeServer, tmp_path: Path) -> None:
+    """Issue 34 point 27: a 413 (the body is over what the provider takes) can never fit:
+    it is final, and a plain rerun keeps it rather than sending it again."""
+    source = write_jsonl(tmp_path / "in.jsonl", questions(3))
+    output = tmp_path / "out.jsonl"
+    args = ["run", source, "-o", output, "--model", MODEL, "--concurrency", "1", "--ordered"]
+    server.inject("413", times=1)
+    first = run_cli(server, *args)
+    assert first.returncode == 1, first.stderr
+    (failed,) = [r for r in read_output(output) if not r["ok"]]
+    assert (failed["line"], failed["error"]["status"], failed["error"]["type"]) == (1, 413, "bad_request")
+    assert failed["attempts"] == 1  # not retried either
+    received = server.stats.received
+    second = run_cli(server, *args)
+    assert second.returncode == 1, second.stderr
+    assert "1 failures from earlier runs were kept" in second.stderr
+    assert server.stats.received == received
+
+
+def test_a_custom_id_in_a_bare_body_is_the_lines_id(server: FakeServer, tmp_path: Path) -> None:
+    """Point 27: a ``custom_id`` beside ``messages`` (or in a bare Responses body) names the
+    line's record, as in a Batch API line, and is not sent to the provider; without it the
+    id is the request's hash, as before."""
+    lines = [
+        {"custom_id": "q-1", "messages": [{"role": "user", "content": "one"}], "max_tokens": 20},
+        {"custom_id": "q-2", "model": MODEL, "input": "two", "max_output_tokens": 20},
+        {"messages": [{"role": "user", "content": "three"}], "max_tokens": 20},
+        {"custom_id": 7, "messages": [{"role": "user", "content": "four"}], "max_tokens": 20},
+    ]
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    output = tmp_path / "out.jsonl"
+    done = run_cli(server, "run", source, "-o", output, "--model", MODEL)
+    by_line = {r["line"]: r for r in read_output(output)}
+    assert (by_line[1]["id"], by_line[1]["custom_id"], by_line[1]["ok"]) == ("q-1", "q-1", True)
+    assert (by_line[2]["id"], by_line[2]["custom_id"], by_line[2]["ok"]) == ("q-2", "q-2", True)
+    assert "custom_id" not in by_line[3]
+    assert not by_line[4]["ok"]
+    assert "custom_id must be a non-empty string" in by_line[4]["error"]["message"]
+    assert done.returncode == 1, done.stderr
+    from sluice.batch._inputs import InputOptions, read_inputs
+
+    sent = [item.request for item in read_inputs(source, InputOptions(model=MODEL)) if item.request is not None]
+    assert [r.id for r in sent] == ["q-1", "q-2", None]
+    assert not any("custom_id" in r.params for r in sent)  # what goes to the provider: no such field
+    assert sent[1].native is not None
+    assert "custom_id" not in sent[1].native.body
 
 
 def test_an_input_edited_in_place_is_noticed(server: FakeServer, tmp_path: Path) -> None:

@@ -76,13 +76,29 @@ def test_nothing_outside_the_engine_reads_its_privates() -> None:
     assert found == []
 
 
+#: Entry points beside the CLI (sluice inside other engines' pipelines): like the CLI they
+#: read a job's sluice.toml, through the CLI's reader of it and nothing else of the CLI.
+EDGES = ("sluice.pipelines", "sluice.ray", "sluice.dask")
+
+
 def test_nothing_below_the_cli_imports_it() -> None:
     found = [
         f"{path.relative_to(SRC)}:{line} imports {module}"
         for name, path in _modules()
         if not name.startswith(("sluice.cli", "sluice._entry"))
         for module, _, line in _imports(name, path)
-        if module.startswith("sluice.cli")
+        if module.startswith("sluice.cli") and not (name.startswith(EDGES) and module == "sluice.cli._config")
+    ]
+    assert found == []
+
+
+def test_nothing_but_the_edges_imports_the_pipeline_adapters() -> None:
+    found = [
+        f"{path.relative_to(SRC)}:{line} imports {module}"
+        for name, path in _modules()
+        if not name.startswith(("sluice.cli", *EDGES))
+        for module, _, line in _imports(name, path)
+        if module.startswith(EDGES)
     ]
     assert found == []
 

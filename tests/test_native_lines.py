@@ -99,3 +99,53 @@ def test_the_jobs_flags_apply_to_a_native_body(server: FakeServer, tmp_path: Pat
     assert record["finish_reason"] == "length"
     assert record["usage"]["output_tokens"] == 20
     assert record["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_a_bare_model_name_runs_on_the_configured_deployment_of_that_model(server: FakeServer, tmp_path: Path) -> None:
+    """Issue 34 point 23: lines naming ``claude-test`` (as Anthropic's SDK and batch files
+    do) go to the one configured ``anthropic/claude-test``, with its key, price and
+    limits, not to an OpenAI endpoint nobody configured (which wanted $OPENAI_API_KEY)."""
+    import os
+
+    path = tmp_path / "sluice.toml"
+    path.write_text(
+        f'[[deployment]]\nmodel = "anthropic/claude-test"\nbase_url = "{server.anthropic_url}"\n'
+        'api_key_env = "MY_CLAUDE_KEY"\nrpm = 600\nprice = { input_per_mtok = 1.0, output_per_mtok = 5.0 }\n'
+    )
+    lines = [
+        {"model": "claude-test", "max_tokens": 20, "messages": [{"role": "user", "content": f"q {i}"}]}
+        for i in range(4)
+    ]
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    env.update(MY_CLAUDE_KEY="sk-test", OPENAI_BASE_URL=server.url, NO_COLOR="1")
+    out = tmp_path / "out.jsonl"
+    done = run_cli(server, "run", source, "-o", out, "--config", path, "--budget", "1", env=env)
+    assert done.returncode == 0, done.stderr
+    records = read_output(out)
+    assert [r["deployment"] for r in records] == ["anthropic/claude-test"] * 4
+    assert all(r["cost_usd"] and r["cost_usd"] > 0 for r in records)  # the configured price, not "unpriced"
+    assert server.stats.by_path == {"/v1/messages": 4}
+    estimate = run_cli(server, "estimate", source, "--config", path, env=env)
+    assert estimate.returncode == 0, estimate.stderr
+    assert "anthropic/claude-test" in estimate.stdout
+    assert "openai" not in estimate.stdout
+
+
+def test_a_bare_model_name_two_configured_models_share_is_refused_naming_both(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    path = tmp_path / "sluice.toml"
+    path.write_text(
+        f'[[deployment]]\nmodel = "openai/claude-test"\nbase_url = "{server.url}"\napi_key_env = "OPENAI_API_KEY"\n'
+        f'[[deployment]]\nmodel = "anthropic/claude-test"\nbase_url = "{server.anthropic_url}"\n'
+        'api_key_env = "OPENAI_API_KEY"\n'
+    )
+    lines = [{"model": "claude-test", "max_tokens": 20, "messages": [{"role": "user", "content": "q"}]}]
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    done = run_cli(server, "run", source, "-o", tmp_path / "out.jsonl", "--config", path)
+    assert done.returncode == 2, done.stderr
+    assert "'openai/claude-test', 'anthropic/claude-test'" in done.stderr
+    assert "name one of them in full" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "sluice.toml"]
+    assert server.stats.received == 0

@@ -18,8 +18,11 @@ from sluice.testing import FakeServer
 
 KEY = "sk-test-redis-stops-4b1d"
 GRACE = 3.0
-#: What "a few seconds" past the grace may take: Redis calls time out after 5 s.
-SLACK = 8.0
+#: What "a few seconds" past the grace may take: a Redis call times out after 5 s, and a
+#: loaded two-core CI run was seen to take 3.5 s more to start the stop and exit (11.5 s in
+#: all). A stop that waits on Redis's retries instead of its grace takes minutes, so this
+#: bound still tells one from the other.
+SLACK = 15.0
 
 
 @pytest.fixture

@@ -579,3 +579,73 @@ def test_an_infinite_budget_reports_as_none(tmp_path: Path) -> None:
     assert data is not None
     strict = json.loads(data.group(1), parse_constant=lambda name: pytest.fail(f"the page's data holds {name}"))
     assert strict["job"]["budget_usd"] is None
+
+
+# -- the scales, axes and limits (issue 34, point 28) ----------------------------------------------
+
+#: Each chart as drawn: its series' names, its y scale's top, the highest value each series
+#: holds, and the labels uPlot drew on each axis (uPlot keeps them in ``axis._values``).
+_DRAWN = """() => Object.fromEntries(window.sluiceCharts.map(({ el, u }) => [el.id, {
+    series: u.series.slice(1).map((s) => s.label),
+    yMax: u.scales.y.max,
+    highest: Object.fromEntries(u.series.slice(1).map((s, i) => [s.label,
+        Math.max(0, ...u.data[i + 1].filter((v) => v !== null))])),
+    axes: u.axes.map((a) => (a._values || []).filter((v) => v !== null && v !== "")),
+    note: el.querySelector(".off-scale")?.textContent ?? null,
+}]))"""
+
+
+async def _drawn(seen: Seen) -> dict[str, Any]:
+    drawn: dict[str, Any] = await seen.page.evaluate(_DRAWN)
+    return drawn
+
+
+def _money_format(labels: list[str]) -> set[int]:
+    """The decimals of each money label (every one must be "$" and digits, with a point)."""
+    assert labels
+    assert all(re.fullmatch(r"\$\d[\d,]*\.\d+", label) for label in labels), labels
+    return {len(label.split(".")[1]) for label in labels}
+
+
+@needs_chromium
+async def test_every_chart_is_scaled_to_its_data_with_several_labels_on_each_axis(tmp_path: Path) -> None:
+    """20 lines at once under --concurrency 256 and a $1 budget that spends a cent or so:
+    in flight peaks near 20, so the concurrency is no line (it would flatten the data to
+    the axis) and the y scale ends near the peak; the same for the budget; each axis,
+    the latency histogram's too, has several labels; the money labels share one format."""
+    output = _simulated_job(tmp_path, 20, "--concurrency", "256", "--budget", "1")
+    async with _rendered(output, tmp_path / "r.html") as seen:
+        drawn = await _drawn(seen)
+    inflight = drawn["chart-inflight"]
+    peak = inflight["highest"]["peak"]
+    assert 1 <= peak <= 20
+    assert "concurrency" not in inflight["series"]
+    assert peak <= inflight["yMax"] <= 2 * peak  # drawn to its own height, not to 256's
+    assert inflight["note"] is not None
+    assert "concurrency 256" in inflight["note"]
+    cost = drawn["chart-cost"]
+    spent = cost["highest"]["spent"]
+    assert 0 < spent < 0.05
+    assert cost["series"] == ["spent"]  # the $1 budget is far: named, not drawn
+    assert spent <= cost["yMax"] <= 2 * spent
+    assert "$1.0000" in cost["note"]
+    assert len(_money_format(cost["axes"][1])) == 1, cost["axes"][1]  # one format: "$0.000" .. "$0.015"
+    for name, chart in drawn.items():
+        x, y = chart["axes"]
+        assert len(x) >= 3, (name, x)
+        assert len(y) >= 3, (name, y)
+    assert all(label.endswith(" ms") or label.endswith(" s") for label in drawn["chart-histogram"]["axes"][0])
+
+
+@needs_chromium
+async def test_a_budget_the_job_reached_is_drawn_as_a_line(faulty_job: Job, tmp_path: Path) -> None:
+    """The faulty job spends its $0.05 budget: the budget is near the data, so drawn, and
+    the scale holds it; its money labels share one format."""
+    async with _rendered(faulty_job.output, tmp_path / "r.html") as seen:
+        drawn = await _drawn(seen)
+    cost = drawn["chart-cost"]
+    assert cost["highest"]["spent"] >= BUDGET / 2
+    assert cost["series"] == ["spent", "budget"]
+    assert cost["note"] is None
+    assert BUDGET <= cost["yMax"] <= 1.5 * BUDGET
+    assert len(_money_format(cost["axes"][1])) == 1, cost["axes"][1]

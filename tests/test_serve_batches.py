@@ -499,10 +499,10 @@ async def test_uploads_and_batches_that_cannot_be_taken_are_400s(server: FakeSer
             await client.files.create(file=("in.jsonl", jsonl([chat_line(i) for i in range(40)])), purpose="batch")
         with pytest.raises(openai.BadRequestError):
             await client.files.create(file=("in.jsonl", b"{}\n"), purpose="nonsense")  # type: ignore[arg-type]
-        other = await client.files.create(file=("notes.jsonl", b"{}\n"), purpose="user_data")
+        with pytest.raises(openai.BadRequestError) as other:  # a purpose the server has no use for
+            await client.files.create(file=("notes.jsonl", b"{}\n"), purpose="user_data")
         good = await client.files.create(file=("in.jsonl", jsonl([chat_line(0)])), purpose="batch")
         for kwargs in (
-            {"input_file_id": other.id, "endpoint": "/v1/chat/completions"},  # not a batch file
             {"input_file_id": good.id, "endpoint": "/v1/completions"},  # an endpoint sluice does not run
             {"input_file_id": good.id, "endpoint": "/v1/chat/completions", "completion_window": "1h"},
         ):
@@ -531,8 +531,8 @@ async def test_uploads_and_batches_that_cannot_be_taken_are_400s(server: FakeSer
             codes[why] = {e.code for e in done.errors.data}
         files = [f.id async for f in client.files.list()]
     assert "4,096 bytes" in str(too_large.value)
+    assert "takes files of purpose 'batch'" in str(other.value)
     assert {why: code in codes[why] for why, (_, code) in failing.items()} == dict.fromkeys(failing, True)
-    assert other.id in files
     assert good.id in files
     assert not [p for p in (tmp_path / "files").iterdir() if p.name.startswith(".upload")]
     assert server.stats.received == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -142,16 +143,16 @@ async def test_a_clients_budget_holds_across_replicas_and_restarts(tmp_path: Pat
             assert all(r.code == "insufficient_quota" for r in refused)
         billed = upstream.total_billed_usd
         assert 0 < billed <= limit  # what the provider bills, over both replicas
-        shared = health["clients"]["alice"]
-        assert shared["limit_usd"] == pytest.approx(limit)
-        assert shared["spent_usd"] == pytest.approx(billed, abs=1e-6)  # /health shows every replica's spend
+        assert health["status"] == "ok"
+        assert "clients" not in health  # /health asks for no key: it says nothing of any client
+        assert "alice" not in json.dumps(health)
         gauges = {
             s.name: s.value
             for family in text_string_to_metric_families(metrics)
             for s in family.samples
             if s.labels.get("client") == "alice"
         }
-        assert gauges["sluice_client_spent_usd"] == pytest.approx(billed, abs=1e-6)  # and so does /metrics
+        assert gauges["sluice_client_spent_usd"] == pytest.approx(billed, abs=1e-6)  # every replica's spend
         assert gauges["sluice_client_budget_usd"] == pytest.approx(limit)
         received = upstream.stats.received
         # a replica started afresh (a new state dir) on the same Redis: the spend is still there
@@ -175,7 +176,10 @@ async def test_a_clients_rpm_holds_across_replicas(tmp_path: Path, redis_server:
                             model="gpt-test",
                             messages=ask(i),
                             max_tokens=4,
-                            extra_headers={"x-sluice-max-wait": "0.5"},
+                            # the client's window is a minute, so its refusals come at once at
+                            # any wait under that; 0.5 s was missed by the Redis round trips of
+                            # a loaded machine (a 429 for the deployment, not the client)
+                            extra_headers={"x-sluice-max-wait": "5"},
                         )
                     )
                 except openai.RateLimitError as exc:

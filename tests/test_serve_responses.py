@@ -5,6 +5,9 @@ Chat-only one and an Anthropic one (both translated), the fake provider behind t
 from __future__ import annotations
 
 import contextlib
+import json
+import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +18,11 @@ import pytest
 import servetools
 from servetools import ALICE_KEY, BOB_KEY, PRICE, UPSTREAM_KEY, fake, plain_server, serving
 
-from sluice import Deployment
-from sluice.serve._settings import ClientSpec
+from sluice import Deployment, RetryPolicy
+from sluice.cli._config import JobConfig
+from sluice.serve._app import build_app
+from sluice.serve._responses_db import RESPONSES_DB, ResponsesDB
+from sluice.serve._settings import ClientSpec, ServeSettings
 
 _OPENED: list[openai.AsyncOpenAI] = []
 
@@ -241,3 +247,105 @@ async def test_a_chat_deployment_is_sent_the_conversation_in_order(tmp_path: Pat
     ] == [("user", "one"), ("assistant", "ok"), ("user", "two")]
     assert "previous_response_id" not in recorder.bodies[1]
     assert "store" not in recorder.bodies[1]
+
+
+# -- how long, and how much, is kept -----------------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@contextlib.asynccontextmanager
+async def kept(tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[str, ResponsesDB, _Clock]]:
+    """The server with its stored responses on a clock the test moves."""
+    async with fake() as upstream:
+        config = JobConfig(tuple(deployments(upstream)), retry=RetryPolicy(max_attempts=1))
+        app = build_app(config, ServeSettings(**settings), CLIENTS, tmp_path, environ=servetools.ENV)
+        db = app[RESPONSES_DB]
+        clock = _Clock()
+        db.clock = clock
+        async with servetools.listening(app) as url:
+            yield url, db, clock
+
+
+def _rows(db: ResponsesDB, client: str) -> tuple[int, int]:
+    with sqlite3.connect(db.path) as plain:
+        count, size = plain.execute(
+            "SELECT COUNT(*), COALESCE(SUM(length(response) + length(turn)), 0) FROM responses WHERE client = ?",
+            (client,),
+        ).fetchone()
+    return int(count), int(size)
+
+
+async def test_a_stored_response_expires_after_its_time_to_live(tmp_path: Path) -> None:
+    async with kept(tmp_path, responses_ttl_days=30) as (url, db, clock):
+        alice = sdk(url, ALICE_KEY)
+        first = await alice.responses.create(model="gpt-test", input="remember this")
+        clock.now += 29 * 86400
+        assert (await alice.responses.retrieve(first.id)).id == first.id  # still kept
+        later = await alice.responses.create(model="gpt-test", input="and this", previous_response_id=first.id)
+        clock.now += 1 * 86400 + 1  # first is 30 days and a second old; later is a day old
+        with pytest.raises(openai.NotFoundError):
+            await alice.responses.retrieve(first.id)
+        with pytest.raises(openai.NotFoundError):
+            await alice.responses.input_items.list(first.id)
+        with pytest.raises(openai.NotFoundError) as caught:
+            await alice.responses.create(model="gpt-test", input="go on", previous_response_id=first.id)
+        assert caught.value.code == "previous_response_not_found"
+        assert (await alice.responses.retrieve(later.id)).id == later.id
+        assert _rows(db, "alice")[0] == 2  # not yet swept: not found all the same
+        await alice.responses.create(model="gpt-test", input="a write sweeps")
+        assert _rows(db, "alice")[0] == 2  # the expired one is gone from the file
+
+
+async def test_a_clients_stored_responses_stay_within_its_cap(tmp_path: Path) -> None:
+    """30 responses of ~2 KB against a 16 KB cap: alice's oldest go, her newest stay, her
+    total stays under the cap, and bob's are not touched; one larger than the cap alone is
+    not kept, and pushes nothing out."""
+    cap_mb = 16 / 1024
+    async with kept(tmp_path, responses_mb_per_client=cap_mb) as (url, db, clock):
+        alice, bob = sdk(url, ALICE_KEY), sdk(url, BOB_KEY)
+        bobs = await bob.responses.create(model="gpt-test", input="bob's own")
+        ids = []
+        for i in range(30):
+            clock.now += 1
+            made = await alice.responses.create(model="gpt-test", input=f"{i:03d} " + "x" * 900)
+            ids.append(made.id)
+        count, size = _rows(db, "alice")
+        huge = await alice.responses.create(model="gpt-test", input="y" * 20_000)
+        after_huge = _rows(db, "alice")
+        assert (await alice.responses.retrieve(ids[-1])).id == ids[-1]
+        with pytest.raises(openai.NotFoundError):
+            await alice.responses.retrieve(ids[0])
+        with pytest.raises(openai.NotFoundError):
+            await alice.responses.retrieve(huge.id)
+        assert (await bob.responses.retrieve(bobs.id)).id == bobs.id
+    assert 3 <= count < 30
+    assert size <= 16 * 1024
+    assert after_huge == (count, size)
+
+
+def test_a_responses_file_made_before_the_cap_is_read_and_counted(tmp_path: Path) -> None:
+    path = tmp_path / "responses.db"
+    with sqlite3.connect(path) as old:  # the table as it was made before sizes were kept
+        old.execute(
+            "CREATE TABLE responses (id TEXT PRIMARY KEY, client TEXT NOT NULL, previous TEXT, "
+            "created_at REAL NOT NULL, response TEXT NOT NULL, turn TEXT NOT NULL)"
+        )
+        old.execute(
+            "INSERT INTO responses VALUES ('resp_old', 'alice', NULL, ?, ?, ?)",
+            (time.time(), json.dumps({"id": "resp_old", "output": []}), json.dumps({"input": [], "output": []})),
+        )
+    db = ResponsesDB(path, max_bytes=200)
+    try:
+        assert db.response("alice", "resp_old") == {"id": "resp_old", "output": []}
+        assert db.put("alice", {"id": "resp_new", "output": [], "pad": "z" * 100}, [], [], None)
+        assert db.response("alice", "resp_old") is None  # counted: it made room for the new one
+        assert db.response("alice", "resp_new") is not None
+    finally:
+        db.close()

@@ -132,7 +132,7 @@ async def test_every_attempt_of_one_request_carries_the_same_idempotency_key(tmp
 def test_the_fresh_state_filter_never_forgets_a_key_it_was_given(expected: int | None) -> None:
     """A first run skips the lookup for keys it never stored: no stored key may be missed,
     however wrong the job's guess of how many there will be."""
-    from sluice.store._sqlite import KeyFilter
+    from sluice.store._key_filter import KeyFilter
 
     keys = [f"row-{i}\x1f{i:032x}" for i in range(20_000)]
     seen = KeyFilter(expected)
@@ -149,7 +149,7 @@ def test_the_fresh_state_filter_never_forgets_a_key_it_was_given(expected: int |
 
 
 def test_the_fresh_state_filter_is_sized_for_the_job_within_bounds(tmp_path: Path) -> None:
-    from sluice.store._sqlite import KeyFilter
+    from sluice.store._key_filter import KeyFilter
 
     assert KeyFilter(10).size_bytes == 8 * 1024  # a small job does not take 16 MB
     assert KeyFilter(1_000_000).size_bytes == 8 * 1024 * 1024  # 64 bits a key, rounded up to a power of two

@@ -140,3 +140,88 @@ def _noted_written(state: SqliteStore) -> int:
     meta = state.meta()
     written = meta.get("written")
     return written if isinstance(written, int) and meta.get("deployments_at") else -1
+
+
+def test_the_live_line_fits_an_80_column_terminal(server: FakeServer, tmp_path: Path) -> None:
+    """Issue 34 point 29: on an 80-column terminal the live line wrapped (its ETA drawn on a
+    second line, the pair redrawn and scrolled); now each frame is one line, the least
+    needed figures left out."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import termios
+    import time
+
+    from clitools import env_for, sluice_cmd
+
+    server.latency = 0.05
+    source = write_jsonl(tmp_path / "in.jsonl", questions(400))
+    parent, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = {k: v for k, v in env_for(server).items() if k not in ("COLUMNS", "LINES")}
+    args = ["run", source, "-o", tmp_path / "out.jsonl", "--model", MODEL, "--concurrency", "4", "--budget", "5"]
+    process = subprocess.Popen(
+        sluice_cmd(*args, "--price", "2,8"), env=env, stdin=child, stdout=child, stderr=child, close_fds=True
+    )
+    os.close(child)
+    screen = b""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(parent, 65536)
+        except OSError:  # the command ended and closed the terminal
+            break
+        if not chunk:
+            break
+        screen += chunk
+    os.close(parent)
+    assert process.wait(timeout=60) == 0
+    text = re.sub(r"\x1b\[[0-9;]*m", "", screen.decode("utf-8", "replace"))  # colours
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "\n", text)  # cursor moves: a frame ends
+    frames = [line for line in re.split(r"[\r\n]+", text) if "/400 (" in line]
+    assert frames, text[-2000:]
+    for frame in frames:
+        assert len(frame.rstrip()) <= 80, frame
+        assert "ETA" in frame, frame  # the line's end is on the line, not wrapped to the next
+
+
+def test_batch_answers_have_no_made_up_latency(server: FakeServer, tmp_path: Path) -> None:
+    """Point 29: a --tier batch job's summary and report said "latency p50 0.000s" (lines
+    read back from a batch's results were timed at 0); they are not timed one by one."""
+    server.prices = {"*": (1.0, 2.0)}
+    source = write_jsonl(tmp_path / "in.jsonl", questions(150))
+    out = tmp_path / "out.jsonl"
+    args = ["run", source, "-o", out, "--model", MODEL, "--tier", "batch", "--poll-every", "0.2", "--price", "1,2"]
+    done = run_cli(server, *args, "--batch-size", "25")
+    assert done.returncode == 0, done.stderr
+    assert {r["tier"] for r in read_output(out)} == {"batch"}
+    for text in (done.stdout, run_cli(server, "report", out).stdout):
+        (latency,) = [line for line in text.splitlines() if line.strip().startswith("latency")]
+        assert "n/a: batch answers are not timed one by one" in latency, text
+        assert "0.000s" not in text
+
+
+async def test_report_of_a_store_the_library_made_says_what_is_known(tmp_path: Path) -> None:
+    """Point 29: it said "status unknown" and "records in input 0" of a store that no job made."""
+    import asyncio
+
+    from clitools import sluice_cmd
+
+    path = tmp_path / "lib.db"
+    store = SqliteStore(path)
+    async with Engine([Deployment("simulate/demo", rpm=6000)], store=store) as engine:
+        async for result in engine.map([f"q{i}" for i in range(4)], model="simulate/demo"):
+            assert result.ok
+    store.close()
+    process = await asyncio.create_subprocess_exec(
+        *sluice_cmd("report", path), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    stdout, stderr = await process.communicate()
+    assert process.returncode == 0, stderr
+    text = stdout.decode()
+    assert "a program using the library" in text
+    assert "answers stored  4" in text
+    assert "unknown" not in text
+    assert "records in input" not in text

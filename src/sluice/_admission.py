@@ -194,9 +194,12 @@ class Admission(JobPlanning):
 
     def _parked_hold(self, job: Job) -> BudgetHold | None:
         """The hold this request kept when it was parked (asked again now), if any."""
-        if job.budget is None or job.key is None:
+        if job.budget is None or not self.spending.holds_parked:
             return None
-        return self.spending.unpark(job.budget, job.key, job.worst_cost)
+        key = job.idempotency_key  # as parked (see Attempts.attempt)
+        if key is None:
+            return None
+        return self.spending.unpark(job.budget, key, job.worst_cost)
 
 
 def _commit(hold: BudgetHold | None, charge: float) -> None:

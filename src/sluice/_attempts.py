@@ -399,8 +399,9 @@ class Attempts(Admission):
             charge = 0.0
             hold = slot.keep_hold()
             if hold is not None:
-                assert job.key is not None  # a parking provider journals: there is a store
-                self.spending.park(job.key, hold)
+                key = job.idempotency_key  # the line's name at the provider (its batch's custom_id)
+                assert key is not None  # a parking provider journals: there is a store
+                self.spending.park(key, hold)
             self.router.released(route)  # no verdict on the deployment
             if exc.read_back:  # it joined a batch sent before (by an earlier run, or an identical line)
                 self.stats.attempts -= 1
@@ -470,10 +471,11 @@ class Attempts(Admission):
                 timeline.cooldown(route.deployment, left, f"{route.health.failures} failures in a row ({error.kind})")
         if job.guarded:
             job.tried = {*job.tried, route}
-        if attempt >= self.retry.max_attempts:
+        can_fall_back = job.step + 1 < len(job.groups)
+        # a plan's move to the model is not a retry: it goes, however many batches tried
+        if attempt >= self.retry.max_attempts and not (can_fall_back and isinstance(error, MovedToSyncError)):
             return None
         elsewhere = job.guarded and any(r not in job.tried for r in job.groups[job.step].routes)
-        can_fall_back = job.step + 1 < len(job.groups)
         if can_fall_back and (model_cannot_take(error) or (deployment_fault(error) and not elsewhere)):
             self.fall_back(job)  # this model cannot take it, or none of its deployments can be used
             delay = 0.0

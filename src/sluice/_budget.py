@@ -10,8 +10,9 @@ instant, and what the provider bills stays within the limit.
 
 A request that does not fit waits while money is still reserved by requests in flight
 (they usually cost less than their worst case); when nothing is in flight and it still
-does not fit, it is refused with :class:`BudgetExhaustedError`. No affordable request
-is refused while money remains.
+does not fit, or what is spent already leaves less than it needs (no hold given back
+could make room), it is refused with :class:`BudgetExhaustedError`. No affordable
+request is refused while money remains.
 
 Budgets nest: a session's budget (one agent task) counts against the engine's too.
 """
@@ -114,14 +115,19 @@ class Budget:
 
 
 class BudgetHold:
-    """One request's reservation, settled exactly once."""
+    """One request's reservation, settled exactly once.
 
-    __slots__ = ("_ledger", "_open", "amount", "chain", "shared")
+    ``paid``: what was already counted for the request before this hold (a parked batch
+    line whose batch's bill was counted when its results came, see ``Spending.settle_parked``):
+    a commit counts only what it costs beyond that."""
 
-    def __init__(self, ledger: BudgetLedger, chain: list[Budget], amount: float) -> None:
+    __slots__ = ("_ledger", "_open", "amount", "chain", "paid", "shared")
+
+    def __init__(self, ledger: BudgetLedger, chain: list[Budget], amount: float, paid: float = 0.0) -> None:
         self._ledger = ledger
         self.chain = chain
         self.amount = amount
+        self.paid = paid
         self._open = True
         #: The same request's holds on the shared budgets of its chain, settled with this one.
         self.shared: tuple[SharedHold, ...] = ()
@@ -130,6 +136,7 @@ class BudgetHold:
         """The request cost ``actual``: count it, return the rest of the reservation."""
         if self._open:
             self._open = False
+            actual = max(0.0, actual - self.paid) if self.paid else actual
             self._ledger._settle(self, actual)
             for shared in self.shared:
                 shared.commit(actual)
@@ -199,11 +206,16 @@ class BudgetLedger:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
 
-    def _grant(self, chain: list[Budget], amount: float) -> BudgetHold:
+    def _grant(self, chain: list[Budget], amount: float, paid: float = 0.0) -> BudgetHold:
         for budget in chain:
             budget._reserved += amount
             budget._holds += 1
-        return BudgetHold(self, chain, amount)
+        return BudgetHold(self, chain, amount, paid)
+
+    def paid_hold(self, budget: Budget, paid: float) -> BudgetHold:
+        """A hold of nothing for a request whose cost, ``paid``, was counted already: its
+        commit counts only what it costs beyond that."""
+        return self._grant(budget.chain(), 0.0, paid)
 
     def _refuse(self, chain: list[Budget], amount: float) -> BudgetExhaustedError:
         self.exhausted = True
@@ -236,5 +248,10 @@ def _fits(chain: list[Budget], amount: float) -> bool:
 
 
 def _may_free(chain: list[Budget], amount: float) -> bool:
-    """Could a request in flight still return money to every budget that blocks this one?"""
-    return all(b._holds > 0 for b in chain if b._spent + b._reserved + amount > b.limit + 1e-12)
+    """Could a request in flight still return money to every budget that blocks this one,
+    enough to make room? (Spent money never comes back.)"""
+    return all(
+        b._holds > 0 and b._spent + amount <= b.limit + 1e-12
+        for b in chain
+        if b._spent + b._reserved + amount > b.limit + 1e-12
+    )

@@ -9,19 +9,21 @@ its own (a store, shared limits, a grace period).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._models import Deployment
+from ._models import Deployment, Usage
 from ._retry import RetryPolicy
 from ._router import Cooldown
 from .structured import MAX_REASKS
-from .tiers import BatchSettings, tier_deployments
+from .tiers import BatchSettings, settle_parked_by, tier_deployments
 
 if TYPE_CHECKING:
     from ._engine import Engine
+    from ._spending import Spending
     from ._tracing import Tracing
 
 __all__ = ["JobConfig", "TrustState", "engine_from"]
@@ -77,12 +79,22 @@ def engine_from(config: JobConfig, **overrides: Any) -> Engine:
         **overrides,
     }
     deployments = arguments.pop("deployments", config.deployments)
+    settle: list[Callable[[Deployment, str, Usage | None], None]] = []  # once the engine is made
     if config.tier != "sync":
         if config.tier == "auto":
             config = dataclasses.replace(config, batch=dataclasses.replace(config.batch, sync_rate=_sync_rate(config)))
-        arguments.update(_tier_arguments(config, arguments))
+        arguments.update(_tier_arguments(config, arguments, settle))
         deployments = tier_deployments(deployments, config.tier, arguments.get("store"), config.batch)
-    return Engine(deployments, **arguments)
+    engine = Engine(deployments, **arguments)
+    if config.tier in ("batch", "auto"):  # parked lines' holds settle as their batches end
+        settle.append(functools.partial(_settle_parked, engine.spending))
+        settle_parked_by(engine.deployments, settle[0])
+    return engine
+
+
+def _settle_parked(spending: Spending, deployment: Deployment, custom_id: str, usage: Usage | None) -> None:
+    """A parked line's batch is over: its hold settled at what the batch billed for it."""
+    spending.settle_parked(custom_id, None if usage is None else spending.cost(deployment, usage) or 0.0)
 
 
 def _sync_rate(config: JobConfig) -> float:
@@ -104,14 +116,20 @@ def _sync_rate(config: JobConfig) -> float:
 _FLEX_TIMEOUT = 900.0
 
 
-def _tier_arguments(config: JobConfig, arguments: Mapping[str, Any]) -> dict[str, Any]:
+def _tier_arguments(
+    config: JobConfig, arguments: Mapping[str, Any], settle: list[Callable[[Deployment, str, Usage | None], None]]
+) -> dict[str, Any]:
     """What a tier changes in the engine: a batch line waits as long as its batch (no
-    deadline; two batches' worth in flight); a flex one up to 15 minutes."""
+    deadline; two batches' worth in flight); a flex one up to 15 minutes. ``settle``: how
+    a batch tier settles its parked lines' holds (filled once the engine is made)."""
     journal = arguments.get("store")
     retry: RetryPolicy = arguments["retry"]
 
     def adapt(deployment: Deployment) -> Deployment:
-        return tier_deployments([deployment], config.tier, journal, config.batch)[0]
+        adapted = tier_deployments([deployment], config.tier, journal, config.batch)[0]
+        if settle:
+            settle_parked_by([adapted], settle[0])
+        return adapted
 
     if config.tier == "flex":
         longer = dataclasses.replace(

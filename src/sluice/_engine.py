@@ -358,7 +358,7 @@ class Engine:
 
     async def embed(
         self,
-        texts: Iterable[str] | AsyncIterable[str],
+        texts: Iterable[str | Sequence[int]] | AsyncIterable[str | Sequence[int]],
         *,
         model: str,
         dimensions: int | None = None,
@@ -372,14 +372,16 @@ class Engine:
 
         Texts are packed many to a request (see :mod:`sluice._embeddings`) within the
         provider's per-request limits and the deployment's limits, budget and retries; each
-        vector is a float32 ``array('f')`` (``numpy.frombuffer(v, dtype=numpy.float32)``
-        reads it without a copy). With a store, every text's vector is stored as it lands
+        vector is a float32 ``array('f')``, not a list (an eighth of a list's memory):
+        ``v.tolist()`` makes one (``json.dumps`` needs it), and ``numpy.frombuffer(v,
+        dtype=numpy.float32)`` reads it without a copy. With a store, every text's vector is stored as it lands
         and served from there on a rerun. A text the provider refuses fails alone.
 
         Raises :class:`~sluice.EmbeddingError` when any text could not be embedded: its
         ``results`` holds every text's :class:`~sluice.EmbeddingResult`, vectors included
         (use :meth:`embed_map` to handle failures text by text instead). A single string
-        is one text (a list of one vector comes back).
+        is one text (a list of one vector comes back). A text may also be a token array
+        (a list of token ids, as OpenAI's API takes them), for deployments that take them.
         """
         from ._embeddings import EmbedOptions, embed
 
@@ -389,7 +391,7 @@ class Engine:
 
     def embed_map(
         self,
-        texts: Iterable[str] | AsyncIterable[str],
+        texts: Iterable[str | Sequence[int]] | AsyncIterable[str | Sequence[int]],
         *,
         model: str,
         dimensions: int | None = None,
@@ -399,18 +401,20 @@ class Engine:
         budget: Budget | None = None,
         batch_size: int | None = None,
         batch_tokens: int | None = None,
+        scope: str | None = None,
     ) -> AsyncIterator[EmbeddingResult]:
         """One :class:`~sluice.EmbeddingResult` per text (``.vector`` or ``.error``,
         ``.index`` its position), as requests finish (in input order with ``ordered``).
 
         The source is read only as room frees up, so memory stays flat however many texts
         it holds; leaving the loop early cancels what is in flight. Arguments as for
-        :meth:`embed`.
+        :meth:`embed`; ``scope``: the texts share stored vectors only with texts of the
+        same scope (a tenant's, say), not with everyone's.
         """
         from ._embeddings import EmbedOptions, embed_map
 
         self.runtime.check_open()
-        options = EmbedOptions(model, dimensions, params, priority, budget, batch_size, batch_tokens)
+        options = EmbedOptions(model, dimensions, params, priority, budget, batch_size, batch_tokens, scope=scope)
         return embed_map(self.attempts, texts, options, ordered=ordered)
 
     def stop(self, *, grace: float | None = None) -> None:

@@ -19,13 +19,14 @@
     └── ProviderError                the provider (or the way to it) failed
         ├── RetryableError           worth another attempt
         │   ├── RateLimitError           429
+        │   ├── FlexUnavailableError     429 "resource unavailable": no flex capacity for it now
         │   ├── OverloadedError          529 / "overloaded"
         │   ├── ServerError              5xx, 408, 409
         │   ├── AttemptTimeoutError      no answer within the attempt timeout
         │   ├── ConnectError             connection refused / reset / closed
         │   └── MalformedResponseError   a body that is not what the API returns
         └── FatalProviderError       retrying cannot help
-            ├── BadRequestError          400, 422
+            ├── BadRequestError          400, 413, 422
             ├── AuthenticationError      401
             ├── PermissionDeniedError    403
             └── NotFoundError            404
@@ -56,6 +57,7 @@ __all__ = [
     "EmbeddingError",
     "EngineClosedError",
     "FatalProviderError",
+    "FlexUnavailableError",
     "GroupExhausted",
     "InvalidInputError",
     "InvalidOutputError",
@@ -258,6 +260,14 @@ class RateLimitError(RetryableError):
     kind = "rate_limited"
 
 
+class FlexUnavailableError(RetryableError):
+    """OpenAI's flex processing had no capacity for this request (a 429 "resource
+    unavailable", not billed): about that request, not the key's rate, so it is tried
+    again after its own backoff while the deployment goes on sending the rest."""
+
+    kind = "flex_unavailable"
+
+
 class OverloadedError(RetryableError):
     kind = "overloaded"
 
@@ -308,7 +318,8 @@ class MovedToSyncError(FatalProviderError):
 
 
 class BadRequestError(FatalProviderError):
-    """400/422: the provider refused this request itself; sending it again cannot help."""
+    """400/413/422: the provider refused this request itself (413: it is too large, and
+    always will be); sending it again cannot help."""
 
     kind = "bad_request"
     kept_on_rerun = True
@@ -333,6 +344,7 @@ _BY_STATUS: dict[int, type[ProviderError]] = {
     404: NotFoundError,
     408: ServerError,
     409: ServerError,
+    413: BadRequestError,
     422: BadRequestError,
     429: RateLimitError,
     529: OverloadedError,

@@ -47,6 +47,7 @@ from ._errors import (
     SluiceError,
 )
 from ._limits import Claim, Limiter, LocalLimiter, Reservation
+from ._model_names import configured_model
 from ._models import BATCH_SUFFIX, BUILTIN_PROVIDERS, Deployment
 
 if TYPE_CHECKING:
@@ -271,6 +272,8 @@ class Router:
         self._chains: dict[str, tuple[Group, ...]] = {}
         self._labels: dict[str, Route] = {}
         self.routes: list[Route] = []
+        #: Deployments made here for a model nobody configured (a bare name never means one).
+        self._made: set[str] = set()
         self.fallbacks: dict[str, tuple[str, ...]] = {}
         for model, chain in (fallbacks or {}).items():
             self._check_fallbacks(model, chain)
@@ -299,8 +302,9 @@ class Router:
     def group(self, model: str) -> Group:
         """The group serving ``model`` (a model nobody configured gets a deployment of its own)."""
         group = self._groups.get(model)
-        if group is None and "/" not in model:  # a bare name is the OpenAI-compatible one
-            group = self._groups.get(f"openai/{model}")
+        if group is None and "/" not in model:  # a bare name: the configured model of that name, else OpenAI's
+            configured = [r.deployment for r in self.routes if r.deployment.label not in self._made]
+            group = self._groups.get(configured_model(model, configured) or f"openai/{model}")
         if group is not None:
             return group
         prefix, sep, _ = model.partition("/")
@@ -315,6 +319,7 @@ class Router:
         if self._adapt is not None:
             deployment = self._adapt(deployment)
         self.add(deployment)
+        self._made.add(deployment.label)
         self._on_new(deployment)
         return self._groups[model]
 
@@ -324,7 +329,7 @@ class Router:
         if known is not None:
             return known
         groups = [self.group(model)]
-        for fallback in self._fallbacks_of(model):
+        for fallback in self._fallbacks_of(model) or self._fallbacks_of(groups[0].model):  # a bare name's too
             group = self.group(fallback)
             if group not in groups:
                 groups.append(group)

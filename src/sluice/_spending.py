@@ -62,6 +62,7 @@ class Spending:
 
     __slots__ = (
         "_follow",
+        "_paid",
         "_parked",
         "_parked_whole",
         "_shared_all",
@@ -100,6 +101,9 @@ class Spending:
         #: each request's share by its key's hash.
         self._parked: dict[int, tuple[BudgetHold, dict[int, float]]] = {}
         self._parked_whole: dict[int, BudgetHold] = {}
+        #: Parked requests whose batch's bill was counted when its results came (see
+        #: :meth:`settle_parked`), by the key's hash: what it was, until they are asked again.
+        self._paid: dict[int, float] = {}
 
     def session(self, budget_usd: float, name: str, shared: SharedBudget | None = None) -> Budget:
         if shared is not None:
@@ -197,24 +201,56 @@ class Spending:
         merged.absorb(hold)
         shares[hash(key)] = shares.get(hash(key), 0.0) + hold.amount
 
+    @property
+    def holds_parked(self) -> bool:
+        """Whether any parked request's hold (or paid bill) is kept here."""
+        return bool(self._parked or self._parked_whole or self._paid)
+
     def unpark(self, budget: Budget, key: str, worst: float) -> BudgetHold | None:
         """The hold ``key`` left when it was parked, now its own again (None: none was
-        kept, or it no longer covers ``worst``: then it is released and the caller reserves)."""
+        kept, or it no longer covers ``worst``: then it is released and the caller reserves).
+        A request whose batch's bill was counted already gets a hold of nothing that knows it."""
+        paid = self._paid.pop(hash(key), None)
+        if paid is not None:
+            return self.ledger.paid_hold(budget, paid)
+        part = self._take_parked(key, id(budget))
+        if part is not None and part.amount + 1e-12 < worst:
+            part.release()
+            return None
+        return part
+
+    def settle_parked(self, key: str, cost: float | None) -> None:
+        """A parked request's batch is over: it cost ``cost`` there (its answer or its
+        rejection is kept, and the request, asked again, is answered from it), or None:
+        the batch did not answer it (not billed; asked again, it reserves afresh). Its hold
+        is settled now, not when it is asked again: the money of a batch that has ended
+        must not wait for its lines to come back into the engine (they may be waiting for
+        room that requests waiting for that money hold)."""
+        for place in [None, *self._parked]:
+            hold = self._take_parked(key, place)
+            if hold is not None:
+                break
+        else:
+            return  # not parked (asked again already, or never)
+        hold.commit(cost or 0.0)
+        if cost is not None:
+            self._paid[hash(key)] = cost
+
+    def _take_parked(self, key: str, place: int | None) -> BudgetHold | None:
+        """The parked hold of ``key``, taken out: a whole one (``place`` None) or its share
+        of the merged hold of the budget at ``place``."""
         whole = self._parked_whole.pop(hash(key), None)
-        if whole is not None:
+        if whole is not None or place is None:
             return whole
-        entry = self._parked.get(id(budget))
+        entry = self._parked.get(place)
         share = entry[1].pop(hash(key), None) if entry is not None else None
         if entry is None or share is None:
             return None
         merged, shares = entry
         part = merged.split(share)
         if not shares:  # the last of them: what float sums left over goes back
-            del self._parked[id(budget)]
+            del self._parked[place]
             merged.release()
-        if part.amount + 1e-12 < worst:
-            part.release()
-            return None
         return part
 
     async def flush(self) -> None:

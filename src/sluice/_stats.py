@@ -108,7 +108,9 @@ class Stats:
         """Count a request's Result (a parked one is not one yet: it is counted when asked again)."""
         if result.error is not None and result.error.kind == "parked":
             return
-        self._count(result.ok, result.cached, result.error, result.usage, result.timings.latency, result.cost_usd)
+        # a batch line's "latency" is its batch's wait (or 0, read back from the state): not measured
+        latency = None if result.tier == "batch" else result.timings.latency
+        self._count(result.ok, result.cached, result.error, result.usage, latency, result.cost_usd)
         request = result.request
         cut = result.error is not None and result.error.kind == "cancelled"  # redone by the rerun
         if request is not None and request.schema is not None and not result.cached and not cut:
@@ -123,7 +125,7 @@ class Stats:
         self._count(result.ok, result.cached, result.error, result.usage, result.latency, result.cost_usd)
 
     def _count(
-        self, ok: bool, cached: bool, error: SluiceError | None, usage: Usage, latency: float, cost: float | None
+        self, ok: bool, cached: bool, error: SluiceError | None, usage: Usage, latency: float | None, cost: float | None
     ) -> None:
         if cached:
             self.cached += 1
@@ -132,7 +134,8 @@ class Stats:
             if not cached:  # tokens and latency of this run only
                 self.input_tokens += usage.input_tokens
                 self.output_tokens += usage.output_tokens
-                self.latency.add(latency)
+                if latency is not None:
+                    self.latency.add(latency)
                 if cost is None:
                     self.unpriced += 1
         elif error is not None and error.kind == "cancelled":

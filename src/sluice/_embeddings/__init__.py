@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from .._budget import Budget
 from .._errors import CancelledError, EmbeddingError
 from .._models import Priority
-from ._keys import EmbedItem, EmbedSpec, embedding_key
+from ..providers._embed import EmbedInput
+from ._keys import EmbedItem, EmbedSpec, embedding_key, token_array
 from ._packing import BOUND_PER_INPUT
 from ._pipeline import DEFAULT_WINDOW, EmbedPipeline
 from ._results import EmbeddingResult
@@ -39,6 +40,7 @@ __all__ = [
     "embed",
     "embed_map",
     "embedding_key",
+    "token_array",
 ]
 
 
@@ -55,6 +57,8 @@ class EmbedOptions:
     batch_size: int | None = None
     batch_tokens: int | None = None
     window: int = DEFAULT_WINDOW
+    #: Texts share stored vectors only within their scope (None: with everyone's).
+    scope: str | None = None
 
     def spec(self) -> EmbedSpec:
         merged = dict(self.params or {})
@@ -75,7 +79,7 @@ class EmbedOptions:
 
 
 def _items(
-    texts: Iterable[str] | AsyncIterable[str], spec: EmbedSpec
+    texts: Iterable[EmbedInput] | AsyncIterable[EmbedInput], spec: EmbedSpec, scope: str | None = None
 ) -> Iterable[EmbedItem] | AsyncIterable[EmbedItem]:
     if isinstance(texts, str):
         texts = [texts]  # one string is one text
@@ -84,30 +88,30 @@ def _items(
 
         async def items() -> AsyncIterator[EmbedItem]:
             async for text in source:
-                yield EmbedItem(text, spec)
+                yield EmbedItem(text, spec, scope)
 
         return items()
-    return (EmbedItem(text, spec) for text in texts)
+    return (EmbedItem(text, spec, scope) for text in texts)
 
 
 def embed_map(
     attempts: Attempts,
-    texts: Iterable[str] | AsyncIterable[str],
+    texts: Iterable[EmbedInput] | AsyncIterable[EmbedInput],
     options: EmbedOptions,
     *,
     ordered: bool = False,
 ) -> AsyncIterator[EmbeddingResult]:
     """See :meth:`Engine.embed_map`."""
-    return options.pipeline(attempts, ordered=ordered).results(_items(texts, options.spec()))
+    return options.pipeline(attempts, ordered=ordered).results(_items(texts, options.spec(), options.scope))
 
 
 async def embed(
-    attempts: Attempts, texts: Iterable[str] | AsyncIterable[str], options: EmbedOptions
+    attempts: Attempts, texts: Iterable[EmbedInput] | AsyncIterable[EmbedInput], options: EmbedOptions
 ) -> list[array[float]]:
     """See :meth:`Engine.embed`."""
     pipeline = options.pipeline(attempts)
     results: list[EmbeddingResult | None] = []
-    async for result in pipeline.results(_items(texts, options.spec())):
+    async for result in pipeline.results(_items(texts, options.spec(), options.scope)):
         if result.index >= len(results):
             results.extend(itertools.repeat(None, result.index + 1 - len(results)))
         results[result.index] = result

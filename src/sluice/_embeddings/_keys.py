@@ -1,6 +1,10 @@
 """What identifies an embedding: its model, text and parameters (versioned), and the
 spec texts are embedded with. A vector is stored per text under :func:`embedding_key`, so
-a rerun, another job or another line with the same text embeds nothing again."""
+a rerun, another job or another line with the same text embeds nothing again.
+
+An input is a text or a token array (a list of token ids, as OpenAI's API takes them):
+:func:`input_bytes` gives each its bytes, an array's marked with a byte no UTF-8 text
+holds, so a text and an array never share a key."""
 
 from __future__ import annotations
 
@@ -11,8 +15,22 @@ from typing import Any, NamedTuple
 
 from .. import _json
 from .._errors import InvalidRequestError, SluiceError
+from ..providers._embed import EmbedInput
 
-__all__ = ["EmbedItem", "EmbedSpec", "embedding_key", "key_of"]
+__all__ = [
+    "TOKENS_MARK",
+    "EmbedInput",
+    "EmbedItem",
+    "EmbedSpec",
+    "embedding_key",
+    "input_bytes",
+    "input_of",
+    "key_of",
+    "token_array",
+]
+
+#: The first byte of a token array's bytes: never in UTF-8, so never a text's.
+TOKENS_MARK = b"\xff"
 
 _KEY_VERSION = "sluice-embedding-v1"
 #: Parameters that do not change a vector: left out of its key.
@@ -39,11 +57,40 @@ def key_of(prefix: bytes, data: bytes, scope: str | None) -> str:
     return digest.hexdigest()[:32]
 
 
-def embedding_key(model: str, text: str, params: Mapping[str, Any] | None = None, *, scope: str | None = None) -> str:
-    """The store key of one text's vector: its model, text and parameters (``dimensions``...;
-    not ``user`` or ``encoding_format``), versioned. ``scope`` (a line, under ``--no-cache``)
-    keeps identical texts apart."""
-    return key_of(_key_prefix(model, params or {}), text.encode("utf-8", "surrogatepass"), scope)
+def embedding_key(
+    model: str, text: EmbedInput, params: Mapping[str, Any] | None = None, *, scope: str | None = None
+) -> str:
+    """The store key of one text's (or token array's) vector: its model, input and
+    parameters (``dimensions``...; not ``user`` or ``encoding_format``), versioned.
+    ``scope`` (a line, under ``--no-cache``) keeps identical texts apart."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else input_bytes(text)
+    return key_of(_key_prefix(model, params or {}), data, scope)
+
+
+def token_array(value: Any) -> list[int] | None:
+    """``value`` as a token array (a non-empty list or tuple of token ids, ints >= 0), or
+    None when it is not one."""
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    for token in value:
+        if type(token) is not int or token < 0:  # not bool, which is an int
+            return None
+    return list(value)
+
+
+def input_bytes(value: EmbedInput) -> bytes:
+    """An input's bytes: a text's UTF-8 (UnicodeEncodeError for a lone surrogate), a token
+    array's ids after :data:`TOKENS_MARK`."""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return TOKENS_MARK + ",".join(map(str, value)).encode("ascii")
+
+
+def input_of(data: bytes) -> EmbedInput:
+    """The input :func:`input_bytes` made ``data`` of."""
+    if data[:1] == TOKENS_MARK:
+        return [int(token) for token in data[1:].split(b",")]
+    return data.decode("utf-8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +122,9 @@ class EmbedSpec:
 
 
 class EmbedItem(NamedTuple):
-    """One input of :class:`EmbedPipeline`: a text (or the error that stands for a bad
-    input record), what to embed it with, and its key's scope (None: shared)."""
+    """One input of :class:`EmbedPipeline`: a text or token array (or the error that stands
+    for a bad input record), what to embed it with, and its key's scope (None: shared)."""
 
-    text: str | SluiceError
+    text: EmbedInput | SluiceError
     spec: EmbedSpec
     scope: str | None = None

@@ -10,21 +10,22 @@ from typing import TYPE_CHECKING
 
 from .._errors import SluiceError
 from ..providers._embed import EmbedLimits
+from ._keys import TOKENS_MARK, EmbedInput, EmbedSpec, input_of
 
 if TYPE_CHECKING:
     from .._router import Group
-    from ._keys import EmbedSpec
 
 __all__ = ["BOUND_PER_INPUT", "Entry", "Pack", "SpecGroup", "apportion"]
 
 #: A budget's bound on one input: every token of a byte-level BPE tokenizer covers at
 #: least one byte, so a text bills at most its UTF-8 length; this covers the special
-#: tokens some models add around each input (BERT-style [CLS]/[SEP], BOS/EOS).
+#: tokens some models add around each input (BERT-style [CLS]/[SEP], BOS/EOS). A token
+#: array bills its length, and the same.
 BOUND_PER_INPUT = 8
 
 
 class Entry:
-    """One distinct text in flight, and every input position waiting for it."""
+    """One distinct text (or token array) in flight, and every input position waiting for it."""
 
     __slots__ = ("bound", "data", "done", "indices", "key", "tokens")
 
@@ -32,7 +33,7 @@ class Entry:
         self.key = key
         self.data = data
         self.tokens = tokens
-        self.bound = len(data) + BOUND_PER_INPUT
+        self.bound = (tokens if data[:1] == TOKENS_MARK else len(data)) + BOUND_PER_INPUT
         self.indices = [index]
         self.done = False
 
@@ -64,8 +65,8 @@ class Pack:
             digest.update(entry.key.encode())
         return "embed-" + digest.hexdigest()
 
-    def texts(self) -> list[str]:
-        return [e.data.decode("utf-8") for e in self.entries]
+    def texts(self) -> list[EmbedInput]:
+        return [input_of(e.data) for e in self.entries]
 
     def halves(self, attempts: int) -> tuple[Pack, Pack]:
         middle = len(self.entries) // 2
@@ -92,6 +93,7 @@ class SpecGroup:
         "rejected_alone",
         "route_group",
         "spec",
+        "text_only",
         "token_cap",
     )
 
@@ -100,6 +102,8 @@ class SpecGroup:
         self.route_group: Group | None = None
         #: Why no text of this spec can be embedded (unknown model, no endpoint, no price).
         self.error: SluiceError | None = None
+        #: A deployment of the group that takes no token arrays (None: they all do).
+        self.text_only: str | None = None
         self.limits = EmbedLimits()
         self.max_inputs = self.limits.max_inputs
         self.token_cap = self.limits.max_tokens

@@ -52,9 +52,9 @@ from .._models import Priority, Request, Usage
 from .._records import error_from_record, error_record
 from .._slot import Tally
 from .._tokens import estimate_text_tokens
-from ..providers._embed import EmbeddingProvider, EmbedLimits, EmbedReply, embed_limits
+from ..providers._embed import EmbeddingProvider, EmbedInput, EmbedLimits, EmbedReply, embed_limits, takes_token_arrays
 from ..store._vectors import StoredVector, VectorStore
-from ._keys import EmbedItem, EmbedSpec, key_of
+from ._keys import EmbedItem, EmbedSpec, input_bytes, key_of, token_array
 from ._packing import Entry, Pack, SpecGroup, apportion
 from ._results import EmbeddingResult
 
@@ -256,16 +256,14 @@ class EmbedPipeline:
         return True
 
     def _prepare(
-        self, index: int, text: str | SluiceError, spec: EmbedSpec, scope: str | None
+        self, index: int, text: EmbedInput | SluiceError, spec: EmbedSpec, scope: str | None
     ) -> tuple[int, SpecGroup, str, bytes, int] | EmbeddingResult:
         """The text's group, key, bytes and token estimate, or a failed result saying why
         it cannot be sent."""
         if isinstance(text, SluiceError):
             return EmbeddingResult(index, error=text)
         if not isinstance(text, str):
-            return EmbeddingResult(
-                index, error=InvalidRequestError(f"text {index} is a {type(text).__name__}, not a str")
-            )
+            return self._prepare_tokens(index, text, spec, scope)
         if not text:
             return EmbeddingResult(
                 index, error=InvalidRequestError(f"text {index} is empty; the embeddings API refuses empty inputs")
@@ -282,6 +280,25 @@ class EmbedPipeline:
             return EmbeddingResult(index, error=group.error, key=key)
         tokens = -(-len(data) // 4) if len(data) == len(text) else estimate_text_tokens(text)
         return index, group, key, data, tokens
+
+    def _prepare_tokens(
+        self, index: int, given: object, spec: EmbedSpec, scope: str | None
+    ) -> tuple[int, SpecGroup, str, bytes, int] | EmbeddingResult:
+        """A token array's group, key, bytes and token count (its length), as :meth:`_prepare`."""
+        tokens = token_array(given)
+        if tokens is None:
+            kind = type(given).__name__
+            what = f"text {index} is a {kind}, not a str or a token array (a non-empty list of token ids >= 0)"
+            return EmbeddingResult(index, error=InvalidRequestError(what))
+        group = self._group(spec)
+        data = input_bytes(tokens)
+        key = key_of(spec.prefix, data, scope)
+        if group.error is not None:
+            return EmbeddingResult(index, error=group.error, key=key)
+        if group.text_only is not None:
+            what = f"text {index} is a token array, and deployment {group.text_only!r} takes text only; send the text"
+            return EmbeddingResult(index, error=InvalidRequestError(what), key=key)
+        return index, group, key, data, len(tokens)
 
     def _group(self, spec: EmbedSpec) -> SpecGroup:
         group = self._groups.get(spec.prefix)
@@ -303,6 +320,7 @@ class EmbedPipeline:
                         f"{route.label} has no embeddings endpoint"
                     )
             limits = [embed_limits(route.deployment) for route in routes]
+            group.text_only = next((r.label for r in routes if not takes_token_arrays(r.provider, r.deployment)), None)
             pricing = attempts.spending.pricing
             if self.budget is not None and not attempts.spending.allow_unpriced:
                 for route in routes:

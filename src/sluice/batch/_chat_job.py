@@ -16,7 +16,7 @@ import itertools
 from collections.abc import AsyncIterator, Callable, Container, Iterator
 
 from .._errors import CancelledError, InvalidInputError, ParkedError, SluiceError
-from .._models import Priority, Request, Result
+from .._models import Priority, Request, Result, idempotency_key_of, store_key
 from ..store import SqliteStore
 from ..tiers import batch_request
 from ._inputs import EMBEDDING_IN_CHAT_JOB, InputItem, read_inputs, request_of
@@ -121,6 +121,16 @@ async def stream_chat(
             progress.count(result, sent)
             watch(result)
 
+        def unwritten(result: Result, sent: Request | None, line: int) -> None:
+            """The output could not take it: the state has it, or it was never sent (the
+            rerun does it, for nothing), or it is lost (the state failed too)."""
+            if sent is not None and store.get(store_key(sent)) is not None:
+                progress.not_written += 1
+            elif result.attempts and not result.cached:
+                progress.note_lost(line)
+            else:
+                progress.not_done += 1
+
         async def consume(results: AsyncIterator[Result], lines: dict[int, InputItem]) -> None:
             async for result in results:
                 assert result.index is not None
@@ -138,7 +148,13 @@ async def stream_chat(
                     progress.not_done += 1  # not written: the rerun does it
                     continue
                 sent = request_of(item, spec.cache) if item.request is not None else None
-                output.write_soon(output_record(item, result, sent), functools.partial(written, result, sent))
+                if auto and sent is not None and result.ok and result.tier == "sync":  # a batch may answer it too
+                    progress.answered_sync.add(idempotency_key_of(store_key(sent)))
+                output.write_soon(
+                    output_record(item, result, sent),
+                    functools.partial(written, result, sent),
+                    functools.partial(unwritten, result, sent, item.line),
+                )
 
         if parking is None:  # one reading, as a plain generator (the common path: no await per line)
             await consume(engine.map(whole_input(), ordered=spec.ordered), pending)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._config import JobConfig
+from .._model_names import configured_model
 from .._models import Deployment, Usage
 from .._pricing import Pricing
 from .._tokens import estimate_message_tokens, estimate_text_tokens
@@ -125,8 +126,8 @@ def estimate_job(
             continue
         request = item.request
         deployment = routes.get(request.model)
-        if deployment is None and "/" not in request.model:  # a bare name is the OpenAI-compatible one
-            deployment = routes.get(f"openai/{request.model}")
+        if deployment is None and "/" not in request.model:  # a bare name: the configured model, else OpenAI's
+            deployment = routes.get(configured_model(request.model, config.deployments) or f"openai/{request.model}")
         if deployment is None:  # as the engine serves a model the config does not name
             deployment = routes[request.model] = Deployment(request.model, **config.defaults)
         tally = result.tallies.get(deployment.label)

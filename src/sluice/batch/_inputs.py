@@ -2,7 +2,9 @@
 
 Three shapes, one per line (or row):
 
-* a chat-completion body: ``{"messages": [...], "model": ..., "max_tokens": ...}``;
+* a chat-completion body: ``{"messages": [...], "model": ..., "max_tokens": ...}`` (a
+  ``custom_id`` in it, or in a bare body of another API, is the line's id, as a Batch
+  API line's is, and is not sent);
 * an OpenAI Batch API line: ``{"custom_id", "method": "POST", "url": "/v1/chat/completions",
   "body": {...}}``, so existing batch files run unchanged;
 * a row of fields (CSV, or JSONL objects) turned into a prompt by ``--template``;
@@ -48,6 +50,7 @@ __all__ = [
     "detect_format",
     "embeds",
     "read_inputs",
+    "record_item",
     "request_of",
 ]
 
@@ -240,6 +243,11 @@ def _read_jsonl(path: Path, options: InputOptions, only: Container[int] | None) 
             yield _item(record, number, where, options)
 
 
+def record_item(record: Any, number: int, where: str, options: InputOptions) -> InputItem:
+    """One record not read from a file (a dataframe's row, made a JSON object) as a line is."""
+    return _item(record, number, where, options)
+
+
 def _item(record: Any, number: int, where: str, options: InputOptions, *, row: bool = False) -> InputItem:
     if not isinstance(record, dict):
         return _bad(number, f"{where}: expected a JSON object, got {type(record).__name__}")
@@ -247,6 +255,9 @@ def _item(record: Any, number: int, where: str, options: InputOptions, *, row: b
     own_model = None
     try:
         asked: Request | EmbeddingInput
+        if _bare_with_id(record, options, row=row):  # a body with the id a Batch API line would wrap it with
+            custom_id = _line_id(record, where)
+            record = {k: v for k, v in record.items() if k != "custom_id"}  # not a field of any API
         if options.embed_field is not None:
             asked = embedding_from_row(record, where, options)
         elif row:
@@ -256,11 +267,11 @@ def _item(record: Any, number: int, where: str, options: InputOptions, *, row: b
         elif "params" in record and "custom_id" in record and isinstance(record["params"], dict):
             asked = _from_native(record["params"], "anthropic", where, options, request_id=_line_id(record, where))
         elif options.template is None and native_api_of(record) is not None:
-            asked = _from_native(record, native_api_of(record) or "", where, options, request_id=None)
+            asked = _from_native(record, native_api_of(record) or "", where, options, request_id=custom_id)
         elif options.template is not None:
             asked = _from_row(record, where, options)
         elif "messages" in record:
-            asked = _from_chat_body(record, where, options, request_id=None)
+            asked = _from_chat_body(record, where, options, request_id=custom_id)
         else:
             raise InvalidInputError(
                 f"{where}: expected a chat request ('messages'), an OpenAI Batch API line "
@@ -293,6 +304,14 @@ def _str_or_none(value: Any) -> str | None:
 
 def _bad(number: int, message: str) -> InputItem:
     return InputItem(number, error=InvalidInputError(message, line=number))
+
+
+def _bare_with_id(record: Mapping[str, Any], options: InputOptions, *, row: bool) -> bool:
+    """A bare request body (no Batch API ``body`` or ``params`` around it) carrying a
+    ``custom_id``: the line's id, as in a Batch API line (not a field data rows use)."""
+    if row or options.template is not None or options.embed_field is not None:
+        return False
+    return "custom_id" in record and "body" not in record and "params" not in record
 
 
 def _line_id(record: Mapping[str, Any], where: str) -> str:

@@ -23,6 +23,9 @@ __all__ = ["Distributed", "FailFast", "JobProgress", "JobSpec", "Outcome"]
 #: How a job ended, for the exit status: see ``JobProgress.outcome``.
 Outcome = str
 
+#: Lines of lost answers the summary names (the count covers them all).
+_LOST_SHOWN = 20
+
 
 @dataclass(frozen=True, slots=True)
 class Distributed:
@@ -75,8 +78,13 @@ class JobProgress:
     invalid: int = 0
     from_store: int = 0
     not_done: int = 0
-    #: Answers received but not written, because the output could not be written.
+    #: Answers received but not written, because the output could not be written (the
+    #: state holds them: the rerun writes them, sending nothing).
     not_written: int = 0
+    #: Answers received that neither the state nor the output could keep (both failed: a
+    #: full disk): the rerun sends them again. Their lines, the first few of them.
+    lost: int = 0
+    lost_lines: list[int] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
     stopping: bool = False
@@ -88,6 +96,8 @@ class JobProgress:
     fatal: str | None = None
     store_error: str | None = None
     output_error: str | None = None
+    #: The job stopped while its disk still had room for what it had in flight (see ``_room``).
+    disk_low: str | None = None
     engine: Engine | None = None
     errors: dict[str, int] = field(default_factory=dict)
     #: Dollars spent by earlier runs of this job (from the state file, or the output's records).
@@ -122,8 +132,11 @@ class JobProgress:
     tiers: dict[str, list[float]] = field(default_factory=dict)
     #: The provider batches this run followed, and each one's last status.
     batches: dict[str, str] = field(default_factory=dict)
-    #: Lines a batch answered after ``--tier auto`` had moved them to synchronous requests.
+    #: Lines a batch answered after ``--tier auto`` had moved them to synchronous requests
+    #: that answered them too (both billed).
     answered_twice: int = 0
+    #: ``--tier auto``: the provider ids (custom ids) of the lines answered synchronously.
+    answered_sync: set[str] = field(default_factory=set)
 
     @property
     def complete(self) -> bool:
@@ -132,6 +145,7 @@ class JobProgress:
             self.source_exhausted
             and not self.not_done
             and not self.not_written
+            and not self.lost
             and not self.stopping
             and self.strict_error is None
         )
@@ -151,7 +165,7 @@ class JobProgress:
         ``budget`` (finished, some not run for money), ``stopped`` (it stopped itself:
         --strict, its first requests all failing, the state or output unwritable) or
         ``interrupted`` (Ctrl-C, SIGTERM)."""
-        if self.fatal or self.store_error or self.output_error or self.strict_error:
+        if self.fatal or self.store_error or self.output_error or self.disk_low or self.strict_error:
             return "stopped"
         if not self.complete:
             return "interrupted"
@@ -181,6 +195,12 @@ class JobProgress:
         if kind == "invalid_input":
             self.invalid += 1
         self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    def note_lost(self, line: int) -> None:
+        """An answer to ``line`` was received and could be kept nowhere."""
+        self.lost += 1
+        if len(self.lost_lines) < _LOST_SHOWN:
+            self.lost_lines.append(line)
 
     def note_own_model(self, model: str) -> None:
         self.own_model_lines += 1

@@ -29,10 +29,12 @@ from .. import _errors, _json
 from .._errors import ConfigError
 from .._models import BATCH_SUFFIX, Request, Result, store_key
 from .._records import error_record, usage_record, usd_record
+from ..store._writer import disk_full
 from ._inputs import InputItem
 
 if TYPE_CHECKING:
     from ._job import JobProgress
+    from ._room import DiskRoom
 
 __all__ = [
     "KEPT_KINDS",
@@ -285,8 +287,11 @@ class OutputFile:
     trusts: a kill -9 between the two loses nothing.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, room: DiskRoom | None = None) -> None:
         self.path = path
+        #: The job's watch on its disks: a write that finds the disk full frees the room
+        #: kept there, and is tried once more.
+        self.room = room
         self.existed = path.exists()
         try:
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
@@ -354,8 +359,15 @@ class OutputFile:
         """Append encoded records (each ending in a newline) in one write, all or none:
         on OSError (disk full...) the file is cut back to where it was, then it raises."""
         start = self.size
+        data = lines[0] if len(lines) == 1 else b"".join(lines)
         try:
-            self._write_all(lines[0] if len(lines) == 1 else b"".join(lines))
+            try:
+                self._write_all(data)
+            except OSError as exc:
+                if not (disk_full(exc) and self.room is not None and self.room.release(self.path)):
+                    raise
+                self._truncate(start)
+                self._write_all(data)
         except OSError:
             with contextlib.suppress(OSError):
                 self._truncate(start)
@@ -405,32 +417,54 @@ class JobOutput:
         self._progress = progress
         self._lines: list[bytes] = []
         self._then: list[Callable[[], None]] = []
+        self._unwritten: list[Callable[[], None] | None] = []
+
+    @property
+    def path(self) -> Path:
+        return self._writer.path
+
+    @property
+    def room(self) -> DiskRoom | None:
+        return self._writer.room
 
     def write(self, record: dict[str, object]) -> bool:
         """Write one record now; False (and the job stops) when the file cannot take it."""
         self.flush()  # after what was queued before it
         return self._write([_json.dumps_line(record)])
 
-    def write_soon(self, record: dict[str, object], then: Callable[[], None]) -> None:
-        """Queue a record for this tick's write; ``then`` runs once it is in the file (never,
-        if the file cannot take it: the job stops, the answer is in the state)."""
+    def write_soon(
+        self, record: dict[str, object], then: Callable[[], None], unwritten: Callable[[], None] | None = None
+    ) -> None:
+        """Queue a record for this tick's write; ``then`` runs once it is in the file. If the
+        file cannot take it the job stops, and ``unwritten`` runs instead: it counts where
+        the answer is kept (without it, the answer is counted as in the state)."""
         if self._progress.output_error is not None:
-            self._progress.not_written += 1
+            self._not_written([unwritten])
             return
         if not self._lines:
             asyncio.get_running_loop().call_soon(self.flush)
         self._lines.append(_json.dumps_line(record))
         self._then.append(then)
+        self._unwritten.append(unwritten)
 
     def flush(self) -> None:
         """Write what is queued."""
-        lines, then = self._lines, self._then
+        lines, then, unwritten = self._lines, self._then, self._unwritten
         if not lines:
             return
-        self._lines, self._then = [], []
-        if self._write(lines):
+        self._lines, self._then, self._unwritten = [], [], []
+        if self._write(lines, count=False):
             for written in then:
                 written()
+        else:
+            self._not_written(unwritten)
+
+    def _not_written(self, unwritten: list[Callable[[], None] | None]) -> None:
+        for each in unwritten:
+            if each is None:
+                self._progress.not_written += 1
+            else:
+                each()
 
     def close(self) -> None:
         self.flush()
@@ -439,14 +473,15 @@ class JobOutput:
         except OSError as exc:
             self._failed(exc)
 
-    def _write(self, lines: list[bytes]) -> bool:
+    def _write(self, lines: list[bytes], *, count: bool = True) -> bool:
         if self._progress.output_error is None:
             try:
                 self._writer.write_lines(lines)
                 return True
             except OSError as exc:
                 self._failed(exc)
-        self._progress.not_written += len(lines)
+        if count:
+            self._progress.not_written += len(lines)
         return False
 
     def _failed(self, exc: OSError) -> None:

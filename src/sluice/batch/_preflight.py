@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from .._errors import ConfigError, InvalidInputError, SluiceError
+from .._model_names import configured_model
 from .._models import Deployment
 from ..providers import check_deployment
 from ._inputs import InputItem, detect_format, read_inputs
@@ -45,7 +46,9 @@ def checked_spec(spec: JobSpec) -> JobSpec:
         _refuse_missing_keys(spec.config.deployments)
     model = check_input(spec.input, spec.inputs)
     if sends:
-        _refuse_missing_keys(_deployments_used(spec.config, model))
+        used = _deployments_used(spec.config, model)
+        _refuse_missing_keys(used)
+        _refuse_unpriced(spec.config, used)
     for flag, path in (("-o", spec.output), ("--state", spec.state)):
         _check_output_path(flag, path)
     input_, output, state = spec.input.resolve(), spec.output.resolve(), spec.state.resolve()
@@ -184,11 +187,25 @@ def first_request_model(path: Path, options: InputOptions) -> str | None:
 def _deployments_used(config: JobConfig, first_model: str | None) -> list[Deployment]:
     """The deployments the config names, and the one that serves the first record's model."""
     deployments = list(config.deployments)
-    names = {first_model, f"openai/{first_model}"} if first_model and "/" not in first_model else {first_model}
-    if first_model is not None and not any(name in (d.model, d.label) for d in deployments for name in names):
-        with contextlib.suppress(SluiceError):  # a model the engine refuses is that record's error
-            deployments.append(Deployment(first_model, **config.defaults))
+    # a bare name is the configured model of that name (two such: refused here, naming them)
+    if first_model is not None and configured_model(first_model, deployments) is None:
+        known = configured_model(f"openai/{first_model}", deployments) if "/" not in first_model else None
+        if known is None:
+            with contextlib.suppress(SluiceError):  # a model the engine refuses is that record's error
+                deployments.append(Deployment(first_model, **config.defaults))
     return deployments
+
+
+def _refuse_unpriced(config: JobConfig, deployments: Iterable[Deployment]) -> None:
+    """Under a budget, a deployment with no known price is refused (unless allowed), as
+    the engine would refuse it on start: here, before a file exists."""
+    if config.budget_usd is None or config.allow_unpriced:
+        return
+    from .._spending import Spending  # its price lookup is the one the engine's start makes anyway
+
+    spending = Spending(config.budget_usd)
+    for deployment in deployments:
+        spending.check_priced(deployment)
 
 
 def _refuse_missing_keys(deployments: Iterable[Deployment]) -> None:

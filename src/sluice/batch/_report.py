@@ -49,18 +49,12 @@ def report_rows(path: Path) -> list[tuple[str, str]]:
         histogram = LatencyHistogram()
         for latency in store.latencies():
             histogram.add(latency)
+        batched = store.batch_answers()
         chunks = store.chunk_counts()
     finally:
         store.close()
-    status = job_status(meta)
     rows = [
-        ("status", status),
-        ("input", str(meta.get("input", "-"))),
-        ("output", str(meta.get("output", "-"))),
-        ("started", _when(meta.get("started_at"))),
-        ("last result", _when(summary["last_finished_at"])),
-        ("records in input", f"{meta.get('total', 0):,}"),
-        ("records written", _written(meta, status)),
+        *_job_rows(meta, summary),
         ("answers stored", f"{summary['results']:,}"),
         ("  succeeded", f"{summary['succeeded']:,}"),
         ("  failed", f"{summary['failed']:,}"),
@@ -82,8 +76,33 @@ def report_rows(path: Path) -> list[tuple[str, str]]:
     rows += _batch_rows(chunks)
     p50, p90, p99 = (histogram.percentile(q) for q in (50, 90, 99))
     if p50 is not None and p90 is not None and p99 is not None:
-        rows.append(("latency", f"p50 {p50:.3f}s, p90 {p90:.3f}s, p99 {p99:.3f}s"))
+        timed = " (synchronous answers)" if batched else ""
+        rows.append(("latency", f"p50 {p50:.3f}s, p90 {p90:.3f}s, p99 {p99:.3f}s{timed}"))
+    elif batched:
+        rows.append(("latency", "n/a: batch answers are not timed one by one"))
     return rows
+
+
+def _job_rows(meta: dict[str, Any], summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The job the state is of: its status, files and records; for a state a program made
+    with the library (no ``sluice run`` wrote its notes), what is known: when its answers
+    were stored."""
+    if not any(key in meta for key in ("status", "input", "total")):
+        return [
+            ("made by", "a program using the library (not a sluice run job: it has no input, output or status)"),
+            ("first result", _when(summary["first_finished_at"])),
+            ("last result", _when(summary["last_finished_at"])),
+        ]
+    status = job_status(meta)
+    return [
+        ("status", status),
+        ("input", str(meta.get("input", "-"))),
+        ("output", str(meta.get("output", "-"))),
+        ("started", _when(meta.get("started_at"))),
+        ("last result", _when(summary["last_finished_at"])),
+        ("records in input", f"{meta.get('total', 0):,}"),
+        ("records written", _written(meta, status)),
+    ]
 
 
 def structured_line(*, valid: int, reasked: int, invalid: int, reasks: int, reask_cost_usd: float, **_: Any) -> str:

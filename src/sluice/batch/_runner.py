@@ -29,6 +29,7 @@ from ._inputs import count_records, embeds, read_inputs, request_of
 from ._job import JobProgress, JobSpec
 from ._output import JobOutput, OutputFile, looks_like_output, prepare_output, request_hash
 from ._preflight import checked_spec
+from ._room import DiskRoom
 from ._running import fold_deployments
 from ._timeline import note_run
 
@@ -68,8 +69,9 @@ async def run_job(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], No
     """Run the job to the end, or until stopped; every answer is on disk when it returns."""
     spec = checked_spec(spec)  # before any file is created or request sent
     progress.grace = spec.grace
+    created = not spec.state.exists()
     with exclusive(spec.state), fewer_collections():
-        await _run_locked(spec, progress, on_tick)
+        await _run_locked(spec, progress, on_tick, created=created)
 
 
 @contextlib.contextmanager
@@ -137,20 +139,26 @@ def _claim_output(store: SqliteStore, spec: JobSpec, progress: JobProgress, outp
     )
 
 
-async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], None]) -> None:
+async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[], None], *, created: bool) -> None:
+    """The job, its state locked (``created``: by this run). A refusal (a claim, or an engine
+    that would not start: nothing sent) leaves no file behind that this run made."""
+    refused = False
+    dispatched = False
     total = count_records(spec.input, spec.inputs)
+    room = DiskRoom((spec.state, spec.output), spec.config.concurrency)  # see _room: no answer lost to a full disk
     # exclusive() holds the state's lock; the record count sizes its first run's key filter
-    store = SqliteStore(spec.state, exclusive=True, expected_keys=total, timeline=True)
+    try:
+        store = SqliteStore(
+            spec.state, exclusive=True, expected_keys=total, timeline=True, on_full=lambda: room.release(spec.state)
+        )
+    except BaseException:
+        room.close()
+        raise
     output: OutputFile | None = None
     try:
         _claim_state(store, spec)
-        output = OutputFile(spec.output)  # locked from here to the end: one job per output
-        try:
-            _claim_output(store, spec, progress, output)
-        except SluiceError:
-            output.discard()  # refused: leave no file behind that was not there
-            output = None
-            raise
+        output = OutputFile(spec.output, room)  # locked from here to the end: one job per output
+        _claim_output(store, spec, progress, output)  # refused: no file is left behind that was not there
         progress.recovered = store.recover_intents()
         progress.total = total
         prepared = prepare_output(
@@ -181,6 +189,7 @@ async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[]
             total=progress.total,
             argv=sys.argv[1:],
         )
+        dispatched = True
         if spec.distributed is not None:
             from ._distributed import coordinate  # here: only a distributed job imports redis
 
@@ -193,6 +202,13 @@ async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[]
             from ._chat_job import stream_chat
 
             await stream_chat(spec, progress, store, prepared.done, on_tick, output)
+    except SluiceError:
+        sent_nothing = spec.distributed is None and (progress.engine is None or not progress.engine.stats.attempts)
+        refused = not dispatched or sent_nothing
+        if refused and output is not None:
+            output.discard()  # removed if this run made it
+            output = None
+        raise
     finally:
         if output is not None:
             JobOutput(output, progress).close()
@@ -201,6 +217,15 @@ async def _run_locked(spec: JobSpec, progress: JobProgress, on_tick: Callable[[]
         with contextlib.suppress(SluiceError):
             store.set_meta(status=status, finished_at=time.time(), written=progress.done)
         store.close()
+        room.close()
+        if refused and created:
+            _remove_state(spec.state)
+
+
+def _remove_state(state: Path) -> None:
+    for path in (state, *(Path(f"{state}{suffix}") for suffix in ("-wal", "-shm", "-journal"))):
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def _line_hashes(spec: JobSpec) -> Iterator[tuple[int, str]]:

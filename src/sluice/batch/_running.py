@@ -45,13 +45,30 @@ def engine_for(
 
 @contextlib.asynccontextmanager
 async def running(
-    engine: Engine, store: SqliteStore, output: JobOutput, progress: JobProgress, on_tick: Callable[[], None]
+    engine: Engine,
+    store: SqliteStore,
+    output: JobOutput,
+    progress: JobProgress,
+    on_tick: Callable[[], None],
 ) -> AsyncIterator[Callable[[Result], None]]:
-    """The engine at work for a job: progress ticking and the output flushed meanwhile;
-    afterwards the output closed, the store's failure (if any) noted, each deployment's
-    state saved for ``sluice report``. Yields the check each written result goes through
-    (a job whose first requests all fail the same way stops early)."""
+    """The engine at work for a job: progress ticking and the output flushed meanwhile, the
+    disks watched for room for the answers in flight (the output's ``room``); afterwards
+    the output closed, the store's failure (if any) noted, each deployment's state saved
+    for ``sluice report``. Yields the check each written result goes through (a job whose
+    first requests all fail the same way stops early)."""
     fail_fast = FailFast(progress.total)
+    room = output.room
+    checked = progress.written
+
+    def check_room() -> None:
+        nonlocal checked
+        if room is None or progress.stopping:
+            return
+        short = room.short(progress.written, progress.written - checked)
+        checked = progress.written
+        if short is not None:
+            progress.disk_low = short
+            progress.stop()
 
     def watch(result: Result) -> None:
         verdict = fail_fast.observe(result)
@@ -62,16 +79,18 @@ async def running(
     def note() -> None:
         note_deployments(store, engine, progress.done)
         note_limits(store, engine)
-        progress.batches, progress.answered_twice = batch_report(engine.deployments)  # for the live line
+        # for the live line
+        progress.batches, progress.answered_twice = batch_report(engine.deployments, progress.answered_sync)
 
-    ticker = asyncio.get_running_loop().create_task(_tick(output, on_tick, note))
+    check_room()  # before anything is sent
+    ticker = asyncio.get_running_loop().create_task(_tick(output, on_tick, note, check_room))
     try:
         try:
             async with engine:
                 note_limits(store, engine)  # as configured, before anything is learnt
                 yield watch
         finally:
-            progress.batches, progress.answered_twice = batch_report(engine.deployments)
+            progress.batches, progress.answered_twice = batch_report(engine.deployments, progress.answered_sync)
             await close_tiers(engine.deployments)  # polling stops; the provider's batches run on
     finally:
         ticker.cancel()
@@ -111,11 +130,14 @@ def fold_deployments(earlier: object, last_run: object) -> dict[str, dict[str, i
     return totals
 
 
-async def _tick(output: JobOutput, on_tick: Callable[[], None], note: Callable[[], None]) -> None:
+async def _tick(
+    output: JobOutput, on_tick: Callable[[], None], note: Callable[[], None], check_room: Callable[[], None]
+) -> None:
     ticks = 0
     while True:
         await asyncio.sleep(0.25)
         output.flush()
+        check_room()
         on_tick()
         ticks += 1
         if ticks % 8 == 0:  # every 2 s: what `sluice report` shows of a running job

@@ -524,20 +524,29 @@ def cancel(output: Path, **flags: Any) -> None:
 
 
 @main.command()
-@click.argument("state", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("state", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--html", type=click.Path(path_type=Path), help="Write the plotted report to this file (-: stdout).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report's figures as JSON instead of the table.")
 @click.option("--force", is_flag=True, help="Let --html overwrite an existing file that is not a sluice report.")
+@click.option("--redis", "redis_url", callback=checked_redis_url, help="A pipeline job's Redis (sluice.ray, .dask).")
+@click.option("--job", "job_name", help="With --redis: the pipeline job's name (its job=).")
 @_friendly
-def report(state: Path, html: Path | None, as_json: bool, force: bool) -> None:
+def report(
+    state: Path | None, html: Path | None, as_json: bool, force: bool, redis_url: str | None, job_name: str | None
+) -> None:
     """Summarise a job, finished or running, from its STATE file or output (--html: plotted; --json)."""
     from ..batch._output import looks_like_output
     from ..batch._report import report_rows
     from ..batch._runner import default_state_path
-    from ._report import check_html_target, plotted_report, refuse_clobbering
+    from ._report import check_html_target, pipeline_report, plotted_report, refuse_clobbering
 
     if html is not None and (problem := check_html_target(html, as_json)) is not None:
         fail(problem)
+    if (problem := pipeline_report(state, redis_url, job_name, html, as_json, _print_table)) != "":
+        if problem is not None:
+            fail(problem)
+        return
+    assert state is not None
     output = None
     if not _is_sqlite(state):
         beside = default_state_path(state)

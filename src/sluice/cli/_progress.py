@@ -28,7 +28,9 @@ def _compact(n: float) -> str:
     return f"{n:.0f}" if n == int(n) else f"{n:.1f}"
 
 
-def status_line(progress: JobProgress) -> str:
+def status_line(progress: JobProgress, width: int | None = None) -> str:
+    """The live line; at most ``width`` characters when given (a terminal's: a line that
+    wraps is redrawn as two, and scrolls), the least needed parts left out first."""
     elapsed = max(1e-9, time.monotonic() - progress.started)
     stats = progress.engine.stats if progress.engine is not None else progress.worker_stats
     rate = progress.written / elapsed
@@ -36,25 +38,34 @@ def status_line(progress: JobProgress) -> str:
     remaining = progress.left
     eta = 0.0 if not remaining else remaining / rate if rate > 0 else None
     share = 100.0 * progress.done / progress.total if progress.total else 100.0
+    # (the part, how soon it goes when the line is too wide: 0 never)
     parts = [
-        f"{progress.done:,}/{progress.total:,} ({share:.1f}%)",
-        f"{rate:,.1f} req/s",
-        f"{_compact(tokens)} tok/s",
-        f"errors {progress.failed:,}",
+        (f"{progress.done:,}/{progress.total:,} ({share:.1f}%)", 0),
+        (f"{rate:,.1f} req/s", 3),
+        (f"{_compact(tokens)} tok/s", 6),
+        (f"errors {progress.failed:,}", 2),
     ]
     if stats is not None and progress.engine is not None:
-        parts += [f"retries {stats.retries:,}", f"429s {stats.rate_limited:,}"]
+        parts += [(f"retries {stats.retries:,}", 5), (f"429s {stats.rate_limited:,}", 4)]
         spend = _spend(progress)
         if spend:
-            parts.append(spend)
+            parts.append((spend, 2))
     if progress.engine is not None:
-        parts += [s.describe() for s in progress.engine.deployment_status() if s.state != "ok"]
+        parts += [(s.describe(), 1) for s in progress.engine.deployment_status() if s.state != "ok"]
     if progress.batches:
-        parts.append("batches " + _batch_counts(progress.batches))
-    parts.append(f"ETA {format_duration(eta)}")
+        parts.append(("batches " + _batch_counts(progress.batches), 1))
+    parts.append((f"ETA {format_duration(eta)}", 0))
     if progress.stopping:
-        parts.append("stopping: finishing in-flight requests (Ctrl-C again to abort)")
-    return "  ".join(parts)
+        parts.append(("stopping: finishing in-flight requests (Ctrl-C again to abort)", 0))
+    line = "  ".join(text for text, _ in parts)
+    for level in range(6, 0, -1):
+        if width is None or len(line) <= width:
+            break
+        parts = [(text, drop) for text, drop in parts if drop != level]
+        line = "  ".join(text for text, _ in parts)
+    if width is not None and len(line) > width:
+        line = line[: max(0, width - 1)] + "…"
+    return line
 
 
 def _spend(progress: JobProgress) -> str:
@@ -90,10 +101,14 @@ class ProgressView:
             self._live.start()
 
     def tick(self) -> None:
-        line = status_line(self.progress)
         if self._live is not None:
-            self._live.update(line)
+            from rich.text import Text
+
+            console = self._live.console
+            line = status_line(self.progress, width=console.width - 1)  # the last column wraps on some terminals
+            self._live.update(console.highlighter(Text(line, no_wrap=True, overflow="ellipsis")))
             return
+        line = status_line(self.progress)
         now = time.monotonic()
         if now - self._last >= self.every:
             self._last = now
@@ -150,9 +165,7 @@ def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
         if progress.engine is None:
             sent += " by every worker"
         rows += [("requests sent", sent), ("tokens", f"{stats.input_tokens:,} in, {stats.output_tokens:,} out")]
-        p50, p99 = stats.latency.percentile(50), stats.latency.percentile(99)
-        if p50 is not None and p99 is not None:
-            rows.append(("latency", f"p50 {p50:.3f}s, p99 {p99:.3f}s"))
+        rows += _latency_rows(progress, stats.latency.percentile(50), stats.latency.percentile(99))
     if progress.engine is not None:
         rows.append(("cost", _cost_summary(progress)))
     if stats is not None and (stats.valid or stats.reasks or stats.errors.get("invalid_output")):
@@ -176,6 +189,14 @@ def summary_rows(progress: JobProgress) -> list[tuple[str, str]]:
     if progress.adopted:
         rows.append(("adopted", "the output's records were kept though its state file was gone"))
     return rows
+
+
+def _latency_rows(progress: JobProgress, p50: float | None, p99: float | None) -> list[tuple[str, str]]:
+    """Latency of the answers that were timed: a provider batch's lines are not, one by one."""
+    batched = progress.tiers.get("batch", [0, 0.0])[0]
+    if p50 is None or p99 is None:
+        return [("latency", "n/a: batch answers are not timed one by one")] if batched else []
+    return [("latency", f"p50 {p50:.3f}s, p99 {p99:.3f}s" + (" (synchronous answers)" if batched else ""))]
 
 
 def _tier_rows(progress: JobProgress) -> list[tuple[str, str]]:
@@ -245,6 +266,8 @@ def _not_done(progress: JobProgress) -> str:
     text = f"{progress.left:,} (a rerun does them"
     if progress.not_written:
         text += f"; {progress.not_written:,} of them are answered in the state and are only written, not sent"
+    if progress.lost:
+        text += f"; {progress.lost:,} of them were answered but could be kept nowhere, and are sent again"
     return text + ")"
 
 

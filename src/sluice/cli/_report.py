@@ -13,12 +13,13 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-__all__ = ["check_html_target", "plotted_report", "refuse_clobbering"]
+__all__ = ["check_html_target", "pipeline_report", "plotted_report", "refuse_clobbering"]
 
 #: What every report this writes has in its first bytes (``report.html.j2``), so an
 #: existing file that lacks it is not overwritten without ``--force``.
@@ -145,3 +146,38 @@ def write_html(report: dict[str, Any], target: Path) -> int:
             os.unlink(temporary)
         raise
     return len(page)
+
+
+def pipeline_report(
+    state: Path | None,
+    url: str | None,
+    job: str | None,
+    html: Path | None,
+    as_json: bool,
+    print_table: Callable[[str, list[tuple[str, str]]], None],
+) -> str | None:
+    """With ``--redis`` and ``--job``: a pipeline job's report (``sluice.ray``,
+    ``sluice.dask``) from its Redis, the table of its progress or the plotted report of a
+    copy of its answers; None when done, else why not. ``""``: not a pipeline's, a STATE's."""
+    import asyncio
+
+    from .._errors import SluiceError
+    from ..pipelines import job_progress, progress_rows, snapshot_state
+
+    if (url is None) != (job is None):
+        return "--redis and --job go together: the pipeline job's Redis and its name"
+    if url is None or job is None:
+        return "" if state is not None else "give the job's STATE file (or its output), or --redis URL --job NAME"
+    if state is not None:
+        return "give a STATE file, or --redis and --job, not both"
+    try:
+        progress = asyncio.run(job_progress(url, job))
+    except SluiceError as exc:
+        return exc.message
+    if html is None and not as_json:
+        print_table(f"sluice report --job {job}", progress_rows(progress))
+        return None
+    with tempfile.TemporaryDirectory(prefix="sluice-report-") as tmp:
+        copy = Path(tmp) / "job.sluice.db"
+        snapshot_state(url, job, copy)
+        return plotted_report(copy, None, html, as_json)

@@ -71,16 +71,9 @@ def closing_lines(progress: JobProgress, *, aborted: bool = False) -> list[str]:
             f"{progress.cut_at_cap:,} answers were cut at the max_tokens the budget required (their records "
             "say max_tokens_added); give max_tokens per record or raise the deployment's default_max_tokens"
         )
-    if progress.store_error is not None:
-        lines.append(
-            f"stopped: {progress.store_error}. Everything answered before is kept (answers after it went "
-            "to the output only); fix the cause and rerun the same command to resume"
-        )
-    if progress.output_error is not None:
-        lines.append(
-            f"stopped: {progress.output_error}. Every answer is in the state file; fix the cause and rerun "
-            "the same command: it writes them without sending them again"
-        )
+    stopped_on_disk = _stopped_on_disk(progress)
+    if stopped_on_disk is not None:
+        lines.append(stopped_on_disk)
     if progress.fatal is not None:
         lines.append(f"stopped early: {progress.fatal}")
     if progress.strict_error is not None:
@@ -107,3 +100,40 @@ def closing_lines(progress: JobProgress, *, aborted: bool = False) -> list[str]:
     if aborted or progress.outcome == "interrupted":
         lines.append("interrupted; rerun the same command to resume (nothing answered is sent again)")
     return lines
+
+
+def _stopped_on_disk(progress: JobProgress) -> str | None:
+    """Why the state or the output took no more, and where each answer received is kept:
+    one message, true to what happened (a full disk often fails both)."""
+    failures = [e for e in (progress.store_error, progress.output_error) if e is not None]
+    if not failures:
+        if progress.disk_low is None:
+            return None
+        return (
+            f"stopped: {progress.disk_low}. Every answer received is kept; free space (or lower --concurrency), "
+            "then rerun the same command to resume"
+        )
+    kept: list[str] = []
+    if progress.store_error is not None and progress.output_error is None:
+        kept.append("every answer received is kept: those before it in the state, those after it in the output")
+    elif progress.not_written:
+        kept.append(
+            f"{progress.not_written:,} answers are in the state only: the rerun writes them without sending them again"
+        )
+    if progress.lost:
+        shown = ", ".join(map(str, progress.lost_lines))
+        more = (
+            f" and {progress.lost - len(progress.lost_lines):,} more"
+            if progress.lost > len(progress.lost_lines)
+            else ""
+        )
+        kept.append(
+            f"{progress.lost:,} answers received could be kept in neither the state nor the output (lines "
+            f"{shown}{more}): the rerun sends them again, and they are billed twice"
+        )
+    elif progress.output_error is not None:
+        kept.append("every answer received is in the state or the output: the rerun sends none of them again")
+    return (
+        f"stopped: {'; '.join(failures)}. {'; '.join(kept)}. Fix the cause (free space) and rerun the same "
+        "command to resume"
+    )

@@ -7,6 +7,12 @@ and every compatible server) takes ``{"model", "input": [...], "encoding_format"
 (:class:`EmbeddingProvider`); the engine packs inputs into its requests (see
 ``sluice._embeddings``).
 
+An input is a text or a token array (:data:`EmbedInput`: token ids, which OpenAI's API
+takes as they are). A provider that can send token arrays says so per deployment
+(:func:`takes_token_arrays`): OpenAI's and Azure's do, and every OpenAI-compatible
+server unless its deployment's ``options["embed_token_arrays"]`` is false (a server
+that knows only text); any other provider is never handed one.
+
 Vectors are ``array('f')``: float32, 4 bytes a dimension (a list of Python floats takes
 32), which is what the providers compute in; ``numpy.frombuffer(v, dtype=numpy.float32)``
 reads one without a copy. ``encoding_format: "base64"`` (the float32 bytes, base64) is
@@ -26,7 +32,7 @@ import sys
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 from .. import _json
 from .._errors import (
@@ -42,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "EmbedInput",
     "EmbedLimits",
     "EmbedReply",
     "EmbeddingProvider",
@@ -50,7 +57,11 @@ __all__ = [
     "parse_embeddings",
     "post_embeddings",
     "simulated_vector",
+    "takes_token_arrays",
 ]
+
+#: One input: a text, or a token array (token ids of the model's tokenizer).
+EmbedInput: TypeAlias = str | Sequence[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,15 +82,23 @@ class EmbeddingProvider(Protocol):
 
     async def embed_batch(
         self,
-        texts: Sequence[str],
+        texts: Sequence[EmbedInput],
         deployment: Deployment,
         *,
         params: Mapping[str, Any],
         idempotency_key: str | None = None,
     ) -> EmbedReply:
-        """One attempt at embedding ``texts`` in one request. Raises a ProviderError
-        subclass on failure, as :meth:`Provider.send` does."""
+        """One attempt at embedding ``texts`` in one request (token arrays only when
+        :func:`takes_token_arrays`). Raises a ProviderError subclass on failure, as
+        :meth:`Provider.send` does."""
         ...
+
+
+def takes_token_arrays(provider: object, deployment: Deployment) -> bool:
+    """Whether ``provider`` may be sent token arrays for ``deployment``: it has a
+    ``takes_token_arrays(deployment)`` that says so (a provider without one takes text only)."""
+    check = getattr(provider, "takes_token_arrays", None)
+    return bool(check(deployment)) if callable(check) else False
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +182,12 @@ def parse_embeddings(body: Mapping[str, Any], count: int) -> tuple[list[array[fl
     return [v for v in vectors if v is not None], Usage(input_tokens=tokens)
 
 
-def embed_body(model: str, texts: Sequence[str], params: Mapping[str, Any], encoding: str) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model, "input": list(texts), "encoding_format": encoding}
+def embed_body(model: str, texts: Sequence[EmbedInput], params: Mapping[str, Any], encoding: str) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "input": [t if isinstance(t, str) else list(t) for t in texts],
+        "encoding_format": encoding,
+    }
     body.update(params)
     return body
 
@@ -172,7 +195,7 @@ def embed_body(model: str, texts: Sequence[str], params: Mapping[str, Any], enco
 async def post_embeddings(
     provider: HttpProvider,
     url: str,
-    texts: Sequence[str],
+    texts: Sequence[EmbedInput],
     deployment: Deployment,
     params: Mapping[str, Any],
     *,

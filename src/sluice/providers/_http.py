@@ -25,6 +25,7 @@ from .._errors import (
     AttemptTimeoutError,
     ConfigError,
     ConnectError,
+    FlexUnavailableError,
     InvalidRequestError,
     MalformedResponseError,
     ProviderError,
@@ -584,7 +585,10 @@ class HttpProvider(ABC):
                 f"redirected to {where}; sluice does not follow redirects (they could carry the API key to "
                 "another server): set base_url to where the API really is"
             )
-        error = error_for_status(status)(
+        kind = error_for_status(status)
+        if status == 429 and deployment.tier == "flex" and _no_flex_capacity(message, provider_type):
+            kind = FlexUnavailableError  # the request's, not the key's: no pause for the deployment
+        error = kind(
             message,
             status=status,
             request_id=request_id,
@@ -600,3 +604,10 @@ class HttpProvider(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"
+
+
+def _no_flex_capacity(message: str, provider_type: str | None) -> bool:
+    """Whether a flex request's 429 is OpenAI's "resource unavailable" (no flex capacity
+    for it now), not a rate limit."""
+    said = f"{provider_type or ''} {message}".lower().replace("_", " ")
+    return "resource unavailable" in said

@@ -26,7 +26,7 @@ from ._http import HttpProvider, HttpTransport, StreamDecoder, header_number, mi
 from ._openai_stream import OpenAIStreamDecoder, openai_usage
 
 if TYPE_CHECKING:
-    from ._embed import EmbedReply
+    from ._embed import EmbedInput, EmbedReply
 
 # The Responses API's parsing (``._responses``) and embeddings (``._embed``) are imported
 # where they are used: a chat job needs neither, and compiling them is import time.
@@ -201,9 +201,14 @@ class OpenAIProvider(HttpProvider):
             return str(configured)
         return "base64" if urlsplit(self.base_url(deployment)).hostname == "api.openai.com" else "float"
 
+    def takes_token_arrays(self, deployment: Deployment) -> bool:
+        """OpenAI's API takes token arrays as input; a compatible server that knows only
+        text has ``options["embed_token_arrays"] = false``."""
+        return deployment.options.get("embed_token_arrays", True) is not False
+
     async def embed_batch(
         self,
-        texts: Sequence[str],
+        texts: Sequence[EmbedInput],
         deployment: Deployment,
         *,
         params: Mapping[str, Any],

@@ -29,6 +29,7 @@ def openai_usage(usage: Mapping[str, Any]) -> Usage:
         token_count(usage.get("completion_tokens")),
         token_count(prompt_details.get("cached_tokens")) if prompt_details else 0,
         token_count(completion_details.get("reasoning_tokens")) if completion_details else 0,
+        token_count(prompt_details.get("cache_write_tokens")) if prompt_details else 0,  # GPT-5.6 on: billed
     )
 
 

@@ -43,7 +43,7 @@ from .._tokens import estimate_message_tokens, estimate_text_tokens
 # the fake server's way of making an answer of a schema's shape: one way, for both
 from ..structured._ask import sent_params
 from ._base import Reply, estimate_request_tokens
-from ._embed import EmbedReply, simulated_vector
+from ._embed import EmbedInput, EmbedReply, simulated_vector
 from ._events import Finish, StreamEvent, StreamStart, TextDelta, UsageUpdate
 
 __all__ = ["SimulatedProvider"]
@@ -222,9 +222,12 @@ class SimulatedProvider:
         state.accepted.append((now, cost))
         state.used_tokens += cost
 
+    def takes_token_arrays(self, deployment: Deployment) -> bool:
+        return True
+
     async def embed_batch(
         self,
-        texts: Sequence[str],
+        texts: Sequence[EmbedInput],
         deployment: Deployment,
         *,
         params: Mapping[str, Any],
@@ -234,7 +237,7 @@ class SimulatedProvider:
         server's limits, faults and latency; ``dimensions`` from the request, else the
         deployment's ``dimensions`` option, else 1536."""
         state = self.state(deployment)
-        tokens = sum(estimate_text_tokens(text) for text in texts)
+        tokens = sum(estimate_text_tokens(text) if isinstance(text, str) else len(text) for text in texts)
         self._admit(state, asyncio.get_running_loop().time(), tokens, deployment.label)
         roll = state.rng.random()
         if roll < state.failure_rate:
@@ -247,7 +250,7 @@ class SimulatedProvider:
             await asyncio.sleep(delay)
         size = params.get("dimensions") or deployment.options.get("dimensions") or 1536
         state.counter += 1
-        vectors = [simulated_vector(text, int(size)) for text in texts]
+        vectors = [simulated_vector(text if isinstance(text, str) else repr(list(text)), int(size)) for text in texts]
         return EmbedReply(vectors, Usage(input_tokens=tokens), request_id=f"sim-{state.counter}")
 
     async def aclose(self) -> None:

@@ -10,13 +10,15 @@ before them all, started by one after auth, so an unauthenticated caller gets no
 * **plain body**: a compressed request body (``Content-Encoding``) is a 415, never inflated;
 * **auth**: ``Authorization: Bearer <key>`` names the client (``request[CLIENT]``); a
   wrong or missing key is a 401 ``invalid_api_key``. Without ``[[client]]`` everyone is
-  ``default`` (the server then listens on loopback only). ``/health`` and ``/metrics``
-  need no key: they hold no secrets; ``/dashboard`` asks for the admin key itself
-  (see ``_dashboard``);
+  ``default`` (the server then listens on loopback only). ``/health`` needs no key: it
+  says nothing of any client; ``/metrics`` asks for the metrics key itself when
+  ``[serve] metrics_key_env`` names one, and ``/dashboard`` for the admin key (see
+  ``_dashboard``);
 * **forward** (with ``--redis`` only): a file or batch held by another replica is answered
   by that replica (see ``_replicas``).
 
-Hostile clients: bodies are capped (``client_max_size``, 413), a body must arrive within
+Hostile clients: bodies are capped (``client_max_size``, 413; a JSON body's values and the
+bytes parsed at once too: :class:`~._body.BodyLimits`), a body must arrive within
 ``body_timeout_s`` of the headers (:func:`read_body`, 408 and the connection closed), and
 the headers within ``header_timeout_s`` of the connection (or of the previous response):
 aiohttp closes a connection whose request has not fully arrived when its keep-alive
@@ -29,6 +31,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -41,18 +44,23 @@ from aiohttp.typedefs import Middleware
 from .._config import JobConfig, engine_from
 from .._errors import ConfigError, SluiceError
 from .._limits import Limiter
+from .._model_names import model_names
 from .._models import Deployment
 from ..store import SqliteStore
 from ..tiers import BatchSettings, close_tiers
+from ._access_log import AccessLogger
 from ._anthropic import anthropic_model, anthropic_shaped, from_anthropic_client
-from ._batches import recent_batches, setup_batch_api
-from ._body import BODY_TIMEOUT, BodyTimeout, read_body, read_json, timed_out
+from ._batch_money import batch_spend
+from ._batches import Limits, recent_batches, setup_batch_api
+from ._body import BODY_LIMITS, BODY_TIMEOUT, BodyLimits, BodyTimeout, read_body, read_json, timed_out
+from ._body_budget import BodyBudget
 from ._chat import chat_completions
 from ._clients import Client, Clients, SpendStore
-from ._context import CONTEXT, JSON_BODY, BadBody, Refused, ServeContext, client_of, model_names, upstream_secrets
+from ._context import CONTEXT, JSON_BODY, BadBody, Refused, ServeContext, client_of, upstream_secrets
 from ._dashboard import DashboardAuth, is_dashboard, setup_dashboard
 from ._embeddings import embeddings
 from ._errors import openai_error
+from ._key_rules import bearer, operator_key, same_key
 from ._keys import BATCH_ENGINE, CLIENT, ENGINE, STATE_DIR, ClientLike
 from ._live import RECENT, Live, Recent
 from ._messages import count_tokens, messages
@@ -73,6 +81,9 @@ _log = logging.getLogger("sluice.serve")
 
 #: ``app[SETTINGS]``: the ``[serve]`` table the app was built with.
 SETTINGS: web.AppKey[ServeSettings] = web.AppKey("sluice.serve.settings", ServeSettings)
+
+#: ``app[_METRICS_KEY]``: the SHA-256 of the key ``/metrics`` asks for (absent: it asks none).
+_METRICS_KEY: web.AppKey[bytes] = web.AppKey("sluice.serve.metrics_key", bytes)
 
 #: How often client spend is written even when no request of ours finished (batch work).
 _SAVE_EVERY = 2.0
@@ -159,10 +170,16 @@ def build_app(
         tiered = dataclasses.replace(config, tier="batch", batch=BatchSettings(poll_every=settings.batch_poll_every))
         batch_engine = engine_from(tiered, store=store, spending=engine.spending)
     spend = SpendStore(state_dir / "clients.db")
-    responses = ResponsesDB(state_dir / "responses.db")
+    responses = ResponsesDB(
+        state_dir / "responses.db",
+        ttl_s=settings.responses_ttl_days * 86400.0,
+        max_bytes=int(settings.responses_mb_per_client * 1024 * 1024),
+    )
     try:
-        registry = Clients.from_specs(clients, engine, spend, environ, redis)
+        spent = batch_spend(store, spend.noted_batches()) if redis is None else None
+        registry = Clients.from_specs(clients, engine, spend, environ, redis, spent)
         auth = DashboardAuth.from_settings(settings, registry, environ)  # its key: unset, short or a client's
+        metrics_key = operator_key(settings.metrics_key_env, "metrics", registry, environ)
     except BaseException:
         responses.close()
         spend.close()
@@ -192,11 +209,27 @@ def build_app(
     app[STATE_DIR] = state_dir
     app[CONTEXT] = ctx
     app[SETTINGS] = settings
+    if metrics_key is not None:
+        app[_METRICS_KEY] = hashlib.sha256(metrics_key.encode()).digest()
     app[BODY_TIMEOUT] = settings.body_timeout_s
+    app[BODY_LIMITS] = BodyLimits(
+        settings.max_body_bytes,
+        settings.max_json_values,
+        BodyBudget(*settings.parse_budget_bytes),
+        settings.max_wait_s,
+    )
     start, close = _lifetime(ctx, store, spend, batch_engine, responses)
     app.on_startup.append(start)  # before the Batch API's hooks: its batches resume on a started engine
     setup_batch_api(
         app,
+        limits=Limits(
+            client_file_bytes=int(settings.client_files_mb * 1024 * 1024),
+            client_files=settings.client_files,
+            file_ttl_s=settings.file_ttl_days * 24 * 3600,
+            client_uploads=settings.client_uploads,
+            upload_timeout_s=settings.upload_timeout_s,
+            max_values=settings.max_json_values,
+        ),
         client_named=registry.by_name.get,
         resolve_model=functools.partial(_batch_model, ctx),
         validate_json=settings.validate_json,
@@ -488,15 +521,12 @@ async def health(request: web.Request) -> web.Response:
     }
     if ctx.redis is not None:
         problem = ctx.redis.problem
-        clients: dict[str, dict[str, float]] | None = None
-        if problem is None:
+        if problem is None:  # asked (not shown: nothing of a client is anyone's to see here) as a check of Redis
             try:
-                clients = await asyncio.wait_for(ctx.redis.client_totals(), timeout=2.0)
+                await asyncio.wait_for(ctx.redis.client_totals(), timeout=2.0)
             except (SluiceError, TimeoutError) as exc:
                 problem = ctx.redis.problem or f"Redis did not answer: {type(exc).__name__}"
         body["redis"] = {"status": "ok" if problem is None else "down", "problem": problem}
-        if clients is not None:
-            body["clients"] = clients  # each client's spend as every replica counts it
         if problem is not None and not stopped:
             body["status"] = "redis_down"
             stopped = True
@@ -505,6 +535,14 @@ async def health(request: web.Request) -> web.Response:
 
 async def metrics_handler(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
+    digest = request.app.get(_METRICS_KEY)
+    if digest is not None and not same_key(bearer(request), digest):
+        return openai_error(
+            401,
+            "/metrics needs the metrics key ([serve] metrics_key_env) as Authorization: Bearer <key>",
+            code="invalid_api_key",
+            headers={"www-authenticate": 'Bearer realm="sluice metrics"'},
+        )
     return web.Response(body=ctx.metrics.render(), headers={"content-type": CONTENT_TYPE})
 
 
@@ -525,6 +563,8 @@ def make_runner(app: web.Application, *, access_log: bool = False) -> web.AppRun
     }
     if not access_log:
         kwargs["access_log"] = None
+    else:
+        kwargs["access_log_class"] = AccessLogger  # the dashboard's polls are not API traffic
     return web.AppRunner(app, **kwargs)
 
 

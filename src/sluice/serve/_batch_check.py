@@ -81,8 +81,11 @@ def _lines(path: Path, max_line_bytes: int) -> Iterator[tuple[int, bytes | None]
                 yield number, raw
 
 
-def check_batch_lines(path: Path, endpoint: str, *, max_requests: int, max_line_bytes: int) -> FileCheck:
-    """Every line of ``path`` checked as a request of a batch for ``endpoint``."""
+def check_batch_lines(
+    path: Path, endpoint: str, *, max_requests: int, max_line_bytes: int, max_values: int = 1_000_000
+) -> FileCheck:
+    """Every line of ``path`` checked as a request of a batch for ``endpoint``; a line of
+    more than ``max_values`` JSON values is not parsed (8 MB of ``{},`` would be 200 MB of objects)."""
     check = FileCheck()
     seen: set[str] = set()
     urls = _URLS.get(endpoint, (endpoint,))
@@ -90,6 +93,9 @@ def check_batch_lines(path: Path, endpoint: str, *, max_requests: int, max_line_
         check.requests += 1
         if raw is None:
             check.add("invalid_json_line", number, f"This line is longer than {max_line_bytes:,} bytes.")
+            continue
+        if _json.most_values(raw) > max_values:
+            check.add("invalid_json_line", number, f"This line holds more than {max_values:,} JSON values and keys.")
             continue
         try:
             record = _json.loads(raw.decode("utf-8"))

@@ -18,6 +18,7 @@ from aiohttp import web
 from ..batch._inputs import InputOptions
 from ._batch_db import BatchDB
 from ._keys import CLIENT, ClientLike
+from ._uploads import Uploads
 
 if TYPE_CHECKING:
     from .._budget import Budget
@@ -57,7 +58,9 @@ MESSAGES = "/v1/messages"
 @dataclass(frozen=True, slots=True)
 class Limits:
     """What an upload may be. OpenAI's own: 200 MB and 50,000 requests per batch file;
-    Anthropic's for a Message Batch: 256 MB and 100,000 requests."""
+    Anthropic's for a Message Batch: 256 MB and 100,000 requests. And what a client may
+    hold and do at once (``[serve]``'s ``client_files_mb``, ``client_files``,
+    ``file_ttl_days``, ``client_uploads``, ``upload_timeout_s``; see ``_uploads``)."""
 
     max_file_bytes: int = 200 * 1024 * 1024
     max_requests: int = 50_000
@@ -66,6 +69,16 @@ class Limits:
     max_line_bytes: int = 8 * 1024 * 1024
     max_message_batch_bytes: int = 256 * 1024 * 1024
     max_message_requests: int = 100_000
+    #: JSON values and keys one request line (or Message Batch request) may hold (see ``_body``).
+    max_values: int = 1_000_000
+    #: Bytes and files one client may hold (its batches' outputs and Message Batches count).
+    client_file_bytes: int = 1024 * 1024 * 1024
+    client_files: int = 1000
+    #: Seconds a file is kept after it was made (0: for ever).
+    file_ttl_s: float = 30 * 24 * 3600.0
+    #: Uploads (and Message Batch bodies) one client may send at once, and the longest one may take.
+    client_uploads: int = 4
+    upload_timeout_s: float = 600.0
 
     def requests_for(self, endpoint: str) -> int:
         """The most requests one batch of ``endpoint`` may hold."""
@@ -92,6 +105,10 @@ class BatchContext:
         self.inputs = inputs or InputOptions(line_schemas=False)
         self._db: BatchDB | None = None
         self._state_dir: Path | None = None
+        #: The uploads under way, by client (their number and bytes, for the quotas).
+        self.uploads = Uploads(
+            per_client=limits.client_uploads, quota_bytes=limits.client_file_bytes, quota_files=limits.client_files
+        )
         #: The clients seen by the handlers, by name.
         self.seen: dict[str, ClientLike] = {}
         #: Batches resumed at startup whose client's budget is not known yet: they start
@@ -100,7 +117,7 @@ class BatchContext:
 
     def open(self, state_dir: Path) -> None:
         self._state_dir = state_dir
-        self._db = BatchDB(state_dir / "batches.db")
+        self._db = BatchDB(state_dir / "batches.db", self.limits.file_ttl_s)
 
     def close(self) -> None:
         if self._db is not None:

@@ -11,6 +11,7 @@ Every lookup names the client: one client never sees another's files or batches.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from collections.abc import Iterator
@@ -60,6 +61,8 @@ class FileRow:
     created_at: int
     #: Requests in a ``batch`` file (counted when it was uploaded).
     lines: int = 0
+    #: When the file is deleted (None: never; a Message Batch's own go with their batch).
+    expires_at: int | None = None
 
     def to_openai(self) -> dict[str, Any]:
         return {
@@ -71,28 +74,54 @@ class FileRow:
             "purpose": self.purpose,
             "status": "processed",
             "status_details": None,
-            "expires_at": None,
+            "expires_at": self.expires_at,
         }
 
 
 class BatchDB:
-    """Files and batches, by client."""
+    """Files and batches, by client. ``file_ttl_s``: a file (not a Message Batch's own)
+    added without an ``expires_at`` expires so long after it was made (0: never)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, file_ttl_s: float = 0) -> None:
         self.path = path
+        self.file_ttl_s = int(file_ttl_s)
         self._db = open_state_db(path, _SCHEMA, "the batch state")
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(files)")}
+        if "expires_at" not in columns:  # a state dir from before files expired
+            self._run("ALTER TABLE files ADD COLUMN expires_at INTEGER", ())
 
     def close(self) -> None:
         self._db.close()
 
     # -- files -------------------------------------------------------------------------------
 
-    def add_file(self, row: FileRow) -> None:
+    def add_file(self, row: FileRow) -> FileRow:
+        """``row`` recorded (with its ``expires_at``, when the file expires): as recorded."""
+        row = self._expiring(row)
         self._run(
-            "INSERT OR REPLACE INTO files (id, client, filename, purpose, bytes, created_at, lines)"
-            " VALUES (?,?,?,?,?,?,?)",
-            (row.id, row.client, row.filename, row.purpose, row.bytes, row.created_at, row.lines),
+            "INSERT OR REPLACE INTO files (id, client, filename, purpose, bytes, created_at, lines, expires_at)"
+            " VALUES (?,?,?,?,?,?,?,?)",
+            (row.id, row.client, row.filename, row.purpose, row.bytes, row.created_at, row.lines, row.expires_at),
         )
+        return row
+
+    def holdings(self, client: str) -> tuple[int, int]:
+        """(files, bytes) ``client`` holds on this server, its batches' output included."""
+        files, size = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM files WHERE client = ?", (client,)
+        ).fetchone()
+        return int(files), int(size)
+
+    def expired(self, now: float) -> list[FileRow]:
+        """Files whose time is up (those made before files expired: ``file_ttl_s`` after they were)."""
+        marks = ",".join("?" * len(INTERNAL_PURPOSES))
+        if self.file_ttl_s:
+            clause = f"WHERE purpose NOT IN ({marks}) AND COALESCE(expires_at, created_at + ?) <= ?"
+            args: tuple[Any, ...] = (*INTERNAL_PURPOSES, self.file_ttl_s, now)
+        else:
+            clause = f"WHERE purpose NOT IN ({marks}) AND expires_at IS NOT NULL AND expires_at <= ?"
+            args = (*INTERNAL_PURPOSES, now)
+        return list(self._files(clause, args))
 
     def file(self, client: str, file_id: str) -> FileRow | None:
         rows = list(self._files("WHERE client = ? AND id = ?", (client, file_id)))
@@ -120,9 +149,15 @@ class BatchDB:
         return cursor.rowcount > 0
 
     def _files(self, clause: str, args: tuple[Any, ...]) -> Iterator[FileRow]:
-        query = f"SELECT id, client, filename, purpose, bytes, created_at, lines FROM files {clause}"
+        query = f"SELECT id, client, filename, purpose, bytes, created_at, lines, expires_at FROM files {clause}"
         for row in self._db.execute(query, args):
-            yield FileRow(*row)
+            yield self._expiring(FileRow(*row))
+
+    def _expiring(self, row: FileRow) -> FileRow:
+        """``row`` with the server's expiry when it has none of its own."""
+        if row.expires_at is None and self.file_ttl_s and row.purpose not in INTERNAL_PURPOSES:
+            return dataclasses.replace(row, expires_at=row.created_at + self.file_ttl_s)
+        return row
 
     # -- batches -----------------------------------------------------------------------------
 

@@ -14,10 +14,12 @@ Requests carry ``<batch id>/<custom_id>`` as their id, so that store never serve
 batch's line from another batch's answer.
 
 Lines run at ``Priority.BATCH`` (interactive requests overtake them) under the client's
-budget. Cancelling, and stopping the server, stop feeding new lines; what the engine had
-already taken finishes and is recorded. Chat lines are handed to the engine through a
-:class:`_Window` sized to the capacity free right now, so that is about the lines at the
-provider; an embeddings batch hands texts to the packing pipeline, which reads ahead.
+budget (a chat batch's lines under its batches' part of it, whose money a restart counts
+from the engine store's charges: see ``_batch_money``). Cancelling, and stopping the
+server, stop feeding new lines; what the engine had already taken finishes and is
+recorded. Chat lines are handed to the engine through a :class:`_Window` sized to the
+capacity free right now, so that is about the lines at the provider; an embeddings batch
+hands texts to the packing pipeline, which reads ahead.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ from ._batch_output import line_key, write_outputs
 from ._batch_shapes import Scrubber, batch_usage
 
 if TYPE_CHECKING:
+    from .._budget import Budget
     from .._engine import Engine
+    from ._batch_money import BatchMoney
     from ._keys import ClientLike
 
 __all__ = ["CHAT", "EMBEDDINGS", "MESSAGES", "RESPONSES", "BatchRun", "ModelNotFoundError", "public"]
@@ -188,6 +192,7 @@ class BatchRun:
             self.batch["endpoint"],
             max_requests=limits.requests_for(self.batch["endpoint"]),
             max_line_bytes=limits.max_line_bytes,
+            max_values=limits.max_values,
         )
         if check.errors:
             self._set("failed", failed_at=_now(), errors={"object": "list", "data": check.data()})
@@ -344,7 +349,7 @@ class BatchRun:
                     grants[index] = waited
                 yield request
 
-        async for result in engine.map(source(), priority=Priority.BATCH, budget=self.budget):
+        async for result in engine.map(source(), priority=Priority.BATCH, budget=self._chat_budget(engine)):
             assert result.index is not None
             window.release(result.timings.queued + result.timings.limiter_wait)
             grant = grants.pop(result.index, None)
@@ -358,6 +363,16 @@ class BatchRun:
                 self._unfinished += 1
                 continue
             await self._record(store, line, result)
+
+    def _chat_budget(self, engine: Engine) -> Budget | None:
+        """The budget the lines run under: with an engine store, the client's batches'
+        (their money is the store's charges, counted back at a restart: ``_batch_money``),
+        noted before the first line goes; else the client's own."""
+        money: BatchMoney | None = getattr(self.owner, "batches", None)
+        if money is None or engine.store is None:
+            return self.budget
+        money.note(self.id)
+        return money.budget
 
     async def _embeddings(self, store: SqliteStore) -> None:
         engine = self._engine()

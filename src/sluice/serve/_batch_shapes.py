@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from .._models import Usage
 from ..shapes._responses_api import response_from_chat
 from ._batch_ctx import derived_id
+from ._errors import UPSTREAM_AUTH, upstream_auth_failed
 
 __all__ = [
     "Scrubber",
@@ -151,6 +152,9 @@ def error_line(
     kind = str(error.get("type") or "error")
     message = scrub(str(error.get("message") or kind))
     status = error.get("status")
+    if kind in UPSTREAM_AUTH:  # the server's own key refused: a gateway failure, never the provider's words
+        kind, message, status = "upstream_auth_failed", upstream_auth_failed(status), 502
+        error = {}
     response = None
     if isinstance(status, int) and 400 <= status <= 599:
         response = {

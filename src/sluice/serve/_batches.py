@@ -38,8 +38,9 @@ from ._batch_db import INTERNAL_PURPOSES
 from ._batch_run import public
 from ._batch_runs import RUNS, Runs, cancel_run, live_copy, resume_batches, start_run, stop_batches
 from ._body import BodyTimeout, read_json, timed_out
-from ._context import BadBody
+from ._context import BadBody, Refused
 from ._errors import openai_error
+from ._file_expiry import start_expiry, stop_expiry
 from ._files import add_file_routes
 from ._keys import ClientLike
 from ._message_batches import add_message_batch_routes
@@ -83,6 +84,8 @@ def setup_batch_api(
     app.router.add_post("/v1/batches/{batch_id}/cancel", cancel_batch)
     add_message_batch_routes(app)
     app.on_startup.append(resume_batches)
+    app.on_startup.append(start_expiry)
+    app.on_cleanup.append(stop_expiry)
     app.on_cleanup.append(stop_batches)
 
 
@@ -108,6 +111,8 @@ async def create_batch(request: web.Request) -> web.Response:
         body = await read_json(request)  # within the body timeout; orjson: a nesting bomb is a 400
     except BadBody as exc:
         return openai_error(400, exc.message)
+    except Refused as exc:  # too large, or no room to read it now
+        return exc.response
     except BodyTimeout:
         return timed_out(request)
     if not isinstance(body, dict):

@@ -25,6 +25,7 @@ from .._models import Request, Result, Usage
 from .._streaming import Delta
 from ..providers._events import TextDelta
 from ..structured import schema_from_response_format
+from ._cache import cache_id
 from ._context import CONTEXT, JSON_BODY, BadBody, ServeContext, client_of
 from ._relay import complete, open_stream, relay
 from ._settings import cached_request
@@ -35,8 +36,11 @@ __all__ = ["cached", "chat_completions", "completion_of", "parse_chat", "unstrea
 _OWN = frozenset({"model", "messages", "max_tokens", "temperature", "stream", "stream_options"})
 
 
-def parse_chat(body: Any, model: str, *, unique: bool, validate: bool = False) -> tuple[Request, bool, bool]:
+def parse_chat(body: Any, model: str, *, cache: str | None, validate: bool = False) -> tuple[Request, bool, bool]:
     """(the Request, stream?, include usage?) from a chat body; BadBody names a wrong field.
+
+    ``cache``: the cache group whose answers it may be given (see ``_cache``); None: its
+    own key, never answered from the state nor shared with a twin in flight.
 
     With ``validate`` a non-streamed request's ``response_format`` becomes its schema: the
     answer is validated and re-asked (see :mod:`sluice.structured`)."""
@@ -97,8 +101,8 @@ def parse_chat(body: Any, model: str, *, unique: bool, validate: bool = False) -
     except InvalidRequestError as exc:
         message = exc.message.removeprefix("request: ")
         raise BadBody(message, message.split(" ", 1)[0].split("[", 1)[0] or None) from None
-    if unique:  # its own key: never answered from the state, nor shared with a twin in flight
-        request = dataclasses.replace(request, id=f"serve-{uuid.uuid4().hex}")
+    unique = f"serve-{uuid.uuid4().hex}" if cache is None else cache_id(cache)
+    request = dataclasses.replace(request, id=unique)
     return request, stream, include_usage
 
 
@@ -121,7 +125,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise BadBody("the request body must be a JSON object")
     model = ctx.resolve(client, body.get("model"))
     chat, stream, include_usage = parse_chat(
-        body, model, unique=not cached(ctx, request, body), validate=ctx.settings.validate_json
+        body, model, cache=cached(ctx, request, body), validate=ctx.settings.validate_json
     )
     if not stream:
         result = await complete(ctx, client, request, chat)
@@ -132,12 +136,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await relay(ctx, client, request, opened, _Chunks(body["model"], include_usage))
 
 
-def cached(ctx: ServeContext, request: web.Request, body: Mapping[str, Any]) -> bool:
-    """Whether this request may be answered from the state (``x-sluice-cache``, ``[serve] cache``)."""
+def cached(ctx: ServeContext, request: web.Request, body: Mapping[str, Any]) -> str | None:
+    """The cache group whose answers this request may be given (``x-sluice-cache``,
+    ``[serve] cache``, the client's ``cache_group``); None: it goes upstream."""
     try:
-        return cached_request(ctx.settings.cache, request.headers.get("x-sluice-cache"), body.get("temperature"))
+        asked = cached_request(ctx.settings.cache, request.headers.get("x-sluice-cache"), body.get("temperature"))
     except ValueError as exc:
         raise BadBody(str(exc), "x-sluice-cache") from None
+    return client_of(request).group if asked else None
 
 
 def completion_of(result: Result, model: str) -> dict[str, Any]:

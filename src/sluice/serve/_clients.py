@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 from .._budget import Budget
 from .._errors import ConfigError, StoreError
+from ._batch_money import BatchMoney
+from ._key_rules import check_key, warn_if_weak
 from ._queue import ServeLimiter
 from ._settings import ClientSpec
 
@@ -47,6 +49,14 @@ class Client:
     #: Model or deployment names it may use (None: every configured one).
     models: frozenset[str] | None = None
     _digest: bytes = field(default=b"", repr=False)
+    #: Whose cached answers it may be given (see ``_cache``): its ``cache_group``, else its name.
+    cache_group: str | None = None
+    #: Its chat batches' money (None: it has no budget, nor the server; or ``--redis``).
+    batches: BatchMoney | None = None
+
+    @property
+    def group(self) -> str:
+        return self.cache_group if self.cache_group is not None else self.name
 
     def __repr__(self) -> str:
         return f"<Client {self.name}>"
@@ -66,6 +76,8 @@ class SpendStore:
             self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit is durable against a crash of the process
             self._db.execute("PRAGMA busy_timeout=5000")
             self._db.execute("CREATE TABLE IF NOT EXISTS spend (client TEXT PRIMARY KEY, usd REAL NOT NULL)")
+            # chat batches whose money is the engine store's charges (see ._batch_money)
+            self._db.execute("CREATE TABLE IF NOT EXISTS batches (batch TEXT PRIMARY KEY, client TEXT NOT NULL)")
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open the client spend file {path}: {exc}") from None
 
@@ -81,6 +93,16 @@ class SpendStore:
             )
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write the client spend file {self.path}: {exc}") from None
+
+    def note_batch(self, batch_id: str, client: str) -> None:
+        """``batch_id``'s lines are ``client``'s, their money in the engine's store."""
+        try:
+            self._db.execute("INSERT OR IGNORE INTO batches (batch, client) VALUES (?, ?)", (batch_id, client))
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write the client spend file {self.path}: {exc}") from None
+
+    def noted_batches(self) -> dict[str, str]:
+        return dict(self._db.execute("SELECT batch, client FROM batches").fetchall())
 
     def close(self) -> None:
         self._db.close()
@@ -111,27 +133,36 @@ class Clients:
         spend: SpendStore,
         environ: Mapping[str, str] | None = None,
         redis: ServeRedis | None = None,
+        batch_spent: Mapping[str, float] | None = None,
     ) -> Clients:
         """Build the clients, reading each key from its variable (a missing one is a ConfigError).
 
         With ``redis`` (``--redis``) a client's budget and rpm/tpm are shared by every
-        replica: its spend is Redis's (not ``clients.db``'s) and survives any replica."""
+        replica: its spend is Redis's (not ``clients.db``'s) and survives any replica.
+        ``batch_spent``: what each client's chat batches were charged (see ``._batch_money``),
+        counted with what ``clients.db`` says it spent."""
         env: Mapping[str, str] = os.environ if environ is None else environ
         engine_budget = engine.spending.budget
+        batch_spent = {} if batch_spent is None else batch_spent
         if engine_budget is not None and redis is None:
-            engine_budget.add_spent(spend.load(_ENGINE_ROW))
+            engine_budget.add_spent(spend.load(_ENGINE_ROW) + sum(batch_spent.values()))
+
+        def money(name: str, budget: Budget | None) -> BatchMoney | None:
+            parent = budget or engine_budget
+            if redis is not None or parent is None:
+                return None
+            return BatchMoney(name, parent, spend.note_batch, batch_spent.get(name, 0.0))
+
         if not specs:
-            return cls([Client(DEFAULT_CLIENT)], spend, engine_budget)
+            return cls([Client(DEFAULT_CLIENT, batches=money(DEFAULT_CLIENT, None))], spend, engine_budget)
         clients: list[Client] = []
         seen: dict[bytes, str] = {}
         for spec in specs:
             key = env.get(spec.key_env, "")
             if not key:
                 raise ConfigError(f"client {spec.name!r}: its key variable ${spec.key_env} is not set")
-            if len(key) < 16:
-                raise ConfigError(f"client {spec.name!r}: the key in ${spec.key_env} is shorter than 16 characters")
-            if not key.isascii() or not key.isprintable():
-                raise ConfigError(f"client {spec.name!r}: the key in ${spec.key_env} must be printable ASCII")
+            check_key(key, f"client {spec.name!r}: the key in ${spec.key_env}")
+            warn_if_weak(key, f"client {spec.name!r}: the key in ${spec.key_env}")
             digest = _digest(key)
             if digest in seen:
                 raise ConfigError(f"clients {seen[digest]!r} and {spec.name!r} have the same key; give each its own")
@@ -143,7 +174,7 @@ class Clients:
                 budget = engine.session(spec.budget_usd, name=name, shared=shared).budget
             elif spec.budget_usd is not None:
                 budget = engine.session(spec.budget_usd, name=name).budget
-                budget.add_spent(spend.load(spec.name))
+                budget.add_spent(spend.load(spec.name) + batch_spent.get(spec.name, 0.0))
             limiter: ServeLimiter | ServeRedisLimiter | None = None
             if redis is not None and (spec.rpm is not None or spec.tpm is not None):
                 limiter = redis.client_limiter(spec)
@@ -157,7 +188,9 @@ class Clients:
                     name=f"client {spec.name}",
                 )
             models = frozenset(spec.models) if spec.models is not None else None
-            clients.append(Client(spec.name, budget, limiter, models, digest))
+            clients.append(
+                Client(spec.name, budget, limiter, models, digest, spec.cache_group, money(spec.name, budget))
+            )
         return cls(clients, spend, engine_budget)
 
     def client_spend(self) -> dict[str, tuple[float, float]]:
@@ -183,13 +216,17 @@ class Clients:
         What is written is spent *plus held*: the worst case of the requests in flight
         counts until they settle. Called as each request is granted (before it is sent),
         so a ``kill -9`` mid-request leaves on disk at least what the provider may bill;
-        after a clean stop nothing is held and the figure is exact."""
+        after a clean stop nothing is held and the figure is exact. A client's chat
+        batches are left out: their money is the engine store's (see ``._batch_money``)."""
         rows: list[tuple[str, float]] = []
+        batches = 0.0
         for client in self.by_name.values():
+            held = client.batches.held() if client.batches is not None else 0.0
+            batches += held
             if client.budget is not None:
-                rows.append((client.name, client.budget.spent() + client.budget.reserved()))
+                rows.append((client.name, client.budget.spent() + client.budget.reserved() - held))
         if self.engine_budget is not None:
-            rows.append((_ENGINE_ROW, self.engine_budget.spent() + self.engine_budget.reserved()))
+            rows.append((_ENGINE_ROW, self.engine_budget.spent() + self.engine_budget.reserved() - batches))
         changed = [(name, usd) for name, usd in rows if self._saved.get(name) != usd]
         if changed:
             self.spend.save(changed)

@@ -5,6 +5,7 @@ OpenAI's.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -34,7 +35,7 @@ from .._errors import (
 )
 from .._pricing import effective_base_url
 from ._clients import Client, Clients
-from ._errors import openai_error
+from ._errors import openai_error, plain, upstream_auth_failed
 from ._keys import CLIENT, ClientLike
 from ._queue import Admission, QueueFull, WaitTooLong, estimate
 from ._settings import ServeSettings
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["CONTEXT", "BadBody", "Refused", "ServeContext", "error_for"]
 
 T = TypeVar("T")
+
+_log = logging.getLogger("sluice.serve")
 
 #: ``x-sluice-max-wait: SECONDS``: a client may ask to wait less than ``[serve] max_wait_s``.
 MAX_WAIT_HEADER = "x-sluice-max-wait"
@@ -181,26 +184,7 @@ class ServeContext:
         grant: Any = None  # a local or a shared limiter's reservation
         try:
             admission.check_room(engine_eta)
-            if client.limiter is not None:
-                try:
-                    grant = client.limiter.try_acquire(tokens)
-                except CapacityError:
-                    raise BadBody(
-                        f"this request's ~{tokens} tokens exceed client {client.name!r}'s tpm; send a smaller request"
-                    ) from None
-                if grant is None:
-                    limiter = client.limiter
-                    client_eta = limiter.eta(tokens, limiter.waiting, self._latency())
-                    if client_eta > max_wait:
-                        raise self._redis_down(client) or _client_limited(client, client_eta, self.metrics)
-                    try:
-                        grant = await admission.wait_for(
-                            limiter.acquire(tokens), max_wait=max_wait, retry_after=lambda: limiter.eta(tokens, 0, None)
-                        )
-                    except WaitTooLong as exc:
-                        refused = self._redis_down(client) or _client_limited(client, exc.retry_after, self.metrics)
-                        raise refused from None
-                grant.done()  # a quota of requests and tokens per minute, not of requests in flight
+            grant = await self._client_grant(client, tokens, max_wait)
             remaining = max(0.0, max_wait - (_now() - began))
             if not _has_room(limiters, tokens):
                 ahead = engine_eta()
@@ -218,6 +202,40 @@ class ServeContext:
             elif actual > 0:  # 0: the provider reported no usage; the estimate stands
                 grant.reconcile(actual)
         return outcome
+
+    async def _client_grant(self, client: Client, tokens: int, max_wait: float) -> Any:
+        """The client's own rpm/tpm let the request go (None: it has none); a Refused 429
+        when that would take longer than ``max_wait``."""
+        if client.limiter is None:
+            return None
+        grant: Any  # a local or a shared limiter's reservation
+        try:
+            grant = client.limiter.try_acquire(tokens)
+        except CapacityError:
+            raise BadBody(
+                f"this request's ~{tokens} tokens exceed client {client.name!r}'s tpm; send a smaller request"
+            ) from None
+        if grant is None:
+            limiter = client.limiter
+            client_eta = limiter.eta(tokens, limiter.waiting, self._latency())
+            if client_eta > max_wait:
+                raise self._redis_down(client) or _client_limited(client, client_eta, self.metrics)
+            try:
+                grant = await self.admission.wait_for(
+                    limiter.acquire(tokens), max_wait=max_wait, retry_after=lambda: limiter.eta(tokens, 0, None)
+                )
+            except WaitTooLong as exc:
+                raise self._redis_down(client) or _client_limited(client, exc.retry_after, self.metrics) from None
+        grant.done()  # a quota of requests and tokens per minute, not of requests in flight
+        return grant
+
+    async def admit_client(self, client: Client, request: web.Request) -> None:
+        """A request no deployment is sent (sluice answers it itself) counted as one
+        request of the client's rpm, none of its tpm: a Refused 429 past its max wait."""
+        try:
+            await self._client_grant(client, 0, self.max_wait(request))
+        except (QueueFull, WaitTooLong) as exc:
+            raise self._refusal(client, exc, self.max_wait(request)) from None
 
     def _redis_down(self, client: Client) -> Refused | None:
         """A 503 naming the problem when Redis cannot be reached (the wait was for it)."""
@@ -261,10 +279,10 @@ class ServeContext:
     # -- errors -----------------------------------------------------------------------------
 
     def scrub(self, text: str) -> str:
-        """``text`` without any upstream URL or host."""
+        """``text`` without any upstream URL or host, or bidi control."""
         for secret in self.secrets:
             text = text.replace(secret, "<upstream>")
-        return _URL.sub("<upstream>", text)
+        return plain(_URL.sub("<upstream>", text))
 
     def failure(self, client: ClientLike, error: SluiceError) -> web.Response:
         """An engine error as OpenAI would send it (status, type, code), scrubbed."""
@@ -280,10 +298,8 @@ class ServeContext:
                 "Ask the server's operator to raise this client's budget_usd."
             )
         elif isinstance(error, (AuthenticationError, PermissionDeniedError)):
-            message = (
-                f"upstream refused the server's own credentials for this deployment ({error.status}): "
-                f"{error.message}; the server's operator must fix the deployment's key"
-            )
+            _log.warning("sluice serve: upstream refused the server's own key: %s", error.message)
+            message = upstream_auth_failed(error.status)
         elif isinstance(error, ProviderError):
             message = f"upstream: {error.message}"
         else:
@@ -356,20 +372,6 @@ def _client_limited(client: Client, retry_after: float, metrics: Metrics) -> Ref
             retry_after,
         )
     )
-
-
-def model_names(deployments: Iterable[Deployment]) -> dict[str, str]:
-    """Every name a request may use -> the engine's name: each deployment's model and name,
-    and an OpenAI or Anthropic model without its prefix (``gpt-4o-mini``,
-    ``claude-sonnet-4-5``), as the SDKs send it."""
-    names: dict[str, str] = {}
-    for d in deployments:
-        names.setdefault(d.model, d.model)
-        names.setdefault(d.label, d.label)
-        prefix, sep, rest = d.model.partition("/")
-        if sep and prefix in ("openai", "anthropic") and rest:
-            names.setdefault(rest, d.model)
-    return names
 
 
 def upstream_secrets(deployments: Iterable[Deployment]) -> tuple[str, ...]:

@@ -15,6 +15,8 @@ Who may look:
   Logging out revokes the cookie's nonce in this process (another replica, or this one
   after a restart, takes it until it expires). Without credentials: 401 (the page: a login
   form); a client's key: 403. A key or cookie that is not ASCII is a 401 (never a 500).
+  Wrong keys (by form or header) back off per address (``_backoff``): past a few, the
+  next is not checked until a doubling wait is over (429 with ``Retry-After``).
 * No admin key and no ``[[client]]``: the server listens on loopback only and asks nobody
   for a key, so the dashboard answers requests from loopback (403 from anywhere else).
 * No admin key but client keys: the dashboard is off (404 saying how to turn it on):
@@ -34,7 +36,6 @@ import hashlib
 import hmac
 import html
 import ipaddress
-import os
 import re
 import secrets
 import time
@@ -44,19 +45,19 @@ from urllib.parse import parse_qs
 
 from aiohttp import web
 
-from .._errors import ConfigError
+from ._backoff import Backoff, retry_after
 from ._body import read_body
 from ._clients import Clients
 from ._errors import openai_error
+from ._key_rules import bearer, operator_key, same_key
 from ._live import Live
 from ._settings import ServeSettings
 
-__all__ = ["DASHBOARD", "LIVE", "DashboardAuth", "is_dashboard", "setup_dashboard"]
+__all__ = ["BACKOFF", "DASHBOARD", "LIVE", "DashboardAuth", "is_dashboard", "setup_dashboard"]
 
 DASHBOARD = "/dashboard"
 COOKIE = "sluice_dashboard"
 SESSION_S = 12 * 3600
-_MIN_KEY = 16
 #: The login form's largest body (a key and its field name).
 _MAX_FORM = 4096
 #: The most logged-out sessions remembered (the oldest is forgotten first; each expires anyway).
@@ -64,6 +65,8 @@ _MAX_REVOKED = 4096
 
 LIVE: web.AppKey[Live] = web.AppKey("sluice.dashboard.live", Live)
 _AUTH: web.AppKey[DashboardAuth] = web.AppKey("sluice.dashboard.auth")
+#: ``app[BACKOFF]``: the wrong admin keys per address (see ``_backoff``).
+BACKOFF: web.AppKey[Backoff] = web.AppKey("sluice.dashboard.backoff", Backoff)
 
 
 def is_dashboard(path: str) -> bool:
@@ -73,10 +76,12 @@ def is_dashboard(path: str) -> bool:
 class DashboardAuth:
     """Who may see the dashboard (see the module docstring); holds digests, never the key."""
 
-    __slots__ = ("_digest", "_revoked", "_secret", "clients")
+    __slots__ = ("_digest", "_revoked", "_secret", "backoff", "clients")
 
     def __init__(self, admin_key: str | None, clients: Clients) -> None:
         self.clients = clients
+        #: Wrong keys per remote address (the login form and a Bearer header alike).
+        self.backoff = Backoff()
         #: Nonces of the sessions logged out here, with their expiry (oldest first).
         self._revoked: dict[str, int] = {}
         self._digest = hashlib.sha256(admin_key.encode()).digest() if admin_key else None
@@ -88,19 +93,7 @@ class DashboardAuth:
         cls, settings: ServeSettings, clients: Clients, environ: Mapping[str, str] | None = None
     ) -> DashboardAuth:
         """Read the admin key from its variable; a ConfigError when it is unset, short, or a client's."""
-        name = settings.admin_key_env
-        if name is None:
-            return cls(None, clients)
-        key = (os.environ if environ is None else environ).get(name, "")
-        if not key:
-            raise ConfigError(f"[serve] admin_key_env: the admin key variable ${name} is not set")
-        if len(key) < _MIN_KEY:
-            raise ConfigError(f"[serve] admin_key_env: the key in ${name} is shorter than {_MIN_KEY} characters")
-        if not key.isascii() or not key.isprintable():
-            raise ConfigError(f"[serve] admin_key_env: the key in ${name} must be printable ASCII")
-        if not clients.anonymous and clients.authenticate(key) is not None:
-            raise ConfigError(f"[serve] admin_key_env: the key in ${name} is a client's key; give the admin its own")
-        return cls(key, clients)
+        return cls(operator_key(settings.admin_key_env, "admin", clients, environ), clients)
 
     @property
     def keyed(self) -> bool:
@@ -114,21 +107,23 @@ class DashboardAuth:
 
     def verdict(self, request: web.Request, key: str | None = None) -> int:
         """200 (may look), 401 (no or wrong credentials), 403 (a client's key, or not
-        loopback without an admin key) or 404 (off). ``key``: one typed into the login form."""
+        loopback without an admin key), 404 (off) or 429 (too many wrong keys from this
+        address lately: the key is not checked). ``key``: one typed into the login form."""
         if self._digest is None:
             if not self.clients.anonymous:
                 return 404
             return 200 if _loopback(request.remote) else 403
         if key is None:
-            scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
-            key = bearer.strip() if scheme.lower() == "bearer" else None
+            key = bearer(request)
         if key:
-            if not key.isascii():  # never ours (nor a client's), and it may not even encode
-                return 401
-            if hmac.compare_digest(hashlib.sha256(key.encode()).digest(), self._digest):
+            if self.backoff.wait(request.remote) > 0:  # too many wrong keys from there: not even checked
+                return 429
+            if same_key(key, self._digest):  # a key that is not ASCII is nobody's: a 401
+                self.backoff.succeeded(request.remote)
                 return 200
             if not self.clients.anonymous and self.clients.authenticate(key) is not None:
-                return 403
+                return 403  # a client's key: not a guess (those can be tried on /v1 as well)
+            self.backoff.failed(request.remote)
             return 401
         cookie = request.cookies.get(COOKIE)
         return 200 if cookie is not None and self._valid(cookie) else 401
@@ -221,12 +216,16 @@ def _page(status: int, body: str) -> web.Response:
     return response
 
 
-def _login_page(status: int, message: str) -> web.Response:
-    body = _LOGIN.replace("{action}", f"{DASHBOARD}/login").replace("{message}", html.escape(message))
-    return _page(status, body)
+def _login_page(status: int, message: str, *, error: bool = True) -> web.Response:
+    """The login form; ``message`` in red only when ``error`` (an attempt failed), else
+    as the form's plain prompt."""
+    body = _LOGIN.replace("{action}", f"{DASHBOARD}/login").replace("{kind}", "error" if error else "prompt")
+    return _page(status, body.replace("{message}", html.escape(message)))
 
 
 def _refused(request: web.Request, status: int, *, as_json: bool) -> web.Response:
+    if status == 429:
+        return _throttled(request, as_json=as_json)
     if status == 403 and not request.app[_AUTH].keyed:
         message = "Without an admin key ([serve] admin_key_env) the dashboard answers only on this machine (loopback)."
     else:
@@ -237,7 +236,20 @@ def _refused(request: web.Request, status: int, *, as_json: bool) -> web.Respons
         return response
     if status == 404:
         return _page(404, f"<!doctype html><title>sluice serve</title><p>{html.escape(message)}</p>")
-    return _login_page(status, message)
+    return _login_page(status, message, error=status != 401)  # 401: no key tried yet, the prompt
+
+
+def _throttled(request: web.Request, *, as_json: bool) -> web.Response:
+    """A 429 with ``Retry-After``: this address sent too many wrong keys lately."""
+    wait = retry_after(request.app[_AUTH].backoff.wait(request.remote))
+    message = f"Too many wrong keys from this address; the next one is checked in {wait} s."
+    if as_json:
+        response = openai_error(429, message, code="dashboard_throttled")
+        response.headers.update(_HEADERS)
+    else:
+        response = _login_page(429, message)
+    response.headers["retry-after"] = wait
+    return response
 
 
 # -- the handlers ------------------------------------------------------------------------------------
@@ -290,6 +302,7 @@ async def _logout(request: web.Request) -> web.Response:
 def setup_dashboard(app: web.Application, auth: DashboardAuth, live: Live) -> None:
     """Add the routes, and sample while the app runs (nothing when the dashboard is off)."""
     app[_AUTH] = auth
+    app[BACKOFF] = auth.backoff
     app.router.add_get(DASHBOARD, _dashboard)
     app.router.add_get(DASHBOARD + "/", _dashboard)
     app.router.add_get(DASHBOARD + "/data", _data)

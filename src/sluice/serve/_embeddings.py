@@ -1,9 +1,10 @@
 """``POST /v1/embeddings``: texts in, vectors out in OpenAI's shape (floats, or base64 of
 little-endian float32, which the official SDK asks for by default).
 
-The texts go through ``engine.embed_map`` (packed many to a request, within the limits,
-the client's budget and the store); when any text fails, the request fails as OpenAI's
-would, with the first failure's status and message.
+The texts (or token arrays, passed on as they are to deployments that take them; any
+other refuses them with a 400) go through ``engine.embed_map`` (packed many to a
+request, within the limits, the client's budget and the store); when any text fails,
+the request fails as OpenAI's would, with the first failure's status and message.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any
 from aiohttp import web
 
 from .. import _json
-from .._embeddings import EmbeddingResult
+from .._embeddings import EmbeddingResult, token_array
 from .._models import Priority, Usage
 from .._tokens import estimate_text_tokens
+from ..providers._embed import EmbedInput
 from ._context import CONTEXT, JSON_BODY, BadBody, client_of
 
 __all__ = ["embeddings", "parse_embeddings"]
@@ -28,22 +30,31 @@ __all__ = ["embeddings", "parse_embeddings"]
 MAX_INPUTS = 2048
 
 
-def parse_embeddings(body: Any) -> tuple[list[str], str, int | None]:
-    """(texts, encoding format, dimensions) from an embeddings body; BadBody names a wrong field."""
+def parse_embeddings(body: Any) -> tuple[list[EmbedInput], str, int | None]:
+    """(inputs, encoding format, dimensions) from an embeddings body; BadBody names a wrong field.
+
+    ``input`` is what OpenAI takes: a string, an array of strings, a token array (an array
+    of token ids) or an array of token arrays; a token array is passed on as it is."""
     if not isinstance(body, Mapping):
         raise BadBody("the request body must be a JSON object")
     given = body.get("input")
     if given is None:
         raise BadBody("you must provide an input parameter", "input")
-    texts: list[str]
+    texts: list[EmbedInput]
     if isinstance(given, str):
         texts = [given]
     elif isinstance(given, list) and given and all(isinstance(t, str) for t in given):
         texts = list(given)
-    elif isinstance(given, list) and given and all(isinstance(t, (int, list)) for t in given):
-        raise BadBody("input as token arrays is not supported by sluice serve; send the text", "input")
+    elif isinstance(given, list) and given and all(type(t) is int for t in given):
+        texts = [_tokens(given, "input")]
+    elif isinstance(given, list) and given and all(isinstance(t, list) for t in given):
+        texts = [_tokens(t, f"input[{i}]") for i, t in enumerate(given)]
     else:
-        raise BadBody("input must be a string or a non-empty array of strings", "input")
+        raise BadBody(
+            "input must be a string, a non-empty array of strings, a token array (an array of token ids) "
+            "or an array of token arrays",
+            "input",
+        )
     if len(texts) > MAX_INPUTS:
         raise BadBody(f"input holds {len(texts)} texts; at most {MAX_INPUTS} per request", "input")
     if any(not t for t in texts):
@@ -69,12 +80,18 @@ async def embeddings(request: web.Request) -> web.Response:
     model = ctx.resolve(client, body.get("model"))
     texts, fmt, dimensions = parse_embeddings(body)
     engine = ctx.engine
-    estimated = sum(estimate_text_tokens(t) for t in texts)
+    estimated = sum(estimate_text_tokens(t) if isinstance(t, str) else len(t) for t in texts)
     tokens, limiters = ctx.estimated_tokens(model, lambda d: estimated)
 
     async def run() -> list[EmbeddingResult]:
         found = engine.embed_map(
-            texts, model=model, dimensions=dimensions, ordered=True, budget=client.budget, priority=Priority.INTERACTIVE
+            texts,
+            model=model,
+            dimensions=dimensions,
+            ordered=True,
+            budget=client.budget,
+            priority=Priority.INTERACTIVE,
+            scope=client.group,  # a tenant's stored vectors are its own (its cache_group's)
         )
         return [r async for r in found]
 
@@ -103,6 +120,14 @@ async def embeddings(request: web.Request) -> web.Response:
         "usage": {"prompt_tokens": usage.input_tokens, "total_tokens": usage.input_tokens},
     }
     return web.Response(body=_json.dumps(answer), content_type="application/json")
+
+
+def _tokens(given: list[Any], where: str) -> list[int]:
+    """A token array, checked: a non-empty array of integers >= 0."""
+    tokens = token_array(given)
+    if tokens is None:
+        raise BadBody(f"{where} must be a non-empty array of token ids (integers >= 0)", where)
+    return tokens
 
 
 def _used(results: list[EmbeddingResult]) -> int | None:

@@ -17,7 +17,6 @@ upstream URLs and hosts like a client's errors, and no key, digest or URL appear
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections import Counter, deque
@@ -29,6 +28,7 @@ import orjson
 from aiohttp import web
 
 from .. import __version__
+from ._errors import plain
 
 if TYPE_CHECKING:
     from prometheus_client import Counter as PromCounter
@@ -62,14 +62,20 @@ class _Note:
 
 
 class Recent:
-    """The last :data:`ERRORS` errors, newest last (a ring: memory is bounded).
+    """The last :data:`ERRORS` errors, newest last, none of them past its share.
+
+    Bounded, like a ring, but when it is full the note that goes is the oldest of whoever
+    holds the most (a client, for what the server answered it; a deployment, for its
+    retried attempts), not the oldest of all: one client's flood of its own 4xx pushes out
+    only its own notes, and no one keeps less than an even share of the list.
 
     ``app[RECENT]`` when the dashboard is on: the error middleware adds what it answers."""
 
-    __slots__ = ("notes", "unauthenticated", "unauthenticated_at")
+    __slots__ = ("notes", "size", "unauthenticated", "unauthenticated_at")
 
     def __init__(self, size: int = ERRORS) -> None:
-        self.notes: deque[_Note] = deque(maxlen=size)
+        self.size = size
+        self.notes: deque[_Note] = deque()
         #: Requests refused for a wrong or missing key (401): counted, never in the ring.
         self.unauthenticated = 0
         self.unauthenticated_at: float | None = None
@@ -90,14 +96,29 @@ class Recent:
             if isinstance(error, dict):
                 kind = str(error.get("code") or error.get("type") or kind)
                 message = str(error.get("message") or "")
-        self.notes.append(_Note(time.time(), "client", client, None, response.status, kind, message[:_MESSAGE]))
+        self._add(_Note(time.time(), "client", client, None, response.status, kind, message[:_MESSAGE]))
 
     def retried(self, event: RetryEvent) -> None:
         """An attempt that failed and goes again (``Engine(on_retry=...)``)."""
         error = event.error
         status = getattr(error, "status", None)
-        note = _Note(time.time(), "upstream", None, event.deployment, status, error.kind, error.message[:_MESSAGE])
-        self.notes.append(note)
+        self._add(_Note(time.time(), "upstream", None, event.deployment, status, error.kind, error.message[:_MESSAGE]))
+
+    def _add(self, note: _Note) -> None:
+        notes = self.notes
+        if len(notes) >= self.size:
+            held = Counter(_whose(n) for n in notes)
+            most = max(held.values())
+            newcomer = _whose(note)
+            # the newcomer's own go first when it is among those that hold the most
+            loser = newcomer if held[newcomer] == most else next(w for w in map(_whose, notes) if held[w] == most)
+            del notes[next(i for i, n in enumerate(notes) if _whose(n) == loser)]
+        notes.append(note)
+
+
+def _whose(note: _Note) -> tuple[str, str | None]:
+    """Whose share of the error list a note counts against."""
+    return (note.source, note.client if note.source == "client" else note.deployment)
 
 
 RECENT: web.AppKey[Recent] = web.AppKey("sluice.dashboard.recent", Recent)
@@ -353,7 +374,10 @@ class Live:
             "waiting": [],
             "spent_usd": [],
         }
-        for before, after in itertools.pairwise(samples):
+        for i, after in enumerate(samples[1:], 1):
+            # the last point is taken by a poll, maybe moments after a tick: its rates are
+            # over the tick before too (a rate over a sliver of a second is noise)
+            before = samples[i - 2] if i >= 2 and after.at - samples[i - 1].at < SAMPLE_EVERY / 2 else samples[i - 1]
             seconds = max(after.at - before.at, 1e-9)
             series["t"].append(round(after.at, 3))
             series["answered_per_s"].append(round((after.succeeded - before.succeeded) / seconds, 3))
@@ -400,7 +424,7 @@ def _batch(client: str, batch: Mapping[str, Any]) -> dict[str, Any]:
         "client": client,
         "status": batch.get("status"),
         "endpoint": batch.get("endpoint"),
-        "model": batch.get("model"),
+        "model": plain(str(batch["model"])) if batch.get("model") is not None else None,
         "total": counts.get("total", 0),
         "completed": counts.get("completed", 0),
         "failed": counts.get("failed", 0),

@@ -11,6 +11,11 @@ saying it: ``requests.3.params.max_tokens: Field required``.
 Each request becomes a Batch API line, ``{"custom_id", "method": "POST", "url":
 "/v1/messages", "body": params}``, which ``_batch_run`` runs as it runs any batch's.
 Runs in a thread: 100,000 requests take seconds to check.
+
+The body (up to 256 MB) is never parsed whole: :class:`~._json_items.JsonScan` reads it
+from the file it was streamed to and hands over one request at a time, whose size and
+values are checked before it is parsed. So a refusal names the first bad request; a body
+that is not JSON further on is a 400 too, once the scan gets there.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from .. import _json
 from ..shapes._common import ShapeError
 from ..shapes._messages_in import chat_from_messages
 from ._batch_ctx import MESSAGES
+from ._json_items import ItemTooLarge, JsonScan, NotJson
 
 __all__ = ["Refusal", "write_requests"]
 
@@ -41,36 +47,75 @@ class Refusal(Exception):
         self.message = message
 
 
-def write_requests(body: Any, path: Path, *, max_requests: int, max_line_bytes: int) -> int:
-    """Check ``body``, write its requests to ``path`` as Batch API lines; how many there
-    are. Raises :class:`Refusal` (nothing is left at ``path`` then)."""
+def write_requests(source: Path, path: Path, *, max_requests: int, max_line_bytes: int, max_values: int) -> int:
+    """Check the body in ``source``, write its requests to ``path`` as Batch API lines; how
+    many there are. Raises :class:`Refusal` (nothing is left at ``path`` then)."""
     try:
-        with path.open("wb") as out:
-            return _write(body, out, max_requests, max_line_bytes)
+        with source.open("rb") as body, path.open("wb") as out:
+            return _write(JsonScan(body), out, max_requests, max_line_bytes, max_values)
+    except NotJson:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        raise Refusal(400, "the request body is not valid JSON") from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         raise
 
 
-def _write(body: Any, out: Any, max_requests: int, max_line_bytes: int) -> int:
-    if not isinstance(body, Mapping):
+def _write(scan: JsonScan, out: Any, max_requests: int, max_line_bytes: int, max_values: int) -> int:
+    if scan.peek() != b"{":
         raise Refusal(400, "the request body must be a JSON object")
-    _no_extras(body, ("requests",), "")
-    requests = body.get("requests")
-    if requests is None:
+    scan.take(b"{")
+    count: int | None = None
+    while scan.peek() != b"}":
+        if count is not None:
+            scan.take(b",")
+        key = scan.key()
+        if key != "requests":
+            raise Refusal(400, f"{key[:64]}: Extra inputs are not permitted")
+        if count is not None:
+            raise Refusal(400, "requests: given twice; give the list once")
+        if scan.peek() != b"[":
+            raise Refusal(400, "requests: Input should be a valid list")
+        count = _write_items(scan, out, max_requests, max_line_bytes, max_values)
+    scan.take(b"}")
+    if scan.peek():
+        raise NotJson("more after the object")
+    if count is None:
         raise Refusal(400, "requests: Field required")
-    if not isinstance(requests, list):
-        raise Refusal(400, "requests: Input should be a valid list")
-    if not requests:
+    if not count:
         raise Refusal(400, "requests: List should have at least 1 item after validation, not 0")
-    if len(requests) > max_requests:
-        raise Refusal(
-            400, f"requests: List should have at most {max_requests} items after validation, not {len(requests)}"
-        )
+    return count
+
+
+def _write_items(scan: JsonScan, out: Any, max_requests: int, max_line_bytes: int, max_values: int) -> int:
     seen: dict[str, int] = {}
-    for index, request in enumerate(requests):
-        where = f"requests.{index}"
+    index = -1
+    items = scan.items(max_line_bytes)
+    while True:
+        where = f"requests.{index + 1}"
+        try:
+            raw = next(items, None)
+        except ItemTooLarge:
+            raise Refusal(
+                413, f"{where}: one request of a Message Batch may be at most {max_line_bytes:,} bytes on this server"
+            ) from None
+        if raw is None:
+            return index + 1
+        index += 1
+        if index >= max_requests:
+            raise Refusal(400, f"requests: List should have at most {max_requests} items after validation, not more")
+        if _json.most_values(raw) > max_values:
+            raise Refusal(
+                413,
+                f"{where}: this request holds more than {max_values:,} JSON values and keys; "
+                "this server parses at most that many in one request",
+            )
+        try:
+            request = _json.loads(raw)
+        except ValueError:
+            raise NotJson(where) from None
         custom_id, params = _request(request, where, seen)
         seen[custom_id] = index
         line = _json.dumps({"custom_id": custom_id, "method": "POST", "url": MESSAGES, "body": params}) + b"\n"
@@ -81,7 +126,6 @@ def _write(body: Any, out: Any, max_requests: int, max_line_bytes: int) -> int:
                 f"may be at most {max_line_bytes:,} bytes on this server",
             )
         out.write(line)
-    return len(requests)
 
 
 def _request(request: Any, where: str, seen: Mapping[str, int]) -> tuple[str, Mapping[str, Any]]:

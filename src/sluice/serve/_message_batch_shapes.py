@@ -24,6 +24,7 @@ from ..shapes._messages_errors import ERROR_TYPES, anthropic_error_body, error_t
 from ..shapes._messages_out import message_from_chat
 from ._batch_shapes import chat_body, usage_of
 from ._context import error_for
+from ._errors import UPSTREAM_AUTH, upstream_auth_failed
 
 __all__ = ["ENDED", "errored_result", "message_batch", "processing_status", "result_line", "results_path"]
 
@@ -109,6 +110,8 @@ def errored_result(kind: str, message: str) -> dict[str, Any]:
 def _error_type(error: Mapping[str, Any]) -> str:
     """Anthropic's type for a stored error: an Anthropic deployment's own, else by what
     sluice's error means, else by the status the server would have answered."""
+    if error.get("type") in UPSTREAM_AUTH:  # the server's key, not the client's: a gateway failure
+        return error_type_for(502)
     given = error.get("provider_type")
     if isinstance(given, str) and given in ERROR_TYPES.values():
         return given
@@ -123,5 +126,8 @@ def _error_type(error: Mapping[str, Any]) -> str:
 
 def _message(record: Mapping[str, Any], scrub: Callable[[str], str]) -> str:
     """The error's words for the client: no upstream host, no advice meant for the CLI."""
-    said = str((record.get("error") or {}).get("message") or "the request failed")
+    error = record.get("error") or {}
+    if error.get("type") in UPSTREAM_AUTH:  # the server's own key refused: never the provider's words
+        return upstream_auth_failed(error.get("status"))
+    said = str(error.get("message") or "the request failed")
     return scrub(said.split("; rerun with", 1)[0])

@@ -16,7 +16,9 @@ Anthropic's results file; the MessageBatch object is a view of the internal batc
 
 A client sees only its own batches (another's id is a 404 ``not_found_error``); errors are
 Anthropic's. Bounds are Anthropic's: 100,000 requests and 256 MB a batch (``Limits``),
-and one request at most ``Limits.max_line_bytes`` (8 MB) here.
+and one request at most ``Limits.max_line_bytes`` (8 MB) here. The body is an upload
+(``_uploads``: the client's uploads under way, quota and deadline): streamed to disk,
+then checked a request at a time, never parsed whole.
 """
 
 from __future__ import annotations
@@ -24,20 +26,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
-from .. import _json
+from .._errors import StoreError
 from ._anthropic import anthropic_error
 from ._batch_ctx import BATCH_CTX, MESSAGES, caller, derived_id, new_batch, new_id
 from ._batch_db import FileRow
 from ._batch_output import write_failed_results
 from ._batch_runs import cancel_run, live_copy, start_run
-from ._body import BodyTimeout, within_body_timeout
+from ._body import BodyTimeout, timeout_message, within_body_timeout
 from ._message_batch_check import Refusal, write_requests
 from ._message_batch_shapes import ENDED, message_batch, processing_status
 from ._replicas import LIST_CAP, REPLICAS, is_forwarded
+from ._uploads import UPLOAD_PREFIX, TooLarge, UploadRefused, is_full, no_room, record, write_chunks
 
 __all__ = ["ID_PREFIX", "add_message_batch_routes"]
 
@@ -55,61 +59,84 @@ def add_message_batch_routes(app: web.Application) -> None:
     app.router.add_get("/v1/messages/batches/{batch_id}/results", message_batch_results)
 
 
-async def _read(request: web.Request, limit: int) -> bytes:
-    """The body, up to ``limit + 1`` bytes (streamed: the server's own body cap is for
-    single requests, a batch may be larger)."""
-    chunks: list[bytes] = []
-    size = 0
-    while size <= limit and (chunk := await request.content.read(min(_CHUNK, limit + 1 - size))):
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
 async def create_message_batch(request: web.Request) -> web.Response:
     ctx = request.app[BATCH_CTX]
     client = caller(request)
     limits = ctx.limits
+    ctx.files_dir.mkdir(parents=True, exist_ok=True)
+    body = ctx.files_dir / f"{UPLOAD_PREFIX}{new_id('', 8)}"
+    batch_id = new_id(ID_PREFIX, 12)
+    file_id = derived_id("file-", batch_id, "requests")
+    path = ctx.file_path(file_id)
+    part = path.with_name(f"{UPLOAD_PREFIX}{file_id}")
     try:
-        raw = await within_body_timeout(request, _read(request, limits.max_message_batch_bytes))
-    except BodyTimeout:
-        response = anthropic_error(408, "the request body did not arrive in time", kind="timeout_error")
-        response.force_close()
-        return response
-    if len(raw) > limits.max_message_batch_bytes:
+        with ctx.uploads.begin(client.name, ctx.db) as under_way:
+            # the body goes to disk as it arrives (a Message Batch is up to 256 MB: it is an
+            # upload, not a request body to parse whole), then is read a request at a time
+            await within_body_timeout(
+                request,
+                write_chunks(_chunks(request), body, under_way, limits.max_message_batch_bytes),
+                total=limits.upload_timeout_s,
+            )
+            count = await asyncio.to_thread(
+                write_requests,
+                body,
+                part,
+                max_requests=limits.max_message_requests,
+                max_line_bytes=limits.max_line_bytes,
+                max_values=limits.max_values,
+            )
+            name = f"{batch_id}_requests.jsonl"
+            row = FileRow(file_id, client.name, name, "message_batch", part.stat().st_size, int(time.time()), count)
+            record(ctx.db, row, part, path, under_way)
+        batch = new_batch(batch_id, MESSAGES, file_id, count)
+        try:
+            ctx.db.save_batch(client.name, batch)
+        except StoreError:
+            ctx.db.delete_file(client.name, file_id)
+            path.unlink()
+            raise UploadRefused(
+                507, "the server could not record this Message Batch (its disk may be full); nothing of it was kept"
+            ) from None
+    except TooLarge:
         response = anthropic_error(
             413, f"a Message Batch may be at most {limits.max_message_batch_bytes:,} bytes on this server"
         )
         response.force_close()  # the rest of the body is not read
         return response
-    try:
-        body = await asyncio.to_thread(_json.loads, raw) if raw else None
-    except ValueError:
-        return anthropic_error(400, "the request body is not valid JSON")
-    del raw
-    batch_id = new_id(ID_PREFIX, 12)
-    file_id = derived_id("file-", batch_id, "requests")
-    ctx.files_dir.mkdir(parents=True, exist_ok=True)
-    path = ctx.file_path(file_id)
-    try:
-        count = await asyncio.to_thread(
-            write_requests,
-            body,
-            path,
-            max_requests=limits.max_message_requests,
-            max_line_bytes=limits.max_line_bytes,
-        )
+    except BodyTimeout as exc:
+        response = anthropic_error(408, timeout_message(request, exc), kind="timeout_error")
+        response.force_close()
+        return response
     except Refusal as refused:
         return anthropic_error(refused.status, refused.message)
-    name = f"{batch_id}_requests.jsonl"
-    ctx.db.add_file(FileRow(file_id, client.name, name, "message_batch", path.stat().st_size, int(time.time()), count))
-    batch = new_batch(batch_id, MESSAGES, file_id, count)
-    ctx.db.save_batch(client.name, batch)
+    except UploadRefused as refused:
+        return _refusal(refused)
+    except OSError as exc:  # writing its requests
+        if not is_full(exc):
+            raise
+        return _refusal(no_room())
+    finally:
+        for leftover in (body, part):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
     replicas = request.app.get(REPLICAS)
     if replicas is not None:  # before the client hears of it: any replica can then find it
         await replicas.own_batch(batch_id, client.name)
     start_run(request.app, client, batch)
     return web.json_response(message_batch(batch))
+
+
+def _refusal(refused: UploadRefused) -> web.Response:
+    headers = {"Retry-After": str(refused.retry_after)} if refused.retry_after is not None else None
+    response = anthropic_error(refused.status, refused.message, headers=headers)
+    response.force_close()  # the body may be unread
+    return response
+
+
+async def _chunks(request: web.Request) -> AsyncIterator[bytes]:
+    while chunk := await request.content.read(_CHUNK):
+        yield chunk
 
 
 def _own(request: web.Request) -> dict[str, Any] | web.Response:

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from .. import _json
-from .._errors import ProviderError
+from .._errors import NotFoundError, ProviderError, RateLimitError
 from .._models import Native, Request, Result
 from .._streaming import Delta
 from .._tokens import estimate_message_tokens
@@ -34,7 +34,13 @@ from ._chat import cached, completion_of, parse_chat, unstreamed
 from ._context import CONTEXT, JSON_BODY, BadBody, client_of
 from ._relay import complete, open_stream, relay
 
+if TYPE_CHECKING:
+    from .._router import Route
+
 __all__ = ["count_tokens", "messages"]
+
+#: What an upstream without ``/v1/messages/count_tokens`` answers it (besides a 404).
+_NO_ENDPOINT = (405, 501)
 
 
 def _body(request: web.Request) -> Mapping[str, Any]:
@@ -44,13 +50,13 @@ def _body(request: web.Request) -> Mapping[str, Any]:
     return body
 
 
-def request_of(body: Mapping[str, Any], model: str, *, unique: bool) -> Request:
+def request_of(body: Mapping[str, Any], model: str, *, cache: str | None) -> Request:
     """The engine's request for a Messages body: its translation, carrying the body."""
     try:
         view = chat_from_messages(body)
     except ShapeError as exc:
         raise BadBody(exc.message, exc.param) from None
-    chat, _, _ = parse_chat(unstreamed(view.body), model, unique=unique)
+    chat, _, _ = parse_chat(unstreamed(view.body), model, cache=cache)
     return dataclasses.replace(chat, native=Native("anthropic", dict(body), view.lost))
 
 
@@ -62,7 +68,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise BadBody("stream: Input should be a valid boolean", "stream")
-    asked = request_of(body, model, unique=not cached(ctx, request, body))
+    asked = request_of(body, model, cache=cached(ctx, request, body))
     if not stream:
         result = await complete(ctx, client, request, asked)
         if result.error is not None:
@@ -104,7 +110,9 @@ class _Events:
 
 async def count_tokens(request: web.Request) -> web.Response:
     """The input tokens of a Messages body: the provider's own count for an Anthropic
-    deployment, else sluice's estimate (what the limiter reserves for it)."""
+    deployment (through that deployment's limiter, one request and no tokens; sluice's
+    estimate when the upstream has no such endpoint), else sluice's estimate (what the
+    limiter reserves for it). A count is one request of the client's rpm, none of its tpm."""
     ctx = request.app[CONTEXT]
     client = client_of(request)
     body = _body(request)
@@ -114,12 +122,36 @@ async def count_tokens(request: web.Request) -> web.Response:
         raise BadBody(exc.message, exc.param) from None
     model = ctx.resolve(client, body.get("model"))
     routes = [route for group in ctx.engine.router.chain(model)[:1] for route in group.routes]
-    if routes and isinstance(routes[0].provider, AnthropicProvider):
+    upstream = routes[0] if routes and isinstance(routes[0].provider, AnthropicProvider) else None
+
+    counted: int | None = None
+    if upstream is None:
+        await ctx.admit_client(client, request)  # nothing is sent: the client's rpm only
+    else:
         try:
-            tokens = await routes[0].provider.count_tokens(body, routes[0].deployment)
+            counted = await ctx.admit(client, request, 0, [upstream.limiter], lambda: _upstream_count(upstream, body))
         except ProviderError as exc:
             return ctx.failure(client, exc)
-    else:
+    if counted is None:
         params = {k: v for k, v in view.body.items() if k not in ("model", "messages")}
-        tokens = estimate_message_tokens(view.body["messages"], params)
-    return web.json_response({"input_tokens": tokens})
+        counted = estimate_message_tokens(view.body["messages"], params)
+    return web.json_response({"input_tokens": counted})
+
+
+async def _upstream_count(route: Route, body: Mapping[str, Any]) -> int | None:
+    """The provider's count, sent when the deployment's limiter lets one request go (a 429
+    pauses the deployment as a send's would); None when the upstream has no count endpoint."""
+    provider = route.provider
+    assert isinstance(provider, AnthropicProvider)
+    grant = await route.limiter.acquire(0)
+    try:
+        return await provider.count_tokens(body, route.deployment)
+    except RateLimitError as exc:
+        route.limiter.penalize(exc.retry_after if exc.retry_after is not None else 1.0)
+        raise
+    except ProviderError as exc:
+        if isinstance(exc, NotFoundError) or exc.status in _NO_ENDPOINT:
+            return None  # an Anthropic-compatible server without count_tokens: sluice's estimate
+        raise
+    finally:
+        grant.done()

@@ -6,7 +6,9 @@ account, and relay a stream to the client as it arrives.
 Each endpoint brings its own :class:`Encoder` (its API's events); the rules are the same
 for all: an error before the first delta is an ordinary error response (its status, the
 client API's JSON), after it an error event in the client's API, and the engine's stream
-is always closed and its result settled, whatever the client did.
+is always closed and its result settled, whatever the client did. A client that leaves
+(before its first byte or part-way) does not end the upstream answer, which the provider
+bills whole: it is read to its end and settled at its real usage.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from aiohttp import web
 
 from .._models import Request, Result
 from .._streaming import Delta, Stream
+from ._cache import fits_budget
 from ._clients import Client
 from ._context import ServeContext
 
@@ -73,9 +76,12 @@ async def complete(ctx: ServeContext, client: Client, http: web.Request, request
     when it cannot be admitted in time), settled."""
     engine = ctx.engine
     tokens, limiters = ctx.estimated_tokens(request.model, lambda d: _estimate(ctx, request, d))
-    result = await ctx.admit(
-        client, http, tokens, limiters, lambda: engine.complete(request, budget=client.budget), used
-    )
+
+    async def run() -> Result:
+        await fits_budget(engine, request, client.budget)  # a hit is free, but only to a client that could pay
+        return await engine.complete(request, budget=client.budget)
+
+    result = await ctx.admit(client, http, tokens, limiters, run, used)
     settled(ctx, client, result)
     return result
 
@@ -107,7 +113,29 @@ async def open_stream(ctx: ServeContext, client: Client, http: web.Request, requ
     """``request`` streamed, admitted like :func:`complete`, up to its first delta."""
     engine = ctx.engine
     tokens, limiters = ctx.estimated_tokens(request.model, lambda d: _estimate(ctx, request, d))
-    return await ctx.admit(client, http, tokens, limiters, lambda: _open(engine.stream(request, budget=client.budget)))
+
+    async def run() -> Opened:
+        await fits_budget(engine, request, client.budget)
+        return await _open(engine.stream(request, budget=client.budget))
+
+    return await ctx.admit(client, http, tokens, limiters, run)
+
+
+async def _write(
+    ctx: ServeContext, client: Client, http: web.Request, opened: Opened, encoder: Encoder, response: web.StreamResponse
+) -> None:
+    await response.prepare(http)
+    await response.write(encoder.begin())
+    delta = opened.first
+    while delta is not None:
+        await response.write(encoder.delta(delta))
+        delta = await anext(opened.deltas, None)
+    result = opened.stream.result
+    if result.error is not None:
+        await response.write(encoder.failed(ctx.failure(client, result.error)))
+    else:
+        await response.write(encoder.end(result))
+    await response.write_eof()
 
 
 async def relay(
@@ -121,18 +149,13 @@ async def relay(
             if result.error is not None:
                 return ctx.failure(client, result.error)
         response = web.StreamResponse(headers=_SSE_HEADERS)
-        await response.prepare(http)
-        await response.write(encoder.begin())
-        delta = opened.first
-        while delta is not None:
-            await response.write(encoder.delta(delta))
-            delta = await anext(opened.deltas, None)
-        result = stream.result
-        if result.error is not None:
-            await response.write(encoder.failed(ctx.failure(client, result.error)))
-        else:
-            await response.write(encoder.end(result))
-        await response.write_eof()
+        try:
+            await _write(ctx, client, http, opened, encoder, response)
+        except ConnectionError:
+            # The client left (before its first byte or part-way). The provider goes on
+            # generating and bills the whole answer: read it to its end, so the client is
+            # charged (and the store keeps) what was billed, not the worst case.
+            await stream.collect()
         return response
     finally:
         await stream.__aexit__(None, None, None)

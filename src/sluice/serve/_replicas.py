@@ -36,7 +36,7 @@ from aiohttp import web
 
 from .. import _json
 from ._batch_ctx import BATCH_CTX, caller, derived_id
-from ._body import BodyTimeout, read_body, timed_out
+from ._body import BodyTimeout, read_body, read_json, timed_out
 from ._errors import openai_error
 from ._responses_db import RESPONSES_DB
 
@@ -319,16 +319,14 @@ async def forward_middleware(request: web.Request, handler: Handler) -> web.Stre
         kind, object_id = match.group(1), match.group(2)
     elif request.path in _NAMED_IN_BODY and request.method == "POST":
         field, kind = _NAMED_IN_BODY[request.path]
-        try:
-            body = await read_body(request)  # within the body timeout (a 413 past the cap)
-        except BodyTimeout:
-            return timed_out(request)
-        try:
-            object_id = _json.loads(body).get(field)  # orjson: a nesting bomb is a ValueError
-        except (ValueError, AttributeError):  # the handler says what is wrong with it
+        try:  # within the body limits and timeout; read once, the handler gets the same
+            parsed = await read_json(request)
+        except Exception:  # the handler says what is wrong with it
             return await handler(request)
+        object_id = parsed.get(field) if isinstance(parsed, dict) else None
         if not isinstance(object_id, str):
             return await handler(request)
+        body = _json.dumps(parsed)
     else:
         return await handler(request)
     client = caller(request).name

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,8 @@ from ._replicas import REPLICAS
 from ._responses_db import RESPONSES_DB, ResponsesDB
 
 __all__ = ["add_responses_routes"]
+
+_log = logging.getLogger("sluice.serve")
 
 #: What sluice answers itself and never forwards.
 _OURS = ("previous_response_id", "store", "stream")
@@ -77,12 +80,12 @@ class _Asked:
         self.previous = body.get("previous_response_id")
         self.history = list(history)
 
-    def request(self, model: str, *, unique: bool) -> Request:
+    def request(self, model: str, *, cache: str | None) -> Request:
         try:
             view = chat_from_responses(self.body, self.history)
         except ShapeError as exc:
             raise BadBody(exc.message, exc.param) from None
-        chat, _, _ = parse_chat(unstreamed(view.body), model, unique=unique)
+        chat, _, _ = parse_chat(unstreamed(view.body), model, cache=cache)
         upstream = {key: value for key, value in self.body.items() if key not in _OURS}
         upstream["input"] = [*_replayable(self.history), *_input_items(self.body)]
         upstream["store"] = False
@@ -112,7 +115,10 @@ class _Asked:
             return
         asked = conversation_items(self.body, {"output": []})
         answered = response.get("output") or []
-        await asyncio.to_thread(app[RESPONSES_DB].put, client, response, asked, answered, self.previous)
+        db = app[RESPONSES_DB]
+        if not await asyncio.to_thread(db.put, client, response, asked, answered, self.previous):
+            _log.info("sluice serve: a response of client %r is larger than responses_mb_per_client: not kept", client)
+            return
         replicas = app.get(REPLICAS)
         if replicas is not None:
             await replicas.own([str(response["id"])], client)
@@ -147,7 +153,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             )
         history = found
     asked = _Asked(body, history)
-    chat = asked.request(model, unique=not cached(ctx, request, body))
+    chat = asked.request(model, cache=cached(ctx, request, body))
     if not stream:
         result = await complete(ctx, client, request, chat)
         if result.error is not None:

@@ -8,7 +8,8 @@ tool call), ``status`` (``incomplete`` with ``incomplete_details.reason``
 ``content_filter``; the last item is then ``incomplete`` too), ``usage`` in Responses'
 words, and the request's settings echoed with OpenAI's defaults where it gave none
 (``temperature`` 1, ``top_p`` 1, ``tool_choice`` auto, ``truncation`` disabled, ``store``
-true, ``metadata`` {}...). ``output_text`` is no field: the SDKs add it. A function tool
+true, ``metadata`` {}...). ``output_text`` is no field: the SDKs add it. A call of a
+namespace's function is named as the client named it (``name``, ``namespace``). A function tool
 without ``strict`` is echoed ``strict: false``: that is what a chat deployment does with it.
 """
 
@@ -21,11 +22,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._models import Usage
+from ._responses_tools import namespaced
 
 __all__ = [
     "ERROR_CODES",
     "conversation_items",
     "incomplete_reason",
+    "named_back",
     "new_id",
     "response_from_chat",
     "response_object",
@@ -193,7 +196,7 @@ def response_from_chat(
         message = {}
     finish = choice.get("finish_reason")
     reason = incomplete_reason(finish if isinstance(finish, str) else None)
-    output = _output(message, choice.get("logprobs"))
+    output = _output(message, choice.get("logprobs"), namespaced(request))
     if reason is not None and output:
         output[-1]["status"] = "incomplete"
     model = completion.get("model")
@@ -212,7 +215,7 @@ def response_from_chat(
     )
 
 
-def _output(message: Mapping[str, Any], logprobs: Any) -> list[dict[str, Any]]:
+def _output(message: Mapping[str, Any], logprobs: Any, names: Mapping[str, tuple[str, str]]) -> list[dict[str, Any]]:
     output: list[dict[str, Any]] = []
     thought = message.get("reasoning_content") or message.get("reasoning")
     if isinstance(thought, str) and thought:
@@ -241,17 +244,25 @@ def _output(message: Mapping[str, Any], logprobs: Any) -> list[dict[str, Any]]:
         if not isinstance(function, Mapping):
             function = {}
         name, arguments, call_id = function.get("name"), function.get("arguments"), call.get("id")
-        output.append(
-            {
-                "id": new_id("fc"),
-                "type": "function_call",
-                "status": "completed",
-                "arguments": arguments if isinstance(arguments, str) else "",
-                "call_id": call_id if isinstance(call_id, str) and call_id else new_id("call"),
-                "name": name if isinstance(name, str) else "",
-            }
-        )
+        item = {
+            "id": new_id("fc"),
+            "type": "function_call",
+            "status": "completed",
+            "arguments": arguments if isinstance(arguments, str) else "",
+            "call_id": call_id if isinstance(call_id, str) and call_id else new_id("call"),
+            "name": name if isinstance(name, str) else "",
+        }
+        output.append(named_back(item, names))
     return output
+
+
+def named_back(item: dict[str, Any], names: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
+    """A ``function_call`` item of a namespace's function named as the client named it
+    (``name`` and ``namespace``), not as it was sent flat; any other as it is."""
+    found = names.get(item["name"])
+    if found is not None:
+        item["namespace"], item["name"] = found
+    return item
 
 
 def _text(content: Any) -> str:

@@ -12,7 +12,9 @@
   as OpenAI refuses them (``Invalid value: 'input_text'. Supported values are:
   'output_text' and 'refusal'.``, the part's path as ``param``).
 - ``function_call`` items join the assistant message before them (a Chat Completions
-  answer is one message, its text and its calls), ``call_id`` becoming the call's ``id``;
+  answer is one message, its text and its calls), ``call_id`` becoming the call's ``id``
+  (a call with a ``namespace`` is named as the namespace's functions are sent:
+  :func:`~._responses_tools.flat_name`);
   ``function_call_output`` is a ``tool`` message, placed right after the message holding
   its call (Chat Completions wants the outputs there; Responses lets other items come
   between). An output with no call before it, a call with no output, and a ``call_id``
@@ -27,7 +29,7 @@
 
 Keys the Responses API added to an item and that do not change the answer (``id``,
 ``status``, ``phase``, ``annotations``, ``logprobs``, ``prompt_cache_breakpoint``,
-``namespace``, ``caller``) are not read.
+``caller``) are not read.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 
 from ._common import ShapeError
 from ._responses_fields import at, invalid_value, missing, read_array, read_enum, read_str, wrong_type
+from ._responses_tools import flat_name
 
 __all__ = ["BUILTIN_ITEMS", "Conversation"]
 
@@ -215,7 +218,10 @@ class Conversation:
         call_id = read_str(item, "call_id", path, required=True, nonempty=True)
         name = read_str(item, "name", path, required=True)
         arguments = read_str(item, "arguments", path, required=True)
+        namespace = read_str(item, "namespace", path)
         assert call_id is not None
+        if namespace is not None and name is not None:
+            name = flat_name(namespace, name)
         if call_id in self._calls:
             raise ShapeError(
                 f"Invalid '{at(path, 'call_id')}': the call_id {call_id!r} is already used by "

@@ -17,7 +17,8 @@ deployment that speaks Responses) or refused:
   ``logprobs`` (and ``top_logprobs`` with it); tools, ``tool_choice`` and ``text`` (see
   :mod:`._responses_tools`).
 - Dropped: ``store``, ``metadata`` and ``previous_response_id`` (sluice keeps and echoes
-  them; the caller resolves the previous response into ``history``), ``truncation``
+  them; the caller resolves the previous response into ``history``), ``client_metadata``
+  (what a client says of itself, as OpenAI's Codex CLI sends on every request), ``truncation``
   (a chat deployment behaves as ``disabled``: a conversation too long is refused, not
   cut; one that fits is answered alike), ``stream_options`` (obfuscation), ``background:
   false``, ``max_tool_calls`` (it counts built-in tools' calls only), the prompt-cache
@@ -72,6 +73,7 @@ KNOWN_FIELDS = frozenset(
         "access_programs",
         "background",
         "background_options",
+        "client_metadata",
         "context_management",
         "conversation",
         "image",
@@ -271,6 +273,7 @@ def _kept(body: Mapping[str, Any], lost: list[str]) -> None:
     read_enum(body, "prompt_cache_retention", "", ("in_memory", "24h"))
     read_object(body, "prompt_cache_options")
     read_object(body, "image")
+    read_object(body, "client_metadata")
     _metadata(body)
     if read_bool(body, "background"):
         lost.append("background (a response OpenAI runs in the background, to be polled)")

@@ -35,7 +35,8 @@ import orjson
 
 from .._models import Usage
 from ..providers._events import TextDelta, ToolCallDelta
-from ._responses_answer import ERROR_CODES, incomplete_reason, new_id, response_object
+from ._responses_answer import ERROR_CODES, incomplete_reason, named_back, new_id, response_object
+from ._responses_tools import namespaced
 
 __all__ = ["ResponsesEvents"]
 
@@ -57,6 +58,7 @@ class ResponsesEvents:
         "_id",
         "_items",
         "_model",
+        "_names",
         "_open",
         "_request",
         "_seq",
@@ -77,6 +79,8 @@ class ResponsesEvents:
         self._open: dict[str, Any] | None = None  # the item being written
         #: Chat tool-call index -> its function_call item
         self._calls: dict[int, dict[str, Any]] = {}
+        #: A namespace's functions as sent flat -> (namespace, name), as the client named them.
+        self._names = namespaced(request)
         #: The final Response, once ``finish()`` or ``failed()`` wrote it.
         self.response: dict[str, Any] | None = None
 
@@ -166,10 +170,12 @@ class ResponsesEvents:
                 "call_id": delta.id or new_id("call"),
                 "name": delta.name or "",
             }
+            named_back(item, self._names)
             self._calls[delta.index] = item
             out += self._add(item)
         elif delta.name and not item["name"]:
             item["name"] = delta.name
+            named_back(item, self._names)
         if delta.arguments:
             item["arguments"] += delta.arguments
             out += self._event(

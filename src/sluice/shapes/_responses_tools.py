@@ -7,9 +7,16 @@
   describes what the caller's function returns, not the answer). ``defer_loading``,
   ``async`` and a ``programmatic`` caller are lost (tool search and programs run at
   OpenAI).
+- A ``namespace`` tool (a group of the client's own function tools, as OpenAI's Codex
+  CLI sends on every request) is flattened into its functions: function ``f`` of
+  namespace ``ns`` is the chat function ``ns__f`` (past 64 characters, cut and ended
+  with a hash of both names), its description after the namespace's. The answer names
+  the call as the client does (``name: "f", namespace: "ns"``: :func:`namespaced`), and
+  a ``function_call`` item with a ``namespace`` goes back as ``ns__f``. A flattened name
+  that is another tool's is refused. A custom tool in a namespace is lost.
 - Every other tool (web search, file search, computer use, code interpreter, MCP, image
-  generation, shells, patches, custom and namespaced tools, tool search...) is lost: a
-  chat deployment cannot run OpenAI's tools, and cannot answer with a custom tool call.
+  generation, shells, patches, custom tools, tool search...) is lost: a chat deployment
+  cannot run OpenAI's tools, and cannot answer with a custom tool call.
 - ``tool_choice``: ``none``/``auto``/``required`` as they are, ``{type: function, name}``
   as ``{type: function, function: {name}}``, ``allowed_tools`` as Chat Completions'
   ``allowed_tools``; a choice of a built-in tool is lost. ``tool_choice`` and
@@ -23,6 +30,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -40,7 +48,7 @@ from ._responses_fields import (
     wrong_type,
 )
 
-__all__ = ["BUILTIN_TOOLS", "chat_text_format", "chat_tool_choice", "chat_tools"]
+__all__ = ["BUILTIN_TOOLS", "chat_text_format", "chat_tool_choice", "chat_tools", "flat_name", "namespaced"]
 
 #: Tools OpenAI runs itself, or that answer in shapes a chat deployment has none of (tool_param.py).
 BUILTIN_TOOLS = (
@@ -59,11 +67,10 @@ BUILTIN_TOOLS = (
     "local_shell",
     "shell",
     "custom",
-    "namespace",
     "tool_search",
     "apply_patch",
 )
-_TOOL_TYPES = ("function", *BUILTIN_TOOLS)
+_TOOL_TYPES = ("function", "namespace", *BUILTIN_TOOLS)
 _NAME = re.compile(r"[a-zA-Z0-9_-]+")
 _NAME_PATTERN = "^[a-zA-Z0-9_-]+$"
 
@@ -83,6 +90,35 @@ def _name(obj: Mapping[str, Any], path: str) -> str:
     return name
 
 
+def flat_name(namespace: str, name: str) -> str:
+    """The chat function name of function ``name`` in ``namespace``: ``namespace__name``,
+    or, past the 64 characters a function name may have, its first 55 and a hash of both."""
+    joined = f"{namespace}__{name}"
+    if len(joined) <= 64:
+        return joined
+    digest = hashlib.sha256(f"{namespace}\x00{name}".encode()).hexdigest()[:8]
+    return f"{joined[:55]}_{digest}"
+
+
+def namespaced(body: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """Chat function name -> (namespace, name) for every function of the body's
+    ``namespace`` tools: how an answer's calls are named back as the client named them."""
+    names: dict[str, tuple[str, str]] = {}
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else ():
+        if not isinstance(tool, Mapping) or tool.get("type") != "namespace":
+            continue
+        group, inner = tool.get("name"), tool.get("tools")
+        if not isinstance(group, str) or not isinstance(inner, list):
+            continue
+        for function in inner:
+            if isinstance(function, Mapping) and function.get("type") == "function":
+                name = function.get("name")
+                if isinstance(name, str):
+                    names[flat_name(group, name)] = (group, name)
+    return names
+
+
 def chat_tools(body: Mapping[str, Any], lost: list[str]) -> list[dict[str, Any]]:
     tools = read_array(body, "tools") or []
     chat: list[dict[str, Any]] = []
@@ -93,35 +129,79 @@ def chat_tools(body: Mapping[str, Any], lost: list[str]) -> list[dict[str, Any]]
         type_ = tool.get("type")
         if type_ is None:
             raise missing(at(path, "type"))
-        if type_ != "function":
-            if not isinstance(type_, str) or type_ not in BUILTIN_TOOLS:
-                raise invalid_value(at(path, "type"), type_, _TOOL_TYPES)
+        if type_ == "namespace":
+            chat.extend(_namespace(tool, path, lost))
+        elif type_ == "function":
+            chat.append(_function(tool, path, lost))
+        elif not isinstance(type_, str) or type_ not in BUILTIN_TOOLS:
+            raise invalid_value(at(path, "type"), type_, _TOOL_TYPES)
+        else:
             lost.append(f"{path}: the {type_} tool (a tool OpenAI runs itself)")
-            continue
-        function: dict[str, Any] = {"name": _name(tool, path)}
-        description = read_str(tool, "description", path)
-        if description is not None:
-            function["description"] = description
-        parameters = read_object(tool, "parameters", path)
-        if parameters is not None:
-            function["parameters"] = dict(parameters)
-        strict = read_bool(tool, "strict", path)
-        if strict is not None:
-            function["strict"] = strict
-        read_object(tool, "output_schema", path)  # dropped: what the function returns
-        if read_bool(tool, "defer_loading", path):
-            lost.append(f"{path}.defer_loading (tools loaded by OpenAI's tool search)")
-        if read_bool(tool, "async", path):
-            lost.append(f"{path}.async (a function OpenAI calls asynchronously)")
-        callers = read_array(tool, "allowed_callers", path) or []
-        for j, caller in enumerate(callers):
-            where = at(at(path, "allowed_callers"), j)
-            if caller not in ("direct", "programmatic"):
-                raise invalid_value(where, caller, ("direct", "programmatic"))
-            if caller == "programmatic":
-                lost.append(f"{where}: a programmatic caller (programs run at OpenAI)")
-        chat.append({"type": "function", "function": function})
+    seen: set[str] = set()
+    for tool in chat:
+        name = tool["function"]["name"]
+        if name in seen:
+            raise ShapeError(
+                f"Invalid 'tools': the function name {name!r} is given twice (a namespace's functions are "
+                "sent as namespace__name).",
+                "tools",
+                "invalid_value",
+            )
+        seen.add(name)
     return chat
+
+
+def _namespace(tool: Mapping[str, Any], path: str, lost: list[str]) -> list[dict[str, Any]]:
+    """A namespace tool's functions as flat chat functions (see the module docstring)."""
+    group = _name(tool, path)
+    about = read_str(tool, "description", path, required=True)
+    inner = read_array(tool, "tools", path)
+    if inner is None:
+        raise missing(at(path, "tools"))
+    functions = []
+    for j, member in enumerate(inner):
+        where = at(at(path, "tools"), j)
+        if not isinstance(member, Mapping):
+            raise wrong_type(where, "an object", member)
+        kind = member.get("type")
+        if kind == "custom":
+            lost.append(f"{where}: a custom tool (a chat deployment cannot answer with a custom tool call)")
+            continue
+        if kind != "function":
+            raise invalid_value(at(where, "type"), kind, ("function", "custom"))
+        function = _function(member, where, lost)["function"]
+        function["name"] = flat_name(group, function["name"])
+        own = function.get("description")
+        function["description"] = f"{about}\n\n{own}" if own and about else own or about or ""
+        functions.append({"type": "function", "function": function})
+    return functions
+
+
+def _function(tool: Mapping[str, Any], path: str, lost: list[str]) -> dict[str, Any]:
+    """A flat Responses function tool as a Chat Completions one."""
+    function: dict[str, Any] = {"name": _name(tool, path)}
+    description = read_str(tool, "description", path)
+    if description is not None:
+        function["description"] = description
+    parameters = read_object(tool, "parameters", path)
+    if parameters is not None:
+        function["parameters"] = dict(parameters)
+    strict = read_bool(tool, "strict", path)
+    if strict is not None:
+        function["strict"] = strict
+    read_object(tool, "output_schema", path)  # dropped: what the function returns
+    if read_bool(tool, "defer_loading", path):
+        lost.append(f"{path}.defer_loading (tools loaded by OpenAI's tool search)")
+    if read_bool(tool, "async", path):
+        lost.append(f"{path}.async (a function OpenAI calls asynchronously)")
+    callers = read_array(tool, "allowed_callers", path) or []
+    for j, caller in enumerate(callers):
+        where = at(at(path, "allowed_callers"), j)
+        if caller not in ("direct", "programmatic"):
+            raise invalid_value(where, caller, ("direct", "programmatic"))
+        if caller == "programmatic":
+            lost.append(f"{where}: a programmatic caller (programs run at OpenAI)")
+    return {"type": "function", "function": function}
 
 
 def chat_tool_choice(body: Mapping[str, Any], tools: list[dict[str, Any]], lost: list[str]) -> Any:
@@ -146,6 +226,7 @@ def chat_tool_choice(body: Mapping[str, Any], tools: list[dict[str, Any]], lost:
         raise missing("tool_choice.type")
     if type_ == "function":
         name = read_str(choice, "name", "tool_choice", required=True)
+        name = _chosen(body, choice, name, names)
         if name not in names:
             raise ShapeError(
                 f"Invalid 'tool_choice': no function named {name!r} is in 'tools'.", "tool_choice.name", "invalid_value"
@@ -157,6 +238,18 @@ def chat_tool_choice(body: Mapping[str, Any], tools: list[dict[str, Any]], lost:
         lost.append(f"tool_choice: the {type_} tool (a tool OpenAI runs itself)")
         return None
     raise invalid_value("tool_choice.type", type_, ("function", "allowed_tools", *BUILTIN_TOOLS))
+
+
+def _chosen(body: Mapping[str, Any], choice: Mapping[str, Any], name: str | None, names: set[str]) -> str | None:
+    """The chat name of a chosen function: a namespace's by its ``namespace`` and name, or
+    by its own name when no other function has it."""
+    group = read_str(choice, "namespace", "tool_choice")
+    if group is not None and name is not None:
+        return flat_name(group, name)
+    if name in names:
+        return name
+    matches = [flat for flat, (_, own) in namespaced(body).items() if own == name]
+    return matches[0] if len(matches) == 1 else name
 
 
 def _allowed(choice: Mapping[str, Any], names: set[str], lost: list[str]) -> dict[str, Any] | None:

@@ -44,6 +44,9 @@ from .._errors import ConfigError, StoreError
 from .._models import Result
 from .._records import result_record
 from . import _batches
+from ._at_rest import at_rest
+from ._groups import spend_by_group_op
+from ._key_filter import KeyFilter
 from ._timeline import SqliteTimeline, has_timeline, report_rows
 from ._vectors import StoredVector, get_vectors, put_vectors_op
 from ._writer import Writer, describe_sqlite_error
@@ -140,13 +143,16 @@ class SqliteStore:
         exclusive: bool = False,
         expected_keys: int | None = None,
         timeline: bool = False,
+        on_full: Callable[[], bool] | None = None,
     ) -> None:
         """``exclusive``: this store is the only writer of the file while it is open (a batch
         job holds a lock on it), so lookups of keys it never stored can skip the query.
         ``expected_keys``: about how many results it will hold (a job's record count), to
         size what tracks the keys of a first run; a wrong guess costs speed, not answers.
         ``timeline``: keep every attempt, cooldown and limit for ``sluice report`` (see
-        :mod:`._timeline`); an engine on this store then tells :attr:`timeline` of them."""
+        :mod:`._timeline`); an engine on this store then tells :attr:`timeline` of them.
+        ``on_full``: asked when a write finds the disk full; True when it made room (the
+        write is tried once more)."""
         self.path = Path(path)
         self._writer: Writer | None = None
         #: Where an engine on this store logs its attempts (None: not kept).
@@ -159,11 +165,11 @@ class SqliteStore:
         self._chunk_states: dict[int, _batches.Chunk] | None = None  # read once, then kept here
         try:
             if readonly:
-                uri = f"file:{self.path.resolve()}?mode=ro"
+                uri = f"file:{self.path.resolve()}?mode=ro{'&immutable=1' if at_rest(self.path) else ''}"
                 self._db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._writer = Writer(self.path, _setup)
+                self._writer = Writer(self.path, _setup, on_full)
                 self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA busy_timeout=5000")
             _check_integrity(self._db, self.path)
@@ -235,6 +241,13 @@ class SqliteStore:
         """Record a finished result; returns when it is durable."""
         self._note_key(key)
         row = _result_row(key, result)
+        await self._write().run(lambda db: db.execute(_PUT, row))
+
+    async def put_at(self, key: str, result: Result, finished_at: float) -> None:
+        """:meth:`put` of a result that finished elsewhere, at ``finished_at`` (Unix seconds):
+        a copy for the report (``sluice report --redis --job``)."""
+        self._note_key(key)
+        row = (*_result_row(key, result)[:-1], finished_at)
         await self._write().run(lambda db: db.execute(_PUT, row))
 
     async def put_settled(self, key: str, result: Result, intent: int, charged_usd: float, *, answered: bool) -> None:
@@ -407,6 +420,10 @@ class SqliteStore:
         ).fetchone()
         return Spend(float(answered), float(maybe), float(in_flight))
 
+    def spend_by_group(self) -> dict[str, float]:
+        """Dollars charged per group of requests (see :mod:`._groups`)."""
+        return spend_by_group_op(self._db)
+
     def summary(self) -> dict[str, Any]:
         """Counts, tokens, cost and attempts over every stored result."""
         row = self._db.execute(
@@ -478,8 +495,15 @@ class SqliteStore:
         return report_rows(self._db, name, limit)
 
     def latencies(self) -> Iterator[float]:
-        for (latency,) in self._db.execute("SELECT latency_s FROM results WHERE ok = 1"):
+        """Each answer's latency, but a provider batch's lines' (not timed one by one)."""
+        query = "SELECT latency_s FROM results WHERE ok = 1 AND json_extract(record, '$.tier') IS NOT 'batch'"
+        for (latency,) in self._db.execute(query):
             yield latency
+
+    def batch_answers(self) -> int:
+        """Answers a provider batch gave (``--tier batch``/``auto``)."""
+        query = "SELECT count(*) FROM results WHERE ok = 1 AND json_extract(record, '$.tier') = 'batch'"
+        return int(self._db.execute(query).fetchone()[0])
 
     # -- internals -------------------------------------------------------------------------
 
@@ -502,63 +526,6 @@ class SqliteStore:
 
 #: ``PRAGMA application_id`` of a sluice state file ("SLCE"): tells it from other databases.
 APPLICATION_ID = 0x534C4345
-
-
-class KeyFilter:
-    """A Bloom filter of keys: "certainly not here" or "maybe".
-
-    A set of a million keys would cost ~100 MB. Sized at 64 bits a key for the keys the
-    job expects (a power of two, 8 KB to 64 MB; 16 MB when nobody says), with eight
-    probes, a whole run expects 0.006 false "maybe"s at a million lines, 0.05 at eight
-    million and 0.3 at ten million (four probes into a fixed 16 MB expected 0.3 at one
-    million and 9 at two). That matters: the first one in a run without the key index
-    builds it (see the module's docstring), and the run goes on slower, never wrong."""
-
-    __slots__ = ("_bits", "_mask")
-
-    _BITS_PER_KEY = 64
-    _MIN_BITS = 1 << 16
-    _MAX_BITS = 1 << 29
-    _DEFAULT_BITS = 1 << 27
-
-    def __init__(self, keys: int | None = None) -> None:
-        size = self._DEFAULT_BITS
-        if keys is not None:
-            size = min(self._MAX_BITS, max(self._MIN_BITS, 1 << (keys * self._BITS_PER_KEY - 1).bit_length()))
-        self._bits = bytearray(size // 8)
-        self._mask = size - 1
-
-    @property
-    def size_bytes(self) -> int:
-        return len(self._bits)
-
-    # The probes are written out by hand: this runs twice per result of a batch job.
-    # Eight from one 64-bit hash (Kirsch-Mitzenmacher double hashing).
-
-    def add(self, key: str) -> bool:
-        """Add ``key``; whether it may have been here already."""
-        h = hash(key) & 0xFFFFFFFFFFFFFFFF
-        mask, bits = self._mask, self._bits
-        spot, step = h & mask, (h >> 32) | 1
-        present = True
-        for _ in range(8):
-            byte, bit = spot >> 3, 1 << (spot & 7)
-            value = bits[byte]
-            if not value & bit:
-                present = False
-                bits[byte] = value | bit
-            spot = (spot + step) & mask
-        return present
-
-    def may_hold(self, key: str) -> bool:
-        h = hash(key) & 0xFFFFFFFFFFFFFFFF
-        mask, bits = self._mask, self._bits
-        spot, step = h & mask, (h >> 32) | 1
-        for _ in range(8):
-            if not bits[spot >> 3] & (1 << (spot & 7)):
-                return False  # the common case for a new key: out at the first probe or so
-            spot = (spot + step) & mask
-        return True
 
 
 def _has_index(db: sqlite3.Connection, name: str) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import os
 import queue
 import sqlite3
@@ -31,7 +32,7 @@ from typing import Any
 
 from .._errors import StoreError
 
-__all__ = ["Writer", "describe_sqlite_error"]
+__all__ = ["Writer", "describe_sqlite_error", "disk_full"]
 
 Op = Callable[[sqlite3.Connection], Any]
 #: Who waits for an op: nobody, a coroutine on an event loop, or a blocked thread.
@@ -43,6 +44,13 @@ _STOP = object()
 _MAX_BATCH = 2048
 
 
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk is full (ENOSPC, a quota, SQLite's SQLITE_FULL)."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return getattr(exc, "sqlite_errorname", None) == "SQLITE_FULL"
+
+
 def describe_sqlite_error(exc: BaseException) -> str:
     """SQLite's words and code name ("database or disk is full (SQLITE_FULL)")."""
     name = getattr(exc, "sqlite_errorname", None)
@@ -52,9 +60,12 @@ def describe_sqlite_error(exc: BaseException) -> str:
 class Writer:
     """Applies ops to one SQLite file in its own thread, a transaction per batch."""
 
-    def __init__(self, path: Path, setup: Op) -> None:
+    def __init__(self, path: Path, setup: Op, on_full: Callable[[], bool] | None = None) -> None:
         self.path = path
         self.error: StoreError | None = None
+        #: Asked (in the thread) when a commit finds the disk full: True when it made room,
+        #: and the batch is tried once more.
+        self._on_full = on_full
         #: Items: a list of (op, waiter) to apply in order, or _STOP.
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         #: Ops submitted on an event loop this iteration, handed over at its end.
@@ -178,6 +189,16 @@ class Writer:
             if ops:
                 self._apply(db, ops)
 
+    def _commit(self, db: sqlite3.Connection, ops: list[tuple[Op, Waiter]]) -> list[Any]:
+        """The ops in one transaction, tried once more when the disk was full and
+        ``on_full`` made room."""
+        try:
+            return _transaction(db, ops)
+        except (sqlite3.Error, OSError) as exc:
+            if not (disk_full(exc) and self._on_full is not None and self._on_full()):
+                raise
+        return _transaction(db, ops)
+
     def _fail_pending(self) -> None:
         while True:
             try:
@@ -193,19 +214,13 @@ class Writer:
         error = self.error
         if error is None:
             try:
-                db.execute("BEGIN IMMEDIATE")
-                values = [op(db) for op, _ in ops]
-                db.execute("COMMIT")
+                values = self._commit(db, ops)
             except (sqlite3.Error, OSError) as exc:
-                with contextlib.suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
                 error = self.error = StoreError(
                     f"cannot write the state file {self.path}: {describe_sqlite_error(exc)}"
                 )
             except Exception as exc:  # a value SQLite refuses (an int past 64 bits...), or a bug:
-                # still a clean stop, never a dead thread with its waiters left hanging
-                with contextlib.suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
+                # still a clean stop (rolled back), never a dead thread with its waiters left hanging
                 error = self.error = StoreError(f"cannot write the state file {self.path}: {type(exc).__name__}: {exc}")
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
         for i, (_, waiter) in enumerate(ops):
@@ -217,6 +232,19 @@ class Writer:
         for loop, items in by_loop.items():
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
                 loop.call_soon_threadsafe(_resolve_many, items, error)
+
+
+def _transaction(db: sqlite3.Connection, ops: list[tuple[Op, Waiter]]) -> list[Any]:
+    """Apply the ops and commit; rolled back if anything fails."""
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        values = [op(db) for op, _ in ops]
+        db.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
+        raise
+    return values
 
 
 def _yield_to_the_loop() -> None:

@@ -34,6 +34,13 @@ client stopped waiting and the garbled or cut 200s of the ``malformed`` and
 records what the client did, including ``duplicate_successes``: completions generated
 for a key (``Idempotency-Key`` header, else the body's hash) that had already succeeded.
 
+Prompts are cached as OpenAI and Anthropic document it (``FakeServer(prompt_cache=...)``,
+``--prompt-cache``; see :mod:`sluice.testing._prompt_cache`): routing and overflow, 128-token
+hits from 1,024 tokens, ``cache_control`` breakpoints with their lookback, minimums and
+TTLs, reads free of ITPM, reads and writes billed at their prices; ``server.prompt_cache.stats``
+counts what was read, written and spilled. By default (``"auto"``) only requests that ask
+for caching are cached, so other tests see the usage and bills they always did.
+
 ``run_in_virtual_time(coro)`` runs a coroutine on an event loop whose clock jumps to the
 next timer instead of waiting: a minute of rate limiting, retries and backoff in
 milliseconds, deterministically (sluice's own limiter tests run this way).
@@ -41,17 +48,22 @@ milliseconds, deterministically (sluice's own limiter tests run this way).
 
 from __future__ import annotations
 
+from ._cache_stats import CacheStats, PrefixStats
 from ._faults import Fault, FaultSpec
 from ._limits import openai_duration
+from ._prompt_cache import PromptCacheSettings
 from ._server import FakeServer
 from ._stats import LedgerEntry, ServerStats
 from ._virtual_time import VirtualTimeLoop, run_in_virtual_time
 
 __all__ = [
+    "CacheStats",
     "FakeServer",
     "Fault",
     "FaultSpec",
     "LedgerEntry",
+    "PrefixStats",
+    "PromptCacheSettings",
     "ServerStats",
     "VirtualTimeLoop",
     "openai_duration",

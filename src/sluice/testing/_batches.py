@@ -391,6 +391,8 @@ class BatchDesk:
             return
         call = line.call
         assert call is not None
+        # batch lines share the key's prompt cache, and read what earlier lines wrote
+        call = server.prompt_cache.served(fmt.api, line.body, call, batch.owner, asyncio.get_running_loop().time())
         completion = min(call.max_tokens, server.output_tokens)
         n, created = server.next_number(), int(time.time())
         ask = server.structured.ask_of(line.body, fmt.api)

@@ -3,10 +3,10 @@
 Anthropic documents a token bucket for each: capacity is "continuously replenished up to
 your maximum limit, rather than being reset at fixed intervals". So a bucket holds at
 most ``limit`` tokens and refills at ``limit / window`` a second. Input is counted at
-admission (the prompt's tokens; cache reads would not count, and the fake has no prompt
-cache); output is taken at ``max_tokens`` when a request is admitted and the unused part
-put back when its answer is done (OTPM "is estimated from max_tokens at the start and
-adjusted to the actual output at the end").
+admission (the prompt's tokens, less those read from the prompt cache on models where
+reads do not count, see :mod:`._prompt_cache`); output is taken at ``max_tokens`` when a
+request is admitted and the unused part put back when its answer is done (OTPM "is
+estimated from max_tokens at the start and adjusted to the actual output at the end").
 
 Written apart from sluice's limiter on purpose (nothing here imports from ``sluice``
 outside ``sluice.testing``), with its own clock: the loop's monotonic time, passed in.

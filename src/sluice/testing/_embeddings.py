@@ -5,6 +5,9 @@ Vectors are seeded from a hash of the text (the same text, the same vector), of 
 model's length (3072 for ``*-large``, else 1536) or the request's ``dimensions``, sent
 as JSON numbers or, with ``encoding_format: "base64"``, as base64 float32 bytes.
 
+Like OpenAI it takes token arrays too (``input`` a list of token ids, or a list of
+them): each is as many tokens as it is long, and kept in :attr:`EmbeddingsFormat.token_arrays`.
+
 Like OpenAI it refuses a whole request with a 400 for one bad input, without saying
 which (so a client has to find it): an empty string, an input over
 :attr:`EmbeddingsFormat.max_input_tokens`, more than :attr:`~EmbeddingsFormat.max_inputs`
@@ -36,7 +39,7 @@ _TOO_MANY_TOKENS = "Requested {0} tokens, max {1} tokens per request"
 class _Inputs(NamedTuple):
     """What a valid embeddings request asks, for the 200 body."""
 
-    texts: list[str]
+    texts: list[str | list[int]]
     dimensions: int
     base64: bool
 
@@ -62,6 +65,22 @@ def fake_vector(text: str, dimensions: int) -> bytes:
     return data
 
 
+def _inputs(given: Any) -> list[str | list[int]] | None:
+    """The inputs of ``input`` as OpenAI takes it (a string, strings, a token array, token
+    arrays), or None for anything else."""
+    if isinstance(given, str):
+        given = [given]
+    if not isinstance(given, list) or not given:
+        return None
+    if all(type(t) is int and t >= 0 for t in given):
+        return [list(given)]
+    if all(isinstance(t, str) and t for t in given):
+        return list(given)
+    if all(isinstance(t, list) and t and all(type(i) is int and i >= 0 for i in t) for t in given):
+        return [list(t) for t in given]
+    return None
+
+
 class EmbeddingsFormat(OpenAIFormat):
     """OpenAI Embeddings, with its limits (see the module docstring)."""
 
@@ -76,6 +95,8 @@ class EmbeddingsFormat(OpenAIFormat):
         self.batch_sizes: list[int] = []
         #: Prompt tokens per request answered with a 200, in order.
         self.batch_tokens: list[int] = []
+        #: Token arrays received (as they came), in requests answered with a 200.
+        self.token_arrays: list[list[int]] = []
 
     @property
     def texts_embedded(self) -> int:
@@ -87,10 +108,8 @@ class EmbeddingsFormat(OpenAIFormat):
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise ApiError(400, "invalid_request", "you must provide a model parameter", "model")
-        texts = body.get("input")
-        if isinstance(texts, str):
-            texts = [texts]
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+        texts = _inputs(body.get("input"))
+        if texts is None:
             raise ApiError(400, "invalid_request", _INVALID)
         if len(texts) > self.max_inputs:
             raise ApiError(400, "invalid_request", _INVALID)
@@ -106,7 +125,7 @@ class EmbeddingsFormat(OpenAIFormat):
         count = self.counter.text
         total = 0
         for text in texts:
-            tokens = count(text)
+            tokens = count(text) if isinstance(text, str) else len(text)
             if tokens > self.max_input_tokens:
                 raise ApiError(
                     400,
@@ -115,7 +134,7 @@ class EmbeddingsFormat(OpenAIFormat):
                     f"requested {tokens} tokens ({tokens} in your prompt; 0 for the completion). "
                     "Please reduce your prompt; or completion length.",
                 )
-            if self.reject_marker is not None and self.reject_marker in text:
+            if self.reject_marker is not None and isinstance(text, str) and self.reject_marker in text:
                 raise ApiError(400, "invalid_request", _INVALID)
             total += tokens
         if total > self.max_tokens:
@@ -127,7 +146,9 @@ class EmbeddingsFormat(OpenAIFormat):
         assert isinstance(inputs, _Inputs)
         data: list[dict[str, Any]] = []
         for index, text in enumerate(inputs.texts):
-            raw = fake_vector(text, inputs.dimensions)
+            if not isinstance(text, str):
+                self.token_arrays.append(text)
+            raw = fake_vector(text if isinstance(text, str) else repr(text), inputs.dimensions)
             embedding: Any = base64.b64encode(raw).decode() if inputs.base64 else array("f", raw).tolist()
             data.append({"object": "embedding", "index": index, "embedding": embedding})
         self.batch_sizes.append(len(inputs.texts))

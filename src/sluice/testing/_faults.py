@@ -20,6 +20,8 @@ class Fault(StrEnum):
     OVERLOADED = "529"
     RATE_LIMIT = "429"
     BAD_REQUEST = "400"
+    #: The body is larger than the provider takes (a 413, as a gateway's body limit sends it).
+    TOO_LARGE = "413"
     UNAUTHORIZED = "401"
     NOT_FOUND = "404"
     #: Close the TCP connection without sending anything.
@@ -57,6 +59,7 @@ STATUS_OF: dict[Fault, int] = {
     Fault.OVERLOADED: 529,
     Fault.RATE_LIMIT: 429,
     Fault.BAD_REQUEST: 400,
+    Fault.TOO_LARGE: 413,
     Fault.UNAUTHORIZED: 401,
     Fault.NOT_FOUND: 404,
     Fault.NO_RETRY: 500,

@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple, NoReturn
 
+from ._cache_blocks import Refused, anthropic_blocks, marked
+from ._cache_usage import CacheUse, anthropic_usage, chat_details
 from ._faults import Fault
 from ._limits import LimitSnapshot, Rejection, openai_duration
 from ._tokenizer import PromptCounter
@@ -28,6 +30,8 @@ __all__ = [
     "ErrorKind",
     "Format",
     "OpenAIFormat",
+    "anthropic_output_usage",
+    "check_cache_fields",
     "dumps",
     "loads",
     "reply_text",
@@ -75,15 +79,15 @@ _OPENAI_OK = (
     '{"id":"chatcmpl-%d","object":"chat.completion","created":%d,"model":%s,'
     '"choices":[{"index":0,"message":{"role":"assistant","content":%s},"finish_reason":"%s"}],'
     '"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d,'
-    '"prompt_tokens_details":{"cached_tokens":0},'
+    '"prompt_tokens_details":%s,'
     '"completion_tokens_details":{"reasoning_tokens":0}}}'
 )
+_NOTHING_CACHED = '{"cached_tokens":0}'
 _ANTHROPIC_OK = (
     '{"id":"msg_%d","type":"message","role":"assistant","model":%s,'
-    '"content":[{"type":"text","text":%s}],"stop_reason":"%s","stop_sequence":null,'
-    '"usage":{"input_tokens":%d,"output_tokens":%d,'
-    '"cache_read_input_tokens":0,"cache_creation_input_tokens":0}}'
+    '"content":[{"type":"text","text":%s}],"stop_reason":"%s","stop_sequence":null,"usage":%s}'
 )
+_ANTHROPIC_USAGE = '{"input_tokens":%d,"output_tokens":%d,"cache_read_input_tokens":0,"cache_creation_input_tokens":0}'
 
 #: The fault kinds answered with an ordinary error: (kind of error, message).
 _FAULT_ERRORS: dict[Fault, tuple[ErrorKind, str]] = {
@@ -92,6 +96,7 @@ _FAULT_ERRORS: dict[Fault, tuple[ErrorKind, str]] = {
     Fault.SERVICE_UNAVAILABLE: ("server", "The service is temporarily unavailable."),
     Fault.OVERLOADED: ("overloaded", "Overloaded"),
     Fault.BAD_REQUEST: ("invalid_request", "Invalid request (injected fault)."),
+    Fault.TOO_LARGE: ("invalid_request", "Request exceeds the maximum allowed size (injected fault)."),
     Fault.UNAUTHORIZED: ("authentication", "Incorrect API key provided (injected fault)."),
     Fault.NOT_FOUND: ("not_found", "The model does not exist (injected fault)."),
     Fault.NO_RETRY: ("server", "The server had an error; do not retry (injected fault)."),
@@ -118,6 +123,8 @@ class Call(NamedTuple):
     text: str
     #: What a format needs beyond these for its answer (the inputs of an embeddings request).
     extra: Any = None
+    #: What the prompt read from and wrote to the fake's prompt cache (None: not involved).
+    cache: CacheUse | None = None
 
 
 def _part_text(part: Any) -> str | None:
@@ -267,6 +274,7 @@ class OpenAIFormat(Format):
         limit = _check_positive_int(body, "max_completion_tokens")
         if limit is None:
             limit = _check_positive_int(body, "max_tokens") or 1024
+        check_cache_fields(body)
         prompt = self.counter.openai(body)
         return Call(body["model"], limit, prompt, reply_text(messages))
 
@@ -274,7 +282,8 @@ class OpenAIFormat(Format):
         prompt = call.prompt_tokens
         finish = "length" if cut else "stop"
         values = (n, created, _quote(call.model), _quote(call.text), finish)
-        return (_OPENAI_OK % (*values, prompt, completion, prompt + completion)).encode()
+        details = _NOTHING_CACHED if call.cache is None else dumps(chat_details(call.cache)).decode()
+        return (_OPENAI_OK % (*values, prompt, completion, prompt + completion, details)).encode()
 
     def empty(self, n: int, model: str, created: int) -> bytes:
         return dumps(
@@ -307,6 +316,20 @@ class OpenAIFormat(Format):
             headers["x-ratelimit-remaining-tokens"] = str(snapshot.tokens_remaining)
             headers["x-ratelimit-reset-tokens"] = reset
         return headers
+
+
+def check_cache_fields(body: Mapping[str, Any]) -> None:
+    """``prompt_cache_key`` and ``prompt_cache_retention``, refused as OpenAI refuses them."""
+    key = body.get("prompt_cache_key")
+    if key is not None and not isinstance(key, str):
+        kind = {bool: "a boolean", int: "an integer", float: "a number", list: "an array"}.get(type(key), "an object")
+        message = f"Invalid type for 'prompt_cache_key': expected a string, but got {kind} instead."
+        raise ApiError(400, "invalid_type", message, "prompt_cache_key")
+    retention = body.get("prompt_cache_retention")
+    if retention is not None and retention not in ("in_memory", "24h"):
+        shown = f"'{retention}'" if isinstance(retention, str) else json.dumps(retention)
+        message = f"Invalid value: {shown}. Supported values are: 'in_memory' and '24h'."
+        raise ApiError(400, "invalid_value", message, "prompt_cache_retention")
 
 
 def _openai_error(message: str, error_type: str, param: str | None, code: str | None) -> bytes:
@@ -355,13 +378,21 @@ class AnthropicFormat(Format):
         if system is not None and not isinstance(system, str | list):
             raise ApiError(400, "invalid_request", "system: must be a string or a list", "system")
         _check_anthropic_body(body, messages)
+        if marked(body):
+            try:
+                anthropic_blocks(None, body)  # the breakpoints, checked (not counted)
+            except Refused as exc:
+                raise ApiError(400, "invalid_request", str(exc)) from None
         prompt = self.counter.anthropic(body)
         return Call(body["model"], limit, prompt, reply_text(messages))
 
     def success(self, n: int, call: Call, completion: int, cut: bool, created: int) -> bytes:
         stop = "max_tokens" if cut else "end_turn"
-        values = (n, _quote(call.model), _quote(call.text), stop, call.prompt_tokens, completion)
-        return (_ANTHROPIC_OK % values).encode()
+        if call.cache is None:
+            usage = _ANTHROPIC_USAGE % (call.prompt_tokens, completion)
+        else:
+            usage = dumps(anthropic_output_usage(call, completion)).decode()
+        return (_ANTHROPIC_OK % (n, _quote(call.model), _quote(call.text), stop, usage)).encode()
 
     def empty(self, n: int, model: str, created: int) -> bytes:
         return dumps(
@@ -605,6 +636,12 @@ def _check_tool_pairing(messages: list[Mapping[str, Any]]) -> None:
                 "message."
             )
         asked = [b.get("id") for b in blocks if b.get("type") == "tool_use"] if role == "assistant" else []
+
+
+def anthropic_output_usage(call: Call, completion: int) -> dict[str, Any]:
+    """An Anthropic answer's ``usage``: its input (split by the prompt cache) and output."""
+    usage = anthropic_usage(call.prompt_tokens, call.cache)
+    return {"input_tokens": usage.pop("input_tokens"), "output_tokens": completion, **usage}
 
 
 def _anthropic_error(error_type: str, message: str) -> bytes:

@@ -22,7 +22,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, NamedTuple, NoReturn
 
-from ._formats import ApiError, Call, ErrorKind, OpenAIFormat, dumps, reply_text
+from ._cache_usage import responses_details
+from ._formats import ApiError, Call, ErrorKind, OpenAIFormat, check_cache_fields, dumps, reply_text
 
 __all__ = ["ResponsesFormat", "forced_function", "output_item", "output_text", "response_object", "response_skeleton"]
 
@@ -130,6 +131,7 @@ class ResponsesFormat(OpenAIFormat):
         if not isinstance(body.get("model"), str) or not body["model"]:
             _missing("model")
         _check_stored(body)
+        check_cache_fields(body)
         for name in ("stream", "store", "parallel_tool_calls"):
             if body.get(name) is not None:
                 _expect(body[name], (bool,), name, "a boolean")
@@ -153,7 +155,7 @@ class ResponsesFormat(OpenAIFormat):
 
     def empty(self, n: int, model: str, created: int) -> bytes:
         body = response_skeleton(n, Call(model, 0, 0, "", Asked(_echo({}), None)), created, "completed")
-        return dumps({**body, "usage": _usage(0, 0)})
+        return dumps({**body, "usage": _usage(0, 0, None)})
 
     def too_long(self, prompt: int, limit: int, window: int) -> tuple[str, str]:
         return "Your input exceeds the context window of this model. Please adjust your input and try again.", "input"
@@ -296,10 +298,10 @@ def _echo(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _usage(prompt: int, completion: int) -> dict[str, Any]:
+def _usage(prompt: int, completion: int, call: Call | None) -> dict[str, Any]:
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": responses_details(None if call is None else call.cache),
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,
@@ -348,7 +350,7 @@ def response_object(n: int, call: Call, completion: int, cut: bool, created: int
     """The whole Response ``n`` (``cut``: ``max_output_tokens`` stopped it)."""
     body = response_skeleton(n, call, created, "incomplete" if cut else "completed")
     body["output"] = [output_item(n, call, cut)]
-    body["usage"] = _usage(call.prompt_tokens, completion)
+    body["usage"] = _usage(call.prompt_tokens, completion, call)
     if cut:
         body["incomplete_details"] = {"reason": "max_output_tokens"}
     else:

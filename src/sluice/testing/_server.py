@@ -6,7 +6,6 @@ See the package docstring (:mod:`sluice.testing`) for how to use it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import random
 import time
@@ -17,7 +16,9 @@ from typing import Any, NamedTuple
 from aiohttp import web
 
 from ._batches import BatchDesk
-from ._count_tokens import count_tokens
+from ._broken import drop, gone, hang, truncate, unstreamed
+from ._cache_usage import billed_usd
+from ._count_tokens import CountTokens
 from ._embeddings import EmbeddingsFormat
 from ._faults import STATUS_OF, STREAM_FAULTS, Fault, FaultPlan, FaultSpec
 from ._formats import (
@@ -33,8 +34,9 @@ from ._formats import (
 )
 from ._lifecycle import LoopbackServer
 from ._limits import Entry, Limiter, Rejection, retry_after_headers
+from ._prompt_cache import PromptCache, PromptCacheMode, PromptCacheSettings, owner_of
 from ._responses import ResponsesFormat
-from ._stats import LedgerEntry, LedgerKind, ServerStats, Tier, cost_usd
+from ._stats import LedgerEntry, LedgerKind, ServerStats, Tier
 from ._streams import StreamMode, error_frame, stream_frames, stream_mode
 from ._structured import StructuredAnswers, render, streamed_text
 from ._tokenizer import PromptCounter, TokenizerSpec
@@ -65,9 +67,14 @@ class FakeServer(LoopbackServer):
     ``output_tokens`` is the reply length unless ``max_tokens`` cuts it; ``api_key``
     makes the key mandatory; ``fault_rates`` (``{"503": 0.1}``) draws random faults with
     ``seed``; ``send_retry_after=False`` drops ``retry-after`` hints from 429s; ``prices``
-    maps a model (or ``"*"``) to USD per million input and output tokens for
-    :attr:`ledger`. ``latency``, ``latency_jitter``, ``output_tokens``, ``api_key``,
+    maps a model (or ``"*"``) to USD per million input and output tokens (and, optionally,
+    cache reads and writes) for :attr:`ledger`. ``latency``, ``latency_jitter``, ``output_tokens``, ``api_key``,
     ``send_retry_after`` and ``prices`` may be changed while it runs.
+
+    ``prompt_cache`` (``"auto"``, ``"on"``, ``"off"`` or a :class:`PromptCacheSettings`)
+    caches prompts as OpenAI and Anthropic document it (see :mod:`._prompt_cache`): usage,
+    ITPM and the bill follow; ``"auto"`` only for requests that ask for it (breakpoints, a
+    ``prompt_cache_key``), so others are answered as without a cache.
 
     ``tokenizer`` is how the fake counts prompt tokens (see :mod:`._tokenizer`):
     ``"chars"`` (~4 characters a token), ``"bytes"`` (one token per UTF-8 byte, the
@@ -102,8 +109,9 @@ class FakeServer(LoopbackServer):
         fault_rates: Mapping[str, float] | None = None,
         seed: int | None = None,
         send_retry_after: bool = True,
-        prices: Mapping[str, tuple[float, float]] | None = None,
+        prices: Mapping[str, tuple[float, ...]] | None = None,
         tokenizer: TokenizerSpec = "chars",
+        prompt_cache: PromptCacheMode | PromptCacheSettings = "auto",
         echo_key_in_errors: bool = False,
         context_window: int | None = None,
         capacity: int | None = None,
@@ -127,7 +135,7 @@ class FakeServer(LoopbackServer):
         #: Called with each request's headers as it arrives (tests check what the client
         #: had done by then, e.g. its state file).
         self.on_arrival: Callable[[Mapping[str, str]], None] | None = None
-        self.prices: dict[str, tuple[float, float]] = dict(prices or {})
+        self.prices: dict[str, tuple[float, ...]] = dict(prices or {})
         super().__init__(host, port)
         self._limiter: Limiter | None = None
         if rpm is not None or tpm is not None or itpm is not None or otpm is not None:
@@ -153,10 +161,17 @@ class FakeServer(LoopbackServer):
         self.batches = BatchDesk(self)
         #: Share of the price a ``service_tier: "flex"`` request is billed.
         self.flex_discount = 0.5
+        #: Share of flex requests refused as :meth:`refuse_flex` does, at random (``seed``).
+        self.flex_refusal_rate = 0.0
         self._flex_refusals = 0
         #: Answers to requests that ask for JSON, and the invalid ones to give (see
         #: :mod:`._structured`): ``server.structured.configure(rate=0.2)``.
         self.structured = StructuredAnswers(seed)
+        #: ``POST /v1/messages/count_tokens``: whether it is served, the calls (see ``._count_tokens``).
+        self.count_tokens = CountTokens()
+        settings = prompt_cache if isinstance(prompt_cache, PromptCacheSettings) else PromptCacheSettings(prompt_cache)
+        #: The prompt caches, their settings and :attr:`~PromptCache.stats` (see :mod:`._prompt_cache`).
+        self.prompt_cache = PromptCache(settings, counter, seed)
 
     @property
     def embeddings(self) -> EmbeddingsFormat:
@@ -230,6 +245,7 @@ class FakeServer(LoopbackServer):
         self.stats = ServerStats()
         self.ledger = []
         self._billed = 0.0
+        self.prompt_cache.stats.reset()
 
     def reset_limits(self) -> None:
         """Forget every request counted against the rate limits."""
@@ -260,8 +276,8 @@ class FakeServer(LoopbackServer):
             fmt = self._routes.get(request.path)
             if fmt is not None:
                 return await self._serve(request, fmt)
-            if request.path == "/v1/messages/count_tokens":
-                return await count_tokens(request, self.counter, self.api_key, echo=self.echo_key_in_errors)
+            if request.path == "/v1/messages/count_tokens" and self.count_tokens.served:
+                return await self.count_tokens.answer(request, self.counter, self.api_key, echo=self.echo_key_in_errors)
         if request.path.startswith(("/v1/files", "/v1/batches", "/v1/messages/batches")):
             answered = await self.batches.handle(request)
             if answered is not None:
@@ -310,22 +326,24 @@ class FakeServer(LoopbackServer):
         except ApiError as exc:
             return self._respond(fmt, n, exc.status, fmt.error(exc.kind, exc.message, exc.param))
         flex = isinstance(body, dict) and body.get("service_tier") == "flex" and isinstance(fmt, OpenAIFormat)
-        if flex and self._flex_refusals > 0:
-            self._flex_refusals -= 1
+        if flex and (self._flex_refusals > 0 or 0 < self.flex_refusal_rate > self._rng.random()):
+            self._flex_refusals = max(0, self._flex_refusals - 1)
             message = "Resource unavailable: no capacity for flex processing now. Please retry later."
             return self._respond(fmt, n, 429, openai_error_body(message, "resource_unavailable"), refused_by="flex")
         mode = stream_mode(body, fmt.api)
         if fault is not None and mode is None:  # a stream fault for an answer that is not streamed
-            return await self._fault(request, fmt, _unstreamed(fault), n, raw, key)
+            return await self._fault(request, fmt, unstreamed(fault), n, raw, key)
         cost = call.prompt_tokens + call.max_tokens
         if self.context_window is not None and cost > self.context_window:
             return self._too_long(fmt, n, call)
         assert self._loop is not None
         now = self._loop.time()
+        plan = self.prompt_cache.consult(fmt.api, body, call, owner_of(headers), now)
         limiter = self._limiter
         entry = None
         if limiter is not None:
-            verdict = limiter.admit(now, cost, call.prompt_tokens, call.max_tokens)
+            counted = call.prompt_tokens if plan is None else plan.counted_input  # Anthropic: reads are free
+            verdict = limiter.admit(now, cost, counted, call.max_tokens)
             if isinstance(verdict, Rejection):
                 return self._reject(fmt, n, verdict)
             entry = verdict
@@ -333,6 +351,9 @@ class FakeServer(LoopbackServer):
         delay = self.latency
         if self.latency_jitter > 0:
             delay += self._rng.uniform(0.0, self.latency_jitter)
+        if plan is not None:  # readable once the answer begins: its first piece, or all of it
+            begins = now + (delay if mode is None else delay / max(1, self.stream_pieces))
+            call = call._replace(cache=self.prompt_cache.commit(plan, now, begins))
         completion = min(call.max_tokens, self.output_tokens)
         ask = self.structured.ask_of(body, fmt.api)
         structured = self.structured.answer(ask)[0] if ask is not None else None
@@ -404,10 +425,10 @@ class FakeServer(LoopbackServer):
                     break
                 if step > 0:
                     await asyncio.sleep(step)
-                if _gone(request):
+                if gone(request):
                     break
                 await response.write(frame)
-            if not _gone(request):
+            if not gone(request):
                 if fault is None:
                     await response.write(b"".join(frames.tail))
                     kind = "delivered"
@@ -531,8 +552,10 @@ class FakeServer(LoopbackServer):
         self, key: str, call: Call, completion: int, kind: LedgerKind, tier: Tier = "sync", discount: float = 1.0
     ) -> None:
         prompt = call.prompt_tokens
-        cost = cost_usd(self.prices, call.model, prompt, completion) * discount if self.prices else 0.0
-        self.ledger.append(LedgerEntry(key, call.model, prompt, completion, cost, kind, tier))
+        use = call.cache
+        cost = billed_usd(self.prices, call.model, prompt, completion, use) * discount if self.prices else 0.0
+        read, written = (0, 0) if use is None else (use.read, use.writes if use.writes_priced else 0)
+        self.ledger.append(LedgerEntry(key, call.model, prompt, completion, cost, kind, tier, read, written))
         self._billed += cost
         if kind != "delivered":
             self.stats.undelivered += 1
@@ -542,6 +565,7 @@ class FakeServer(LoopbackServer):
         summary["in_flight"] = self._in_flight
         summary["pending_faults"] = self._faults.pending
         summary["total_billed_usd"] = self._billed
+        summary["prompt_cache"] = self.prompt_cache.stats.summary()
         return summary
 
     # -- faults ------------------------------------------------------------------------
@@ -560,9 +584,10 @@ class FakeServer(LoopbackServer):
         if status is not None:
             return self._fault_status(fmt, spec, n, status)
         if kind is Fault.HANG:
-            await self._hang(request)
+            assert self._closing is not None
+            await hang(request, self._closing)
         if kind is Fault.RESET or kind is Fault.HANG:
-            return self._drop(request)
+            return drop(request, self.stats.by_status)
         extra = dict(spec.headers)
         if kind is Fault.EMPTY_CHOICES:
             return self._respond(fmt, n, 200, fmt.empty(n, model_of(raw), int(time.time())), extra)
@@ -574,13 +599,14 @@ class FakeServer(LoopbackServer):
                 self._bill(key, call, min(call.max_tokens, self.output_tokens), "malformed")
             return self._respond(fmt, n, 200, _MALFORMED_BODY, extra)
         if call is None:
-            return await self._truncate(request, fmt, n, fmt.empty(n, model_of(raw), int(time.time())), extra)
+            empty = fmt.empty(n, model_of(raw), int(time.time()))
+            return await truncate(request, self._cut_headers(fmt, n, extra), empty, self.stats.by_status)
         completion = min(call.max_tokens, self.output_tokens)
         body = fmt.success(n, call, completion, completion < self.output_tokens, int(time.time()))
         if kind is Fault.TRICKLE:
             return await self._trickle(request, fmt, n, body, extra, spec, key, call, completion)
         self._bill(key, call, completion, "truncated")
-        return await self._truncate(request, fmt, n, body, extra)
+        return await truncate(request, self._cut_headers(fmt, n, extra), body, self.stats.by_status)
 
     def _generated(self, request: web.BaseRequest, fmt: Format, raw: bytes) -> Call | None:
         """The call a faulted request would have been answered for; None if it was invalid
@@ -606,24 +632,9 @@ class FakeServer(LoopbackServer):
         extra.update(spec.headers)
         return self._respond(fmt, n, status, body, extra)
 
-    async def _hang(self, request: web.BaseRequest) -> None:
-        """Wait until the client goes away or the server stops."""
-        closing = self._closing
-        assert closing is not None
-        while not closing.is_set():
-            transport = request.transport
-            if transport is None or transport.is_closing():
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(closing.wait(), 0.05)
-
-    def _drop(self, request: web.BaseRequest) -> web.Response:
-        """Close the connection without an answer (aiohttp then fails quietly to write)."""
-        transport = request.transport
-        if transport is not None:
-            transport.abort()
-        self.stats.by_status[0] += 1
-        return web.Response(status=204)
+    def _cut_headers(self, fmt: Format, n: int, extra: dict[str, str]) -> dict[str, str]:
+        """The headers of an answer cut mid-body (no rate-limit headers)."""
+        return {"Content-Type": _JSON, fmt.request_id_header: f"req_{n}", **extra}
 
     async def _trickle(
         self,
@@ -648,7 +659,7 @@ class FakeServer(LoopbackServer):
             for _ in range(spec.after):
                 await response.write(b" ")
                 await asyncio.sleep(spec.every)
-                if _gone(request):
+                if gone(request):
                     break
             else:
                 await response.write(body)
@@ -662,21 +673,6 @@ class FakeServer(LoopbackServer):
                 self._changed()
         return response
 
-    async def _truncate(
-        self, request: web.BaseRequest, fmt: Format, n: int, body: bytes, extra: dict[str, str]
-    ) -> web.StreamResponse:
-        """Promise ``len(body)`` bytes, send half of them, then close the connection."""
-        headers = {"Content-Type": _JSON, fmt.request_id_header: f"req_{n}", **extra}
-        response = web.StreamResponse(status=200, headers=headers)
-        response.content_length = len(body)
-        await response.prepare(request)
-        await response.write(body[: len(body) // 2])
-        transport = request.transport
-        if transport is not None:
-            transport.close()
-        self.stats.by_status[0] += 1
-        return response
-
 
 class _Streamed(NamedTuple):
     """An admitted request to answer as a stream."""
@@ -686,15 +682,3 @@ class _Streamed(NamedTuple):
     mode: StreamMode
     entry: Entry | None
     key: str
-
-
-def _gone(request: web.BaseRequest) -> bool:
-    """The client closed the connection (or it was closed under it)."""
-    transport = request.transport
-    return transport is None or transport.is_closing()
-
-
-def _unstreamed(fault: FaultSpec) -> FaultSpec:
-    """A stream fault drawn for an answer that is not streamed: its plain counterpart."""
-    kind = Fault.TRUNCATED if fault.kind is Fault.STREAM_CUT else Fault.SERVER_ERROR
-    return dataclasses.replace(fault, kind=kind)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-__all__ = ["LedgerEntry", "LedgerKind", "ServerStats", "Tier", "cost_usd"]
+__all__ = ["LedgerEntry", "LedgerKind", "ServerStats", "Tier"]
 
 
 @dataclass(slots=True)
@@ -93,16 +92,11 @@ class LedgerEntry(NamedTuple):
     #: How it was served: a synchronous request, the flex tier, or a batch line (the
     #: last two billed at a discount).
     tier: Tier = "sync"
+    #: Of ``input_tokens``, those read from the prompt cache and those written to it.
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
     @property
     def delivered(self) -> bool:
         """Whether the client received this answer whole."""
         return self.kind == "delivered"
-
-
-def cost_usd(prices: Mapping[str, tuple[float, float]], model: str, input_tokens: int, output_tokens: int) -> float:
-    """Cost at ``prices`` (USD per million tokens in, out); ``"*"`` prices any other model."""
-    price = prices.get(model) or prices.get("*")
-    if price is None:
-        return 0.0
-    return (input_tokens * price[0] + output_tokens * price[1]) / 1_000_000

@@ -23,6 +23,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from ._cache_usage import anthropic_usage, chat_details
 from ._formats import Call, dumps
 from ._responses import forced_function, output_item, output_text, response_object, response_skeleton
 
@@ -129,16 +130,18 @@ def _openai(n: int, call: Call, completion: int, cut: bool, created: int, mode: 
         finish = "length" if cut else "tool_calls"
     tail = [chunk({}, finish)]
     if mode.usage:
-        usage = {"prompt_tokens": call.prompt_tokens, "completion_tokens": completion}
+        usage: dict[str, Any] = {"prompt_tokens": call.prompt_tokens, "completion_tokens": completion}
         usage["total_tokens"] = call.prompt_tokens + completion
+        if call.cache is not None:  # what the prompt cache served, as the body says it
+            usage["prompt_tokens_details"] = chat_details(call.cache)
         tail.append(_sse({**base, "choices": [], "usage": usage}))
     tail.append(b"data: [DONE]\n\n")
     return Frames(head, body, tail)
 
 
 def _anthropic(n: int, call: Call, completion: int, cut: bool, mode: StreamMode, most: int) -> Frames:
-    usage = {"input_tokens": call.prompt_tokens, "output_tokens": 1}
-    usage |= {"cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
+    given = anthropic_usage(call.prompt_tokens, call.cache)
+    usage = {"input_tokens": given.pop("input_tokens"), "output_tokens": 1, **given}
     message: dict[str, Any] = {"id": f"msg_{n}", "type": "message", "role": "assistant", "model": call.model}
     message["content"] = []
     message |= {"stop_reason": None, "stop_sequence": None, "usage": usage}

@@ -27,6 +27,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ._formats import anthropic_output_usage
+
 if TYPE_CHECKING:
     from ._formats import Call, Format
 
@@ -168,12 +170,7 @@ def render(fmt: Format, n: int, call: Call, completion: int, value: Any, ask: St
         "content": [{"type": "tool_use", "id": f"toolu_{n}", "name": ask.tool, "input": value}],
         "stop_reason": "max_tokens" if cut else "tool_use",
         "stop_sequence": None,
-        "usage": {
-            "input_tokens": call.prompt_tokens,
-            "output_tokens": completion,
-            "cache_read_input_tokens": 0,
-            "cache_creation_input_tokens": 0,
-        },
+        "usage": anthropic_output_usage(call, completion),
     }
     return json.dumps(body).encode()
 

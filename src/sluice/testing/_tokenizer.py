@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-__all__ = ["PromptCounter", "TokenizerSpec", "image_size"]
+__all__ = ["PromptCounter", "TokenizerSpec", "image_size", "unmarked"]
 
 #: ``"chars"``, ``"bytes"``, or a callable counting the tokens of one string.
 TokenizerSpec = Literal["chars", "bytes"] | Callable[[str], int]
@@ -97,7 +97,7 @@ class PromptCounter:
         if system:
             total += PER_MESSAGE + self._content(system, _anthropic_image)
         if body.get("tools"):
-            total += self.text(_COMPACT(body["tools"])) + ANTHROPIC_TOOLS
+            total += self.text(_COMPACT(unmarked(body["tools"]))) + ANTHROPIC_TOOLS
         if body.get("tool_choice"):
             total += self.text(_COMPACT(body["tool_choice"]))
         return total
@@ -112,23 +112,7 @@ class PromptCounter:
             total += PER_MESSAGE + self.text("system") + self.text(instructions)
         given = body["input"]
         for item in [{"role": "user", "content": given}] if isinstance(given, str) else given:
-            kind = item.get("type", "message")
-            if kind == "message":
-                total += (
-                    PER_MESSAGE
-                    + self.text(str(item.get("role", "")))
-                    + self._content(item.get("content"), _openai_image)
-                )
-            elif kind == "function_call":
-                total += PER_MESSAGE + sum(self.text(str(item.get(k, ""))) for k in ("call_id", "name", "arguments"))
-            elif kind == "function_call_output":
-                total += (
-                    PER_MESSAGE
-                    + self.text(str(item.get("call_id", "")))
-                    + self._content(item.get("output"), _openai_image)
-                )
-            else:  # reasoning items, tool calls of other kinds: their JSON
-                total += self.text(_COMPACT(item))
+            total += self.responses_item(item)
         if body.get("tools"):
             total += self.text(_COMPACT(body["tools"])) + OPENAI_TOOLS
         spec = (body.get("text") or {}).get("format")
@@ -137,6 +121,50 @@ class PromptCounter:
         if body.get("tool_choice"):
             total += self.text(_COMPACT(body["tool_choice"]))
         return total
+
+    def responses_item(self, item: Mapping[str, Any]) -> int:
+        """One input item of a Responses request (a message, a function call or its output)."""
+        kind, text = item.get("type", "message"), self.text
+        if kind == "message":
+            return PER_MESSAGE + text(str(item.get("role", ""))) + self._content(item.get("content"), _openai_image)
+        if kind == "function_call":
+            return PER_MESSAGE + sum(text(str(item.get(k, ""))) for k in ("call_id", "name", "arguments"))
+        if kind == "function_call_output":
+            return PER_MESSAGE + text(str(item.get("call_id", ""))) + self._content(item.get("output"), _openai_image)
+        return self.text(_COMPACT(item))  # reasoning items, tool calls of other kinds: their JSON
+
+    # -- pieces of a prompt, for the prompt cache (see ._cache_blocks) ---------------------
+
+    def message(self, message: Mapping[str, Any], api: str) -> int:
+        """One message as a whole request counts it (``api``: ``"anthropic"`` or another)."""
+        return self._messages([message], _anthropic_image if api == "anthropic" else _openai_image)
+
+    def part(self, part: Any, api: str) -> int:
+        """One content part (or block) of a message."""
+        return self._part(part, _anthropic_image if api == "anthropic" else _openai_image)
+
+    def prefix_chars(self, text: str, tokens: int) -> int:
+        """How many leading characters of ``text`` are whole tokens within its first
+        ``tokens`` (where a prompt cache boundary falls inside a text)."""
+        if tokens <= 0:
+            return 0
+        if self.text is _chars:
+            return min(len(text), 4 * tokens)
+        if self.text is _bytes:
+            used = 0
+            for index, char in enumerate(text):
+                used += _bytes(char)
+                if used > tokens:
+                    return index
+            return len(text)
+        low, high = 0, len(text)  # the longest prefix the callable counts at most ``tokens``
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self.text(text[:middle]) <= tokens:
+                low = middle
+            else:
+                high = middle - 1
+        return low
 
     # -- parts ---------------------------------------------------------------------------
 
@@ -198,6 +226,13 @@ class PromptCounter:
                 encoded = data.partition(",")[2] if data.startswith("data:") else data
                 return self.payload(len(encoded) * 3 // 4)
         return UNSEEN_DOCUMENT
+
+
+def unmarked(tools: Any) -> Any:
+    """Anthropic tools without their ``cache_control`` markers, which cost no tokens."""
+    if isinstance(tools, list) and any(isinstance(t, Mapping) and "cache_control" in t for t in tools):
+        return [{k: v for k, v in t.items() if k != "cache_control"} if isinstance(t, Mapping) else t for t in tools]
+    return tools
 
 
 # -- images ---------------------------------------------------------------------------------

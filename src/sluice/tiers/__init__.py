@@ -2,7 +2,8 @@
 
 * ``sync``: plain requests (the default).
 * ``flex``: OpenAI's flex processing (``service_tier: "flex"``): half price, slower, and
-  refused with a 429 when there is no capacity (retried with backoff like any 429).
+  refused with a 429 when there is no capacity for a request (``FlexUnavailableError``:
+  that request is retried after its own backoff; the deployment does not pause).
 * ``batch``: the provider's Batch API (:mod:`._batch_tier`: OpenAI's Files + Batches and
   Anthropic's Message Batches): half price, answered within the completion window;
   every line still goes through the engine's budget, store and retries.
@@ -14,10 +15,11 @@ turns a job's deployments into those of its tier.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Container, Sequence
 
 from .._errors import ConfigError
-from .._models import BATCH_SUFFIX, Deployment, Request, asked_as
+from .._models import BATCH_SUFFIX, Deployment, Request, Usage, asked_as
 from ._batch_tier import BatchTier
 from ._settings import BatchJournal, BatchSettings
 
@@ -29,6 +31,7 @@ __all__ = [
     "batch_report",
     "batch_request",
     "close_tiers",
+    "settle_parked_by",
     "tier_deployments",
 ]
 
@@ -94,16 +97,27 @@ def tier_deployments(
     return out
 
 
-def batch_report(deployments: Sequence[Deployment]) -> tuple[dict[str, str], int]:
-    """The batches the tiers followed (id -> last status), and the lines answered twice
-    (by a batch after the deadline moved them to synchronous requests)."""
+def batch_report(deployments: Sequence[Deployment], answered_sync: Container[str] = ()) -> tuple[dict[str, str], int]:
+    """The batches the tiers followed (id -> last status), and the lines answered twice:
+    by a batch after the deadline moved them to synchronous requests, and there too
+    (``answered_sync``: the custom ids of the lines answered synchronously)."""
     batches: dict[str, str] = {}
     twice = 0
     for d in deployments:
         if isinstance(d.provider, BatchTier):
             batches.update(d.provider.batches)
-            twice += d.provider.answered_twice
+            twice += sum(1 for custom_id in d.provider.answered_after_move if custom_id in answered_sync)
     return batches, twice
+
+
+def settle_parked_by(
+    deployments: Sequence[Deployment], settle: Callable[[Deployment, str, Usage | None], None]
+) -> None:
+    """Have each batch tier of ``deployments`` settle a parked line's budget hold as soon as
+    its batch is over: ``settle(deployment, custom_id, usage)`` (None: not answered there)."""
+    for d in deployments:
+        if isinstance(d.provider, BatchTier):
+            d.provider.on_settled = functools.partial(settle, d)
 
 
 async def close_tiers(deployments: Sequence[Deployment]) -> None:

@@ -17,6 +17,10 @@ output line, retries and fallbacks), so a batch line is a request like any other
   not the request's (a 5xx or 429 inside the batch, expiry, a cancel) raises a retryable
   error: the engine submits it again. A batch refused for the enqueued-token limit is
   submitted again when one of ours ends.
+* **Parked lines' money** (see ``ParkedError``): when a batch's results are journalled,
+  each parked line's budget hold is settled at once with what the batch billed for it
+  (``on_settled``), rather than when the line comes back into the engine.
+* **The deadline** (``--tier auto``): :mod:`._deadline`.
 """
 
 from __future__ import annotations
@@ -26,8 +30,7 @@ import contextlib
 import copy
 import logging
 import re
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,10 +45,11 @@ from .._errors import (
     ProviderError,
     SluiceError,
 )
-from .._models import Deployment, Request, store_key
+from .._models import Deployment, Request, Usage, store_key
 from ..providers import AnthropicProvider, HttpProvider, HttpTransport, OpenAIProvider, Reply
 from ._anthropic_api import AnthropicBatches
 from ._api import BatchAPI
+from ._deadline import DeadlinePlan, moved_note
 from ._openai_api import OpenAIBatches
 from ._settings import BatchJournal, BatchSettings
 
@@ -58,6 +62,8 @@ _log = logging.getLogger("sluice")
 
 #: A batch's end, in either API's words.
 _ENDED = ("completed", "failed", "expired", "cancelled", "ended")
+#: Seconds between looks at a batch once the deadline has cancelled it.
+_HURRIED = 1.0
 #: Refusals for the enqueued-token limit in a row before a chunk is given up.
 _MAX_REFUSALS = 8
 #: Batches that may leave a parked line unanswered (5xx inside, expiry) before it fails.
@@ -82,7 +88,7 @@ class _Filling:
     timer: asyncio.TimerHandle | None = None
 
 
-class BatchTier:
+class BatchTier(DeadlinePlan):
     """The Batch API of one deployment, as a provider (see the module docstring)."""
 
     def __init__(self, deployment: Deployment, journal: BatchJournal, settings: BatchSettings) -> None:
@@ -113,8 +119,14 @@ class BatchTier:
         self.batches: dict[str, str] = {}
         #: ``--tier auto``: the deadline needs the rest synchronously (batches cancelled).
         self.moved = False
-        #: Lines a batch answered after they had been moved to synchronous requests.
-        self.answered_twice = 0
+        self._hurry = asyncio.Event()  # set when it moves: cancelled batches are looked at often
+        #: Lines a batch answered after they had been moved to synchronous requests (by
+        #: their custom id): answered twice where the synchronous request was answered too.
+        self.answered_after_move: set[str] = set()
+        #: Told of each parked line whose batch is over (custom id, the usage its batch
+        #: billed; None: it did not answer it): its budget hold is settled then (see
+        #: ``Spending.settle_parked``). None: the hold is settled when the line is asked again.
+        self.on_settled: Callable[[str, Usage | None], None] | None = None
         self._planner: asyncio.Task[None] | None = None
         #: Each created batch's lines, while it is followed; and the chunks being followed.
         self._followed: dict[str, dict[str, _Answer]] = {}
@@ -124,12 +136,10 @@ class BatchTier:
         self.parks = settings.on_ended is not None
         #: Chunks collected by this run (a failure journalled by an earlier run is not answered again).
         self._collected: set[int] = set()
-        #: Parking: chunks waiting to be submitted again after an enqueued-token refusal.
-        self._refused: set[int] = set()
         self._chunk_of: dict[str, int] = {}
         self._unanswered: dict[str, tuple[int, SluiceError]] = {}
-        #: Parking under ``--tier auto``: chunks whose batch ran when the deadline moved their
-        #: lines (they may be billed there too), and the lines moved.
+        #: Parking under ``--tier auto``: chunks whose cancelled batch had not ended by the
+        #: last moment (their lines go as possibly billed there too), and the lines moved so.
         self._running_at_move: set[int] = set()
         self._moved_ids: set[str] = set()
         #: Lines whose batch answers are being journalled: a line asked again meanwhile waits
@@ -164,16 +174,15 @@ class BatchTier:
                     exc.read_back = True
                     raise
                 # an earlier run's verdict, recorded then: asked again (--retry-failed), it goes to a new batch
-        if self.moved:
-            note = f"sent synchronously: a batch could not answer it by the deadline ({_at(self)})"
-            if not self.parks:
-                raise MovedToSyncError(note)
-            self._moved_ids.add(custom_id)  # if its batch answers it after all, it was answered twice
-            raise MovedToSyncError(note, maybe_billed=held is not None and held.id in self._running_at_move)
         if self.parks:
             self._park_if_held(custom_id, held)
-        answer = self._waiting.get(custom_id)
+        answer = self._waiting.get(custom_id)  # in a batch being followed: it waits for it, moved or not
         if answer is None:
+            if self.moved:
+                maybe = held is not None and held.id in self._running_at_move
+                if maybe:  # if its batch answers it after all, it was answered twice
+                    self._moved_ids.add(custom_id)
+                raise MovedToSyncError(moved_note(self.settings), maybe_billed=maybe)
             answer = self._add(custom_id, request)
         got = await asyncio.shield(answer)  # a cancelled send leaves the batch's answer for the rerun
         if not got[1]:
@@ -188,10 +197,14 @@ class BatchTier:
         good or too often."""
         failed = self._unanswered.get(custom_id)
         if failed is not None and failed[0] >= _MAX_SUBMISSIONS:
+            if self.settings.deadline is not None:  # --tier auto: the model answers it synchronously
+                raise MovedToSyncError(f"sent synchronously: {failed[1].message}", maybe_billed=False)
             error = copy.copy(failed[1])  # a fresh one each time: one instance raised again grows its traceback
             error.read_back = True
             raise error
-        if held is not None and held.status == "submitted" and held.batch_id is not None:
+        if held is None or held.id in self._running_at_move:  # moved as possibly billed there: not parked
+            return
+        if held.status == "submitted" and held.batch_id is not None:
             self._chunk_of.setdefault(held.batch_id, held.id)
             parked = self._parked(held.batch_id)
             parked.read_back = True  # it joins a batch sent before: nothing is sent now
@@ -214,8 +227,11 @@ class BatchTier:
         """Parking: the chunk's batch is over; its lines that have no journalled outcome
         are counted (a later batch takes them, up to ``_MAX_SUBMISSIONS``; ``error``: none
         does) and the job is told to ask its lines again."""
-        if error is not None:
+        if error is not None:  # maybe billed: each hold is settled when its line is asked again
             failed = dict.fromkeys(self._journal.chunk_ids(chunk), error)
+        elif self.on_settled is not None:
+            for custom_id in failed:  # not answered there, so not billed: asked again, it reserves afresh
+                self.on_settled(custom_id, None)
         for custom_id, why in failed.items():
             times = _MAX_SUBMISSIONS if error is not None else self._unanswered.get(custom_id, (0, why))[0] + 1
             if times >= _MAX_SUBMISSIONS and error is None:
@@ -277,12 +293,14 @@ class BatchTier:
         api = self._api_ready()
         count = len(waiting)
         chunk: int | None = None
+        batch_id: str | None = None
         try:
             chunk = await self._journal.new_chunk(self._real.label, list(waiting))
             refusals = 0
             while True:
-                if self.moved:  # the deadline moved its lines before it was created
+                if self.moved:  # the deadline moved its lines before it was created: none was billed
                     await self._journal.note_batch(chunk, None, "abandoned")
+                    self._fail(waiting, MovedToSyncError(moved_note(self.settings), maybe_billed=False))
                     if self.parks and not waiting:  # parked at an earlier (refused) create
                         self._chunk_over(chunk, {})
                     return
@@ -309,17 +327,15 @@ class BatchTier:
                         f"enqueued-token limit of {limit:,}: lower --batch-size and rerun"
                     )
                 await self._journal.note_batch(chunk, None, "submitting")
-                self._refused.add(chunk)
-                try:
-                    await self._wait_for_room(refusals)
-                finally:
-                    self._refused.discard(chunk)
+                await self._wait_for_room(refusals)
             await self._collect(chunk, final, waiting)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # every line hears why; the engine decides about retries
             error = exc if isinstance(exc, SluiceError) else BatchIncompleteError(f"the batch failed: {exc}")
             self._fail(waiting, error)
+            if batch_id is not None:
+                self._followed.pop(batch_id, None)
             if chunk is not None:
                 self._api_ready().forget(str(chunk))
                 if self.parks and not waiting:  # its lines were parked: they hear it when asked again
@@ -334,7 +350,11 @@ class BatchTier:
         api = self._api_ready()
         batch_id = str(batch["id"])
         while not api.ended(batch):
-            await asyncio.sleep(self.settings.poll_every)
+            if self.moved:  # cancelled by the deadline: its lines wait for it
+                await asyncio.sleep(min(self.settings.poll_every, _HURRIED))
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._hurry.wait(), self.settings.poll_every)
             try:
                 batch = await api.retrieve(batch_id)
             except ProviderError as exc:
@@ -360,11 +380,14 @@ class BatchTier:
             )
         running = any(status not in _ENDED for status in self.batches.values())
         wait = min(max(self.settings.poll_every, 1.0) * 2**refusals, 600.0)
+        wakes = [asyncio.ensure_future(self._hurry.wait())]  # the deadline's move: its lines go
         if running:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ended.wait(), wait)
-        else:
-            await asyncio.sleep(wait)
+            wakes.append(asyncio.ensure_future(self._ended.wait()))
+        try:
+            await asyncio.wait(wakes, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wake in wakes:
+                wake.cancel()
 
     async def _collect(self, chunk: int, batch: Mapping[str, Any], waiting: dict[str, _Answer]) -> None:
         """Read an ended batch's result files: answers journalled, then handed to their lines;
@@ -410,7 +433,8 @@ class BatchTier:
                 delay = min(delay * 2, 60.0)
         why = api.why_unanswered(batch)
         for custom_id in [c for c, answer in waiting.items() if not answer.done()]:
-            self._resolve(waiting, custom_id, None, BatchIncompleteError(f"batch {batch_id} {status}: {why}"))
+            unanswered = BatchIncompleteError(f"batch {batch_id} {status}: {why}")
+            self._resolve(waiting, custom_id, None, self._again_or_moved(custom_id, unanswered))
         self._followed.pop(batch_id, None)
         if self.parks:
             unanswered = BatchIncompleteError(f"batch {batch_id} {status}: {why}")
@@ -437,19 +461,22 @@ class BatchTier:
         if not answered:
             return
         usable = []
+        billed: list[tuple[str, Usage]] = []  # parking: what each kept line cost there
         for custom_id, line in answered:
             try:
-                self._reply(batch_id, line)
+                reply = self._reply(batch_id, line)
             except SluiceError as exc:  # not kept: a rerun must be able to ask again
                 if self.parks and not (isinstance(exc, ProviderError) and exc.retryable):
                     usable.append((custom_id, line))  # the request's own: asked again, it gets this
+                    billed.append((custom_id, Usage()))
                 elif self.parks:
                     failed[custom_id] = exc
-                self._resolve(waiting, custom_id, None, exc, answered=True)
+                self._resolve(waiting, custom_id, None, self._again_or_moved(custom_id, exc), answered=True)
             else:
                 usable.append((custom_id, line))
+                billed.append((custom_id, reply.usage))
                 if custom_id in self._moved_ids:  # parked, moved by the deadline, and answered here too
-                    self.answered_twice += 1
+                    self.answered_after_move.add(custom_id)
         saving: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         for custom_id, _ in usable:
             self._saving[custom_id] = saving
@@ -460,6 +487,9 @@ class BatchTier:
                 if self._saving.get(custom_id) is saving:
                     del self._saving[custom_id]
             saving.set_result(None)  # a failed save: the lines asked meanwhile find no answer, as before
+        if self.parks and self.on_settled is not None:  # kept: asked again, each is answered from it
+            for custom_id, usage in billed:
+                self.on_settled(custom_id, usage)
         for custom_id, line in usable:
             self._resolve(waiting, custom_id, (batch_id, line), answered=True)
 
@@ -477,7 +507,7 @@ class BatchTier:
             del self._waiting[custom_id]
         if answer is None or answer.done():
             if answered and answer is not None and isinstance(answer.exception(), MovedToSyncError):
-                self.answered_twice += 1  # the batch answered (and billed) a line already moved
+                self.answered_after_move.add(custom_id)  # the batch answered (and billed) a line already moved
             return
         if error is not None:
             answer.set_exception(error)
@@ -489,6 +519,31 @@ class BatchTier:
         for custom_id in list(waiting):
             self._resolve(waiting, custom_id, None, error)
 
+    def _again_or_moved(self, custom_id: str, error: SluiceError) -> SluiceError:
+        """What a line in memory hears when its batch did not answer it for a reason not its
+        own: the error (the engine tries it again), unless the deadline has moved the job or
+        (under a deadline) batches have failed it ``_MAX_SUBMISSIONS`` times: then it goes
+        synchronously, not billed here."""
+        if self.parks or not (isinstance(error, ProviderError) and error.retryable):
+            return error
+        if self.moved:
+            return MovedToSyncError(moved_note(self.settings), maybe_billed=False)
+        if self.settings.deadline is None:
+            return error
+        times = self._unanswered.get(custom_id, (0, error))[0] + 1
+        self._unanswered[custom_id] = (times, error)
+        if times < _MAX_SUBMISSIONS:
+            return error
+        del self._unanswered[custom_id]
+        return MovedToSyncError(f"sent synchronously: {times} batches did not answer it; the last: {error.message}")
+
+    def _take_filling(self) -> dict[str, _Answer]:
+        """The lines gathering for the next chunk, taken out of it (the deadline moves them)."""
+        filling, self._filling = self._filling, _Filling()
+        if filling.timer is not None:
+            filling.timer.cancel()
+        return filling.waiting
+
     # -- a line's outcome ------------------------------------------------------------------
 
     def _reply(self, batch_id: str, line: bytes, *, read_back: bool = False) -> Reply:
@@ -496,52 +551,6 @@ class BatchTier:
         return Reply(
             reply.text, reply.usage, reply.raw, reply.finish_reason, reply.request_id, None, batch_id, read_back
         )
-
-    # -- the deadline (--tier auto) -------------------------------------------------------
-
-    async def _plan(self) -> None:
-        """Keep to the batch while the synchronous limits could still answer what is left
-        before the deadline (with a margin); then cancel the batches and move every line
-        still waiting to the synchronous deployment."""
-        settings = self.settings
-        assert settings.deadline is not None
-        while not self.moved:
-            left = settings.remaining() if settings.remaining is not None else len(self._waiting)
-            needed = left / settings.sync_rate * 1.15 + max(5.0, 2 * settings.poll_every)
-            if left > 0 and time.time() + needed >= settings.deadline:
-                await self._move_to_sync()
-                return
-            await asyncio.sleep(min(settings.poll_every, 1.0))
-
-    async def _move_to_sync(self) -> None:
-        """Every line still waiting goes synchronously; the batches are cancelled. A line
-        of a batch that was already running may have been answered (and billed) there too:
-        its attempt counts as possibly billed, so the budget holds its worst case."""
-        self.moved = True
-        _log.warning("the deadline is near: cancelling the batches; the rest goes synchronously")
-        note = f"sent synchronously: a batch could not answer it by the deadline ({_at(self)})"
-        filling, self._filling = self._filling, _Filling()
-        if filling.timer is not None:
-            filling.timer.cancel()
-        if self.parks:  # lines still in memory go too: a batch created as they moved may answer some
-            self._moved_ids.update(filling.waiting, self._waiting)
-        self._fail(filling.waiting, MovedToSyncError(note, maybe_billed=False))
-        for batch_id, waiting in list(self._followed.items()):
-            running = self.batches.get(batch_id) not in ("validating", *_ENDED)
-            self._fail(waiting, MovedToSyncError(note, maybe_billed=running))
-        self._fail(dict(self._waiting), MovedToSyncError(note, maybe_billed=False))  # not yet created
-        if self.parks:  # the parked lines of every batch not over are asked again now, and go synchronously
-            for chunk in list(self._refused):  # parked at a create the token limit refused: none runs
-                self._chunk_over(chunk, {})
-            for batch_id, chunk in list(self._chunk_of.items()):
-                status = self.batches.get(batch_id)
-                if status not in _ENDED:
-                    if status != "validating":
-                        self._running_at_move.add(chunk)
-                    self._chunk_over(chunk, {})
-        for batch_id, status in list(self.batches.items()):
-            if status not in _ENDED:
-                await self._cancel_quietly(batch_id)  # its answered lines still come (counted)
 
     async def _cancel_quietly(self, batch_id: str) -> None:
         try:
@@ -636,6 +645,7 @@ class BatchTier:
             if self.parks:  # its lines are parked when asked (the journal says where)
                 self._chunk_of[batch_id] = chunk.id
                 self.batches[batch_id] = api.status(batch)
+                self._followed[batch_id] = {}  # followed (the deadline waits for it): no line in memory
                 self._following.add(chunk.id)
                 self._spawn(self._resume(chunk.id, batch, {}))
                 continue
@@ -658,6 +668,7 @@ class BatchTier:
         except Exception as exc:
             error = exc if isinstance(exc, SluiceError) else BatchIncompleteError(str(exc))
             self._fail(waiting, error)
+            self._followed.pop(str(batch["id"]), None)
             if self.parks:
                 self._chunk_over(chunk, {}, error)
 
@@ -670,11 +681,6 @@ def _enqueued_limit(message: str) -> int | None:
     enqueued tokens"), if it names one."""
     found = re.search(r"Limit:\s*([\d,]+)\s*enqueued", message)
     return int(found.group(1).replace(",", "")) if found else None
-
-
-def _at(tier: BatchTier) -> str:
-    deadline = tier.settings.deadline
-    return "deadline " + (time.strftime("%H:%M:%S", time.localtime(deadline)) if deadline is not None else "none")
 
 
 def _failed(task: asyncio.Task[None]) -> bool:

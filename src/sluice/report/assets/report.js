@@ -33,11 +33,27 @@
     return Number(v.toPrecision(digits || 3)).toString();
   }
 
-  function usd(v) { return v == null ? "-" : "$" + v.toFixed(v < 1 ? 4 : 2); }
+  function money(v, digits) {
+    return "$" + v.toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+  }
+  // One amount as the tables write it (4 decimals below $100, 2 from there).
+  function usd(v) { return v == null ? "-" : money(v, Math.abs(v) < 100 ? 4 : 2); }
+  // An axis's amounts all with the same decimals: as few as its ticks need (2 at least).
+  function usdTicks(splits) {
+    var digits = 2;
+    splits.forEach(function (v) {
+      while (v != null && digits < 6 && Math.abs(v - Number(v.toFixed(digits))) > Math.abs(v) * 1e-9 + 1e-12) digits++;
+    });
+    return splits.map(function (v) { return v == null ? "" : money(v, digits); });
+  }
   function secs(v) {
     if (v == null) return "-";
     if (v < 0.01) return (v * 1000).toPrecision(2) + " ms";
     return v < 1 ? (v * 1000).toFixed(0) + " ms" : v.toFixed(2) + " s";
+  }
+  // A tick's time: as many digits as it has (0.15 -> "150 ms", 2 -> "2 s").
+  function tickSecs(v) {
+    return v < 1 ? Number((v * 1000).toPrecision(3)) + " ms" : Number(v.toPrecision(3)) + " s";
   }
 
   // Cooldowns as bands behind the series, and the start of each run after the first.
@@ -79,17 +95,42 @@
     return { spec: s, values: values };
   }
 
+  // An axis as wide as its longest label (uPlot's own measure: its font, its tick and gap),
+  // and never narrower than the half of the time axis's first date that reaches left of it.
+  function fitted(u, values, axisIdx, cycle) {
+    var axis = u.axes[axisIdx];
+    if (cycle > 1) return axis._size; // settled: labels and size depend on each other
+    var longest = (values || []).reduce(function (a, v) { return v != null && String(v).length > a.length ? String(v) : a; }, "");
+    var size = axis.ticks.size + axis.gap;
+    if (longest) {
+      u.ctx.font = axis.font[0];
+      size += u.ctx.measureText(longest).width / (window.devicePixelRatio || 1);
+    }
+    return Math.max(56, Math.ceil(size) + 2);
+  }
+
+  // Every chart's y axis starts at 0 and ends a little above what is drawn: its data, and
+  // the limits near enough to be drawn (see near()); nothing else sets the scale.
+  function fromZero(u, lo, hi) {
+    return [0, hi > 0 ? hi * 1.08 : 1];
+  }
+  // Counts (429s, answers in a bin): whole-number steps, and room for a few of them.
+  function countsFromZero(u, lo, hi) {
+    return [0, Math.max(3, hi * 1.08)];
+  }
+
   function chart(id, lines, options) {
     var el = document.getElementById(id);
     if (!el || !lines.length) return;
     options = options || {};
     var isTime = options.x === undefined;
+    var yLabels = options.yLabels || function (splits) { return splits.map(function (v) { return fmt(v); }); };
     var opts = {
       width: Math.max(320, Math.floor(el.getBoundingClientRect().width) - 8),
       height: HEIGHT,
-      scales: { x: isTime ? { time: true } : { time: false, distr: options.logX ? 3 : 1, range: options.xRange }, y: options.y || {} },
+      scales: { x: isTime ? { time: true } : { time: false, distr: options.logX ? 3 : 1, range: options.xRange }, y: { range: options.counts ? countsFromZero : fromZero } },
       series: [options.xSeries || {}].concat(lines.map(function (l) { return l.spec; })),
-      axes: [options.xAxis || {}, { size: 56, values: function (u, splits) { var f = options.yFormat || fmt; return splits.map(function (v) { return f(v); }); } }],
+      axes: [options.xAxis || {}, { size: fitted, incrs: options.counts ? COUNTS : undefined, values: function (u, splits) { return yLabels(splits); } }],
       plugins: isTime ? [timeMarks()] : [],
       cursor: { drag: { x: true, y: false } },
       hooks: { draw: [function () { el.dataset.drawn = "1"; }] },
@@ -99,30 +140,60 @@
     charts.push({ el: el, u: u });
   }
 
+  // Steps of an axis of counts: whole numbers only.
+  var COUNTS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1e3, 2e3, 2.5e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 2e6, 5e6, 1e7];
+
   function constant(value) { return xs.map(function () { return value; }); }
+
+  // A limit is drawn where the data comes near it: at least NEAR of it in some bucket. One
+  // far above would set the scale and flatten the data against the axis; it is named instead.
+  var NEAR = 0.5;
+  function near(values, limits) {
+    for (var i = 0; i < values.length; i++) {
+      var limit = Array.isArray(limits) ? limits[i] : limits;
+      if (limit != null && values[i] != null && values[i] >= NEAR * limit) return true;
+    }
+    return false;
+  }
+  function highest(values) {
+    return values.reduce(function (a, v) { return v != null && v > a ? v : a; }, 0);
+  }
+  function offScale(id, names) {
+    var el = document.getElementById(id);
+    if (!el || !names.length) return;
+    var note = document.createElement("p");
+    note.className = "off-scale";
+    note.textContent = "Not drawn, the data stayed below half of it: " + names.join("; ");
+    el.appendChild(note);
+  }
 
   // requests and tokens per deployment, each against its limit
   // own keys only: a deployment named "toString" or "constructor" is a name, not a built-in
   function own(object, key) { return Object.prototype.hasOwnProperty.call(object, key) ? object[key] : undefined; }
 
-  function perDeployment(values, limits) {
-    var out = [];
+  function perDeployment(id, values, limits, unit) {
+    var out = [], far = [];
     labels.forEach(function (label) {
       var value = own(values, label), limit = own(limits, label);
       if (value) out.push(line(label, value, colorOf(label)));
-      if (limit) out.push(line(label + " limit", limit, colorOf(label), { dash: [6, 4], width: 1 }));
+      if (!limit || !limit.some(function (v) { return v != null; })) return;
+      if (value && near(value, limit)) out.push(line(label + " limit", limit, colorOf(label), { dash: [6, 4], width: 1 }));
+      else far.push(label + " limit " + fmt(highest(limit)) + unit);
     });
-    return out;
+    chart(id, out);
+    offScale(id, far);
   }
-  chart("chart-requests", perDeployment(series.requests_per_s, series.limit_requests_per_s));
-  chart("chart-tokens", perDeployment(series.tokens_per_min, series.limit_tokens_per_min));
+  perDeployment("chart-requests", series.requests_per_s, series.limit_requests_per_s, "/s");
+  perDeployment("chart-tokens", series.tokens_per_min, series.limit_tokens_per_min, "/min");
 
   var inflight = [
     line("average", series.in_flight_avg, "#2563eb", { fill: alpha("#2563eb", 0.15) }),
     line("peak", series.in_flight_peak, "#1e3a8a", { width: 1 }),
   ];
-  if (data.concurrency) inflight.push(line("concurrency", constant(data.concurrency), "#dc2626", { dash: [6, 4], width: 1 }));
+  var concurrency = data.concurrency, drawn = concurrency && near(series.in_flight_peak, concurrency);
+  if (drawn) inflight.push(line("concurrency", constant(concurrency), "#dc2626", { dash: [6, 4], width: 1 }));
   chart("chart-inflight", inflight);
+  if (concurrency && !drawn) offScale("chart-inflight", ["concurrency " + fmt(concurrency) + " (peak " + fmt(highest(series.in_flight_peak)) + ")"]);
 
   // A bucket with no neighbour draws no line: its point is drawn instead (a slow job's
   // answers, seconds apart, are all such points).
@@ -160,12 +231,34 @@
   kinds.forEach(function (kind, i) {
     outcomes.push(line(kind, series.failed[kind], failColors[i % failColors.length], { paths: stepped }));
   });
-  chart("chart-outcomes", outcomes);
+  chart("chart-outcomes", outcomes, { counts: true });
 
-  var cost = [line("spent", series.cost_cumulative_usd, "#16a34a", { fill: alpha("#16a34a", 0.12), value: function (u, v) { return usd(v); } })];
-  var budget = data.job.budget_usd;
-  if (budget != null) cost.push(line("budget", constant(budget), "#dc2626", { dash: [6, 4], width: 1, value: function (u, v) { return usd(v); } }));
-  chart("chart-cost", cost, { yFormat: usd, y: { range: function (u, lo, hi) { return [0, Math.max(hi, budget || 0) * 1.05 || 1]; } } });
+  var spent = series.cost_cumulative_usd, budget = data.job.budget_usd;
+  var cost = [line("spent", spent, "#16a34a", { fill: alpha("#16a34a", 0.12), value: function (u, v) { return usd(v); } })];
+  var budgetNear = budget != null && near(spent, budget);
+  if (budgetNear) cost.push(line("budget", constant(budget), "#dc2626", { dash: [6, 4], width: 1, value: function (u, v) { return usd(v); } }));
+  chart("chart-cost", cost, { yLabels: usdTicks });
+  if (budget != null && !budgetNear) offScale("chart-cost", ["the budget, " + usd(budget) + " (spent " + usd(highest(spent)) + ")"]);
+
+  // Ticks of a log axis at round values: the roundest first (powers of ten, then 2 and 5,
+  // then every digit, then halves), each where it does not crowd those already chosen; a
+  // latency spread over less than one decade still gets several.
+  var LADDERS = [[1], [2, 5], [3, 4, 6, 7, 8, 9], [1.5, 2.5, 3.5, 4.5], [1.2, 1.4, 1.6, 1.8]];
+  function logTicks(u, lo, hi) {
+    var gap = 64, chosen = [];
+    LADDERS.forEach(function (ladder) {
+      for (var d = Math.floor(Math.log10(lo)); d <= Math.ceil(Math.log10(hi)); d++) {
+        ladder.forEach(function (m) {
+          var v = Number((m * Math.pow(10, d)).toPrecision(3)), x = u.valToPos(v, "x");
+          if (v < lo || v > hi) return;
+          if (chosen.every(function (c) { return Math.abs(u.valToPos(c, "x") - x) >= gap; })) chosen.push(v);
+        });
+      }
+    });
+    chosen.sort(function (a, b) { return a - b; });
+    // a range too narrow for any round value (every answer took about as long): its ends and middle
+    return chosen.length >= 3 ? chosen : [lo, Math.sqrt(lo * hi), hi];
+  }
 
   function histogram(id, hist, color) {
     if (!hist || !hist.counts.length) return;
@@ -173,9 +266,14 @@
     chart(id, [line("answers", hist.counts, color, { fill: alpha(color, 0.5), paths: uPlot.paths.bars({ size: [0.92, 60] }) })], {
       x: centers,
       logX: true,
+      counts: true,
       xSeries: { label: "seconds", value: function (u, v) { return secs(v); } },
       xRange: function () { return [hist.edges[0], hist.edges[hist.edges.length - 1]]; },
-      xAxis: { values: function (u, splits) { return splits.map(function (v) { return v == null ? "" : secs(v); }); } },
+      xAxis: {
+        splits: function (u, axisIdx, lo, hi) { return logTicks(u, lo, hi); },
+        filter: function (u, splits) { return splits; },
+        values: function (u, splits) { return splits.map(function (v) { return v == null ? "" : tickSecs(v); }); },
+      },
     });
   }
   histogram("chart-histogram", data.latency && data.latency.histogram, "#2563eb");
