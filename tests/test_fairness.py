@@ -21,8 +21,8 @@ from sluice._gate import PriorityGate
 from sluice._limits import pace_factor
 from sluice.cli._config import JobConfig
 from sluice.serve._app import build_app
-from sluice.serve._queue import ServeLimiter
-from sluice.serve._settings import ServeSettings
+from sluice.serve.core._queue import ServeLimiter
+from sluice.serve.core._settings import ServeSettings
 from sluice.store import SqliteStore
 from sluice.testing import FakeServer, run_in_virtual_time
 
