@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice import CapacityError, LocalLimiter, RateLimitSnapshot
-from sluice._limits import CATCH_UP, WINDOW_MARGIN, pace_factor
+from sluice._limits import CATCH_UP, LEDGER_TICK, WINDOW_MARGIN, pace_factor
 from sluice.testing import run_in_virtual_time
 
 Grant = tuple[float, int]  # (time granted, tokens)
@@ -974,3 +974,55 @@ def test_a_refund_behind_an_entry_kept_by_a_late_send_leaves_no_phantom_request(
         return limiter.in_flight, limiter.used[0]
 
     assert run_in_virtual_time(scenario()) == (0, 1)  # only the last grant is in the window
+
+
+@pytest.mark.parametrize(
+    ("limits", "before"),
+    [
+        ({"requests": 300, "window": 60.0}, 0),  # an even pace: 600 take two minutes
+        ({"requests": 300, "window": 60.0, "burst_requests": 300}, 0),  # a plain window: 600 by ~60 s
+        ({"requests": 300, "window": 60.0, "burst_requests": 300}, 100),  # with a window already in use
+        ({"requests": 30, "window": 10.0, "burst_requests": 5}, 20),
+        ({"tokens": 300, "window": 10.0}, 5),
+        ({"tokens": 300, "window": 10.0, "burst_tokens": 300}, 5),
+        ({"requests": 30, "tokens": 2000, "window": 10.0, "burst_requests": 30}, 30),
+    ],
+)
+def test_forecast_is_when_the_limiter_grants(limits: dict[str, Any], before: int) -> None:
+    """``forecast(tokens, ahead)`` works the limiter's own schedule out ahead (its window,
+    pacer and burst): the nth of a queue of requests is granted when it says."""
+
+    async def scenario() -> tuple[list[float], list[float]]:
+        limiter = LocalLimiter(**limits)
+        loop = asyncio.get_running_loop()
+        for _ in range(before):
+            grant = await limiter.acquire(10)
+            grant.sent(loop.time())
+            grant.done()
+        await asyncio.sleep(1.3)
+        predicted = [limiter.forecast(10, ahead) for ahead in range(200 if "tokens" in limits else 600)]
+        granted: list[float] = []
+
+        async def one() -> None:
+            grant = await limiter.acquire(10)
+            granted.append(loop.time())
+            grant.sent(loop.time())
+            grant.done()
+
+        await asyncio.gather(*(one() for _ in predicted))
+        return predicted, sorted(granted)
+
+    predicted, granted = run_in_virtual_time(scenario())
+    assert predicted == pytest.approx(granted, abs=LEDGER_TICK)
+
+
+def test_forecast_of_a_plain_window_is_one_window_per_limit_of_requests() -> None:
+    async def scenario() -> tuple[float, float, float]:
+        limiter = LocalLimiter(requests=300, window=60.0, burst_requests=300)
+        now = asyncio.get_running_loop().time()
+        return limiter.forecast(1, 299) - now, limiter.forecast(1, 300) - now, limiter.forecast(1, 599) - now
+
+    first, next_window, last = run_in_virtual_time(scenario())
+    assert first == 0.0
+    assert next_window == pytest.approx(60.0 + WINDOW_MARGIN)
+    assert last == pytest.approx(60.0 + WINDOW_MARGIN)

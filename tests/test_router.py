@@ -20,9 +20,10 @@ from sluice import (
     Engine,
     Price,
     Request,
+    Result,
     RetryPolicy,
 )
-from sluice.testing import FakeServer
+from sluice.testing import FakeServer, run_in_virtual_time
 
 MODEL = "openai/gpt-test"
 FAST = RetryPolicy(max_attempts=4, base_delay=0.01, max_delay=0.05, attempt_timeout=5)
@@ -45,17 +46,23 @@ async def pair() -> AsyncIterator[tuple[FakeServer, FakeServer]]:
         yield east, west
 
 
-async def test_two_deployments_share_the_load_by_headroom_without_a_429() -> None:
-    async with (
-        FakeServer(api_key="sk-test", rpm=20, window=1.0) as east,
-        FakeServer(api_key="sk-test", rpm=20, window=1.0) as west,
-    ):
-        deployments = [
-            deployment_at(east, name="east", rpm=20, window=1.0),
-            deployment_at(west, name="west", rpm=20, window=1.0),
-        ]
-        async with Engine(deployments, retry=FAST) as engine:
-            results = await engine.run(prompts(80))
+def test_two_deployments_share_the_load_by_headroom_without_a_429() -> None:
+    """In virtual time: a 1 s window on a loaded machine's wall clock set the loop's lag
+    against the window's 25 ms margin (a 429 now and then); the sharing is what is tested."""
+
+    async def scenario() -> tuple[FakeServer, FakeServer, list[Result]]:
+        async with (
+            FakeServer(api_key="sk-test", rpm=20, window=1.0) as east,
+            FakeServer(api_key="sk-test", rpm=20, window=1.0) as west,
+        ):
+            deployments = [
+                deployment_at(east, name="east", rpm=20, window=1.0),
+                deployment_at(west, name="west", rpm=20, window=1.0),
+            ]
+            async with Engine(deployments, retry=FAST) as engine:
+                return east, west, await engine.run(prompts(80))
+
+    east, west, results = run_in_virtual_time(scenario())
     assert all(r.ok for r in results)
     assert east.stats.rate_limited == west.stats.rate_limited == 0
     served = {"east": east.stats.accepted, "west": west.stats.accepted}
@@ -78,29 +85,33 @@ async def test_a_retry_goes_to_another_deployment(pair: tuple[FakeServer, FakeSe
     assert east.stats.received == 1
 
 
-async def test_a_dead_deployment_cools_down_and_is_probed_before_it_is_trusted(
-    pair: tuple[FakeServer, FakeServer],
-) -> None:
-    east, west = pair
-    west.fault_rates = {"503": 1.0}
-    east.latency = 0.01
-    deployments = [deployment_at(east, name="east"), deployment_at(west, name="west")]
-    async with Engine(deployments, retry=FAST, cooldown=QUICK_COOLDOWN, concurrency=4) as engine:
-        results = await engine.run(prompts(40))
-        assert all(r.ok for r in results)
-        (status,) = [s for s in engine.deployment_status() if s.deployment == "west"]
-        assert status.state in ("cooling down", "probing")
-        assert "west cooling down" in status.describe() or status.state == "probing"
-        # taken out after 2 failures (with at most the concurrency already placed there),
-        # then one probe per cooldown
-        assert west.stats.received <= 4 + 2 + 4
-        west.fault_rates = {}
-        await asyncio.sleep(1.1)  # the longest cooldown (max_seconds)
-        later = await engine.run(prompts(40))
-        assert all(r.ok for r in later)
-        assert west.stats.accepted > 0  # probed, then trusted again
-        (status,) = [s for s in engine.deployment_status() if s.deployment == "west"]
-        assert status.state == "ok"
+def test_a_dead_deployment_cools_down_and_is_probed_before_it_is_trusted() -> None:
+    """In virtual time: on a loaded machine's wall clock the first run could outlast the
+    0.2 s cooldown, and west was found ready for a probe ("ok") rather than cooling down."""
+    run_in_virtual_time(_dead_deployment_cools_down())
+
+
+async def _dead_deployment_cools_down() -> None:
+    async with FakeServer(api_key="sk-test") as east, FakeServer(api_key="sk-test") as west:
+        west.fault_rates = {"503": 1.0}
+        east.latency = 0.01
+        deployments = [deployment_at(east, name="east"), deployment_at(west, name="west")]
+        async with Engine(deployments, retry=FAST, cooldown=QUICK_COOLDOWN, concurrency=4) as engine:
+            results = await engine.run(prompts(40))
+            assert all(r.ok for r in results)
+            (status,) = [s for s in engine.deployment_status() if s.deployment == "west"]
+            assert status.state in ("cooling down", "probing")
+            assert "west cooling down" in status.describe() or status.state == "probing"
+            # taken out after 2 failures (with at most the concurrency already placed there),
+            # then one probe per cooldown
+            assert west.stats.received <= 4 + 2 + 4
+            west.fault_rates = {}
+            await asyncio.sleep(1.1)  # the longest cooldown (max_seconds)
+            later = await engine.run(prompts(40))
+            assert all(r.ok for r in later)
+            assert west.stats.accepted > 0  # probed, then trusted again
+            (status,) = [s for s in engine.deployment_status() if s.deployment == "west"]
+            assert status.state == "ok"
 
 
 async def test_a_cancelled_probe_frees_the_deployment() -> None:

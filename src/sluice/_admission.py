@@ -147,13 +147,19 @@ class Admission(JobPlanning):
         self, job: Job, tally: Tally, deadline: float | None
     ) -> tuple[tuple[Route, Reservation], BudgetHold | None]:
         """The slow path of admission: wait for money, then for a deployment with room
-        (moving to a fallback when the group is exhausted); the grant and the hold."""
+        (moving to a fallback when the group is exhausted); the grant and the hold.
+
+        While it waits, its slot of the engine's gate is idle: lent to a request waiting
+        at the gate (for another deployment, perhaps, with room), and taken back, ahead of
+        newcomers, once the grant is in (see :mod:`._gate`)."""
         loop = asyncio.get_running_loop()
         router = self.router
+        gate = self.runtime.gate
         waited_from = loop.time()
         hold: BudgetHold | None = None
+        granted: tuple[Route, Reservation] | None = None
+        lease = gate.idle()
         try:
-            granted = None
             while granted is None:
                 with self.runtime.waiting_while(job.batch):
                     async with asyncio.timeout_at(deadline):
@@ -173,11 +179,17 @@ class Admission(JobPlanning):
                             _commit(hold, 0.0)
                             hold = None
                             self.fall_back(job)
+                        else:
+                            await gate.back(lease, job.priority, job.seq)
             return granted, hold
         except BaseException:
+            if granted is not None:  # granted, then cancelled (or out of time) taking its slot back
+                granted[1].refund()
+                router.released(granted[0])
             _commit(hold, 0.0)
             raise
         finally:
+            gate.busy(lease)  # its slot again however it ended: the front end releases it
             tally.waited += loop.time() - waited_from
 
     def _parked_hold(self, job: Job) -> BudgetHold | None:

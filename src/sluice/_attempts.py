@@ -169,16 +169,25 @@ class Attempts(Admission):
         """Run a job, or share the result of an identical one in flight or already stored."""
         if job.key is None:
             return await self.run(job)
+        gate = self.runtime.gate
         try:
             while (leader := self._inflight.get(job.key)) is not None:
-                shared = await asyncio.shield(leader)
-                if not isinstance(shared.error, CancelledError):
-                    free = 0.0 if shared.cost_usd is not None else None  # paid for once, by the leader
-                    result = dataclasses.replace(
-                        shared, request=job.request, index=job.index, cached=True, cost_usd=free, reask_cost_usd=free
-                    )
-                    self.emit(job, result)
-                    return result
+                lease = gate.idle()  # the leader may need a slot of the gate to go on: lent meanwhile
+                try:
+                    shared = await asyncio.shield(leader)
+                except BaseException:
+                    gate.busy(lease)
+                    raise
+                if isinstance(shared.error, CancelledError):  # it goes on: another leader, or its own run
+                    await gate.back(lease, job.priority, job.seq)
+                    continue
+                gate.busy(lease)  # it ends now (over the cap for a moment, if its slot was lent)
+                free = 0.0 if shared.cost_usd is not None else None  # paid for once, by the leader
+                result = dataclasses.replace(
+                    shared, request=job.request, index=job.index, cached=True, cost_usd=free, reask_cost_usd=free
+                )
+                self.emit(job, result)
+                return result
         except asyncio.CancelledError:
             job.cancelled = self.finish(
                 job, Tally(asyncio.get_running_loop().time()), error=CancelledError(_NEVER_SENT)
@@ -275,8 +284,7 @@ class Attempts(Admission):
                     return outcome
                 settle_unsettled(tally, self.store, self.runtime.store_failed)  # it goes again
                 if delay > 0 and not isinstance(outcome, RateLimitError):  # a 429's pause is the limiter's
-                    with self.runtime.waiting_while(job.batch):
-                        await asyncio.sleep(delay)
+                    await self._back_off(job, delay)
         except asyncio.CancelledError as exc:
             settle_unsettled(tally, self.store, self.runtime.store_failed)
             if job.trace is not None:
@@ -284,6 +292,17 @@ class Attempts(Admission):
             if not self.runtime.absorb_stop():
                 raise
             return CancelledError(stopped_note(tally))  # stop() wants a result, not a cancelled task
+
+    async def _back_off(self, job: Job, delay: float) -> None:
+        """A retry's backoff, its slot of the gate idle meanwhile (lent to who needs it)."""
+        gate = self.runtime.gate
+        lease = gate.idle()
+        try:
+            with self.runtime.waiting_while(job.batch):
+                await asyncio.sleep(delay)
+            await gate.back(lease, job.priority, job.seq)
+        finally:
+            gate.busy(lease)
 
     async def attempt(
         self,

@@ -59,7 +59,10 @@ class Engine:
     """Runs requests against deployments. Use ``async with Engine(...) as engine``.
 
     ``concurrency`` caps requests admitted at once across all deployments (each
-    deployment's own ``max_in_flight`` and rate limits apply inside it); ``buffer``
+    deployment's own ``max_in_flight`` and rate limits apply inside it); a request
+    waiting for a deployment's limiter, for money, for an identical request in flight or
+    out a retry's backoff lends its slot to one that waits for the gate, so a burst on
+    one deployment does not hold back another with room; ``buffer``
     caps results admitted but not yet taken by the consumer of :meth:`map`, which is
     what keeps memory flat however long the input. Hooks are plain functions, called
     for every result (``on_result``) and before every retry (``on_retry``); a hook that

@@ -60,6 +60,7 @@ from ._meter import (
     WINDOW_MARGIN,
     Entry,
     Meter,
+    answer_bound,
     capacity_error,
     pace_factor,
 )
@@ -204,7 +205,10 @@ class Grant:
     def done(self) -> None:
         if self._open:
             self._open = False
-            self._limiter._release_slot()
+            limiter = self._limiter
+            if self._counted is not None and limiter._active:
+                limiter._answered(self._entry)
+            limiter._release_slot()
 
     def refund(self) -> None:
         if self._counted is not None:
@@ -242,6 +246,7 @@ class LocalLimiter:
 
     __slots__ = (
         "_active",
+        "_answer_bound",
         "_heap",
         "_in_flight",
         "_ledger",
@@ -272,6 +277,7 @@ class LocalLimiter:
     ) -> None:
         self.name = name
         self.window = window
+        self._answer_bound = answer_bound(window)
         self.max_in_flight = max_in_flight
         #: Requests, tokens, input tokens, output tokens (see :mod:`._meter`).
         self._meters = (
@@ -366,10 +372,11 @@ class LocalLimiter:
         now = self._now()
         self._expire(now)
         changed = False
+        lingering = self._lingering(now)
         for meter, reading in zip(self._meters, readings(sane_snapshot(snapshot)), strict=True):
             if meter.limit is None and reading.limit is not None:
                 self._activate(meter)
-            changed = meter.learn(reading, self.window, now) or changed
+            changed = meter.learn(reading, self.window, now, lingering[meter.index]) or changed
         if changed:
             self._wake()
 
@@ -417,6 +424,30 @@ class LocalLimiter:
     def waiting(self) -> int:
         return sum(1 for *_, w in self._heap if not w.future.done())
 
+    def waiting_before(self, priority: int) -> int:
+        """Waiters a new request of ``priority`` would queue behind (its lane and those before it)."""
+        return sum(1 for p, *_, w in self._heap if p <= priority and not w.future.done())
+
+    def forecast(self, tokens: int, ahead: int = 0, *, output: int = 0) -> float:
+        """When (the loop's clock) a request of ``tokens`` behind ``ahead`` others of its size
+        would be granted, by this limiter's own schedule: its pause, its window and its
+        pacer (a burst allowance included), not an even pace alone. Slots in flight are
+        not in it (they free when answers come: the caller knows how long those take)."""
+        now = self._now()
+        self._expire(now)
+        start = self._paused_until if self._paused_until > now else now
+        at = start
+        span = self.window + WINDOW_MARGIN
+        amounts = 1, tokens, tokens - output, output
+        nth = max(0, ahead) + 1
+        for meter in self._active:
+            amount = amounts[meter.index]
+            if amount:
+                ready = meter.forecast(amount, nth, start, self._ledger, span)
+                if ready > at:
+                    at = ready
+        return at
+
     def set_max_in_flight(self, cap: int | None) -> None:
         """Change the in-flight cap (adaptive concurrency); a higher one lets waiters go."""
         raised = cap is None or (self.max_in_flight is not None and cap > self.max_in_flight)
@@ -461,6 +492,18 @@ class LocalLimiter:
             for meter in self._active:
                 meter.used -= amounts[meter.index]
 
+    def _lingering(self, now: float) -> list[int]:
+        """What the ledger holds, per meter, only because answers came late (the entries
+        whose window from when they left is over): the oldest entries, at its head."""
+        span = self.window + WINDOW_MARGIN
+        totals = [0, 0, 0, 0]
+        for entry in self._ledger:
+            if entry.left + span > now:
+                break
+            for index, amount in enumerate(entry.amounts):
+                totals[index] += amount
+        return totals
+
     def _activate(self, meter: Meter) -> None:
         """``meter`` is about to learn a limit: from now on it counts, starting from what
         the ledger holds of it (nothing counted it while it had no limit)."""
@@ -499,7 +542,7 @@ class LocalLimiter:
         given = tokens - output
         if ledger and now - ledger[-1].t <= LEDGER_TICK:
             entry = ledger[-1]  # one entry per millisecond, its time the latest grant's
-            entry.t = now
+            entry.t = entry.left = now
             held = entry.amounts
             held[REQUESTS] += 1
             held[TOKENS] += tokens
@@ -543,8 +586,11 @@ class LocalLimiter:
         cannot reach the server sooner). One that skipped ``send_delay`` (a caller that does
         not ask) takes its send pacer slot now."""
         entry = grant._entry
-        if at > entry.t and not entry.gone:
-            entry.t = at
+        if not entry.gone:
+            if at > entry.left:
+                entry.left = at
+            if at > entry.t:
+                entry.t = at
         if not grant._paced:
             self._send_delay(grant, at)
 
@@ -567,6 +613,18 @@ class LocalLimiter:
                     meter.adjust(change, counted=counted, sent=sent)
         if (self._heap or self._timer is not None) and min(delta) < 0:
             self._wake()
+
+    def _answered(self, entry: Entry) -> None:
+        """A grant of ``entry`` was answered now: the server counted it by then, so the
+        entry counts from now at the latest, up to ``answer_bound`` after it left."""
+        if entry.gone:
+            return
+        latest = entry.t + self._answer_bound
+        now = self._now()
+        if now < latest:
+            latest = now
+        if latest > entry.t:
+            entry.t = latest
 
     def _release_slot(self) -> None:
         self._in_flight -= 1

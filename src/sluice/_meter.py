@@ -19,6 +19,8 @@ from ._errors import CapacityError
 from ._ratelimit import Reading, per_window
 
 __all__ = [
+    "ANSWER_BOUND",
+    "ANSWER_BOUND_MAX",
     "CATCH_UP",
     "INPUT",
     "KINDS",
@@ -30,6 +32,7 @@ __all__ = [
     "WINDOW_MARGIN",
     "Entry",
     "Meter",
+    "answer_bound",
     "capacity_error",
     "next_slot",
     "pace_factor",
@@ -43,6 +46,22 @@ KINDS = ("requests", "tokens", "input tokens", "output tokens")
 #: A grant leaves the ledger this long after its window, not at the exact instant: the
 #: server counts arrivals, and network jitter can bring a request to it a little early.
 WINDOW_MARGIN = 0.025  # measured grant-to-arrival on loopback under load: p99 5 ms, worst 13.5 ms
+
+#: A grant also leaves the ledger no sooner than a window after its answer came, up to
+#: this share of the window (at most ``ANSWER_BOUND_MAX`` s) after it left: the server
+#: counted it by the time it answered, so a request that reached it late (a server that
+#: stalled, a busy network, a loop slow to write the body) is still counted as the server
+#: counts it, and the next window's request does not arrive while the server holds it.
+#: Where the window binds (a burst, a token limit whose unused output came back) it costs
+#: at most that share of a window; where the pacer binds, nothing.
+ANSWER_BOUND = 0.02
+ANSWER_BOUND_MAX = 0.2
+
+
+def answer_bound(window: float) -> float:
+    """How long after it left a grant's answer may still date it (see ``ANSWER_BOUND``)."""
+    return min(ANSWER_BOUND_MAX, ANSWER_BOUND * window)
+
 
 #: How late a timer may fire and still keep the pacer's schedule (seconds). Event loops
 #: wake timers a millisecond or so late; restarting the schedule from "now" each time
@@ -76,10 +95,13 @@ class Entry:
     """Grants in the ledger (one, or several in the same millisecond: see ``LEDGER_TICK``)
     with their amounts per meter; mutable so reconciliation can correct it in place."""
 
-    __slots__ = ("amounts", "gone", "t")
+    __slots__ = ("amounts", "gone", "left", "t")
 
     def __init__(self, t: float, amounts: list[int]) -> None:
+        #: From when it counts: when it left, or later, when its answer came (``ANSWER_BOUND``).
         self.t = t
+        #: When it left (the latest of its grants): it lingers while ``t`` is later.
+        self.left = t
         #: Requests, tokens, input tokens, output tokens (indexed by the meters).
         self.amounts = amounts
         #: It has left the ledger (its amounts no longer in the meters' ``used``).
@@ -153,6 +175,41 @@ class Meter:
                 return at
         return ext_until if ext and amount <= limit else math.inf
 
+    def forecast(self, amount: int, nth: int, now: float, ledger: Iterable[Entry], span: float) -> float:
+        """When the ``nth`` of a run of requests of ``amount`` each would be granted, counted
+        from now (set ``limit`` first): the schedule :meth:`ready_at` keeps, worked out ahead.
+
+        Two bounds, the later wins. The pacer: one slot per ``amount * scale / limit``
+        seconds from its schedule, ``burst`` of them at once. The window: at most ``per``
+        of them in any span, so the nth goes no sooner than a span after the (nth - per)th,
+        and the first ``per`` when what the ledger holds now has left enough room. So a
+        plain window (``burst`` = the limit) takes a whole window's worth at its start, and
+        the next at the start of the next window; an even pace spreads them. Closed form:
+        one term per window ahead, two walks of the ledger at most."""
+        limit = self.limit
+        assert limit is not None
+        cap = limit if limit > amount else float(amount)  # a request above the limit goes alone
+        per = max(1, int(cap // amount)) if amount > 0 else nth
+        interval = amount * self.scale / limit
+        base = self.tat if self.tat >= now - CATCH_UP else now
+        head = base - self.burst * self.scale / limit
+        full = -math.inf  # when the ledger leaves room for ``per`` more (found once)
+        at = -math.inf
+        ahead = nth
+        windows = 0
+        while ahead >= 1:
+            if ahead >= per:
+                if full == -math.inf:
+                    full = self._room_at(per * amount, cap, now, ledger, span)
+                room = full
+            else:
+                room = self._room_at(ahead * amount, cap, now, ledger, span)
+            paced = head + (ahead - 1) * interval
+            at = max(at, max(paced, room) + windows * span)
+            ahead -= per
+            windows += 1
+        return at if at > now else now
+
     def granted(self, amount: int, now: float) -> None:
         """A grant of ``amount`` at ``now``: counted in the window, its slot taken in the pacer."""
         self.used += amount
@@ -182,7 +239,7 @@ class Meter:
             if sent:
                 self.send_tat += shift
 
-    def learn(self, reading: Reading, own: float, now: float) -> bool:
+    def learn(self, reading: Reading, own: float, now: float, lingering: int = 0) -> bool:
         """Adopt what the headers said, converted into our window of ``own`` seconds: a
         lower limit, and outside traffic (what the server counts beyond our own ledger,
         until its reset). True if anything changed.
@@ -203,7 +260,9 @@ class Meter:
             changed = True
         remaining = per_window(reading.remaining, reading.window, own)
         if self.limit is not None and remaining is not None and reading.reset is not None:
-            unseen = self.limit - self.used - remaining
+            # what lingers in the ledger past its window (``ANSWER_BOUND``) may be gone from
+            # the server's count: not ours to set against it
+            unseen = self.limit - (self.used - lingering) - remaining
             if unseen > 0:
                 self.ext = unseen
                 self.ext_until = now + reading.reset

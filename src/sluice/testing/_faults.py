@@ -45,6 +45,10 @@ class Fault(StrEnum):
     #: A streamed answer that sends an ``error`` event after ``after`` pieces (Anthropic's
     #: ``overloaded_error``, OpenAI's ``server_error``); billed. Not streamed: a 500.
     STREAM_ERROR = "stream_error"
+    #: No fault in the answer: the request reaches the server's limits ``delay`` seconds
+    #: after it arrived (a slow network, a server that stalled), is counted then and
+    #: answered as usual.
+    LATE = "late"
 
 
 #: The HTTP status of the faults that answer with an ordinary error response.

@@ -576,6 +576,8 @@ class FakeServer(LoopbackServer):
         if spec.delay > 0:
             await asyncio.sleep(spec.delay)
         kind = spec.kind
+        if kind is Fault.LATE:  # counted only now, and answered
+            return await self._answer(request, fmt, n, raw, key)
         if kind in STREAM_FAULTS:  # a real answer, broken part-way
             return await self._answer(request, fmt, n, raw, key, dataclasses.replace(spec, delay=0.0))
         status = STATUS_OF.get(kind)

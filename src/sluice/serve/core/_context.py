@@ -160,10 +160,9 @@ class ServeContext:
         request and its tokens go back to the client's quota; 0: unknown, the estimate stays)."""
         found = list(limiters)
         max_wait = self.max_wait(request)
-        admission = self.admission
 
         def engine_eta() -> float:
-            return estimate(found, tokens, admission.waiting, self._latency())
+            return estimate(found, tokens, self._latency())
 
         try:
             return await self._run(client, tokens, found, make, used, max_wait, engine_eta)
@@ -187,9 +186,10 @@ class ServeContext:
             admission.check_room(engine_eta)
             grant = await self._client_grant(client, tokens, max_wait)
             remaining = max(0.0, max_wait - (_now() - began))
-            ahead = engine_eta()
-            if ahead > remaining and not _has_room(limiters, tokens):
-                raise WaitTooLong(ahead, 0.0)
+            if not _has_room(limiters, tokens):
+                ahead = engine_eta()
+                if ahead > remaining:
+                    raise WaitTooLong(ahead, 0.0)
             outcome = await admission.run(make, max_wait=remaining, retry_after=engine_eta)
         except BaseException:
             if grant is not None:

@@ -6,8 +6,9 @@ grants it capacity (the engine's concurrency gate, a budget wait and the limiter
 all count). The server counts such requests; past ``max_queue`` a new one is refused at
 once, and one whose wait would pass its ``max_wait`` is refused (at once when the
 limiter's schedule already says so, else when the time is up). Either way the 429 carries
-a ``Retry-After`` worked out from what the limiter knows: its pacing interval, its pause
-after a provider's 429, the requests queued ahead.
+a ``Retry-After`` worked out from what the limiter knows (:meth:`LocalLimiter.forecast`):
+its window, its pacer and burst, its pause after a provider's 429, and the requests
+queued on that deployment ahead of this one (not those waiting for other deployments).
 
 How the server learns the moment of the grant without changing the engine: the engine is
 built with :class:`ServeLimiter` (``Engine(limiter_factory=...)``), a LocalLimiter that
@@ -100,17 +101,20 @@ class ServeLimiter(LocalLimiter):
         return max(0.0, self._paused_until - asyncio.get_running_loop().time())
 
     def eta(self, tokens: int, ahead: float, latency: float | None) -> float:
-        """Seconds until a request of ``tokens`` behind ``ahead`` others could go (an estimate
-        from the schedule: the head's ready time, then one pacing interval per request)."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        ready = self._ready_at(tokens, now)  # exact for the head of the queue; inf while slots are full
-        typical = latency if latency is not None and latency > 0 else _DEFAULT_LATENCY
-        interval = pacing_interval(
-            self.requests_limit, self.tokens_limit, self.window, self.max_in_flight, tokens, latency
-        )
-        head = ready - now if math.isfinite(ready) else max(typical, self._paused_until - now)
-        return max(0.0, head) + max(0.0, ahead) * interval
+        """Seconds until a request of ``tokens`` behind ``ahead`` others could go: the
+        limiter's own schedule worked out ahead (:meth:`LocalLimiter.forecast`: its pause,
+        its window, its pacer and burst), and slots in flight freed one typical answer's
+        latency at a time."""
+        now = asyncio.get_running_loop().time()
+        queued = max(0, math.ceil(ahead - 1e-9))
+        at = self.forecast(tokens, queued)
+        cap = self.max_in_flight
+        if cap is not None:
+            over = self.in_flight + queued + 1 - cap
+            if over > 0:
+                typical = latency if latency is not None and latency > 0 else _DEFAULT_LATENCY
+                at = max(at, now + math.ceil(over / cap) * typical)
+        return max(0.0, at - now)
 
 
 def pacing_interval(
@@ -156,14 +160,22 @@ class WaitTooLong(Exception):
         self.waited = waited
 
 
-def estimate(limiters: Iterable[Any], tokens: int, ahead: float, latency: float | None) -> float:
-    """How long a request would wait for the first of ``limiters`` (a group shares its
-    queue across its deployments, so each sees its share of those ahead)."""
+def estimate(limiters: Iterable[Any], tokens: int, latency: float | None, priority: int = 0) -> float:
+    """How long a request would wait for the first of ``limiters``: each by the requests
+    queued on it ahead of this one (a group's waiters queue on every deployment of it at
+    once, so each sees its share), not by everything the server holds for other models."""
     found = [limiter for limiter in limiters if callable(getattr(limiter, "eta", None))]
     if not found:
         return 1.0
-    share = ahead / len(found)
-    return float(min(limiter.eta(tokens, share, latency) for limiter in found))
+    return float(min(limiter.eta(tokens, _ahead(limiter, priority) / len(found), latency) for limiter in found))
+
+
+def _ahead(limiter: Any, priority: int) -> int:
+    """Requests queued on ``limiter`` that one of ``priority`` would wait behind."""
+    before = getattr(limiter, "waiting_before", None)
+    if callable(before):
+        return int(before(priority))
+    return int(getattr(limiter, "waiting", 0))
 
 
 class Admission:
