@@ -31,7 +31,6 @@ import copy
 import logging
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._errors import (
@@ -50,6 +49,7 @@ from ..providers import AnthropicProvider, HttpProvider, HttpTransport, OpenAIPr
 from ._anthropic_api import AnthropicBatches
 from ._api import BatchAPI
 from ._deadline import DeadlinePlan, moved_note
+from ._gathering import Filling, Gathering
 from ._openai_api import OpenAIBatches
 from ._settings import BatchJournal, BatchSettings
 
@@ -76,16 +76,7 @@ _APIS: dict[str, tuple[type[HttpProvider], type[BatchAPI]]] = {
 }
 
 
-_Answer = asyncio.Future[tuple[str, bytes]]  # (batch id, the line's result line; empty: parked in it)
-
-
-@dataclass(slots=True)
-class _Filling:
-    lines: list[bytes] = field(default_factory=list)
-    waiting: dict[str, _Answer] = field(default_factory=dict)
-    size: int = 0
-    tokens: int = 0
-    timer: asyncio.TimerHandle | None = None
+_Answer = asyncio.Future[tuple[str, bytes]]  # (batch id, the line's result line)
 
 
 class BatchTier(DeadlinePlan):
@@ -109,7 +100,7 @@ class BatchTier(DeadlinePlan):
         self._api: BatchAPI | None = None
         self._max_lines = min(settings.max_lines, kind[1].max_lines)
         self._max_bytes = min(settings.max_bytes, kind[1].max_bytes)
-        self._filling = _Filling()
+        self._gathering = Gathering()
         self._waiting: dict[str, _Answer] = {}  # lines of batches still running, by custom id
         self._tasks: set[asyncio.Task[None]] = set()
         self._recovery: asyncio.Task[None] | None = None
@@ -176,18 +167,37 @@ class BatchTier(DeadlinePlan):
                 # an earlier run's verdict, recorded then: asked again (--retry-failed), it goes to a new batch
         if self.parks:
             self._park_if_held(custom_id, held)
+            await self._gather_parked(custom_id, request, held)
         answer = self._waiting.get(custom_id)  # in a batch being followed: it waits for it, moved or not
         if answer is None:
-            if self.moved:
-                maybe = held is not None and held.id in self._running_at_move
-                if maybe:  # if its batch answers it after all, it was answered twice
-                    self._moved_ids.add(custom_id)
-                raise MovedToSyncError(moved_note(self.settings), maybe_billed=maybe)
-            answer = self._add(custom_id, request)
+            self._check_moved(custom_id, held)
+            answer = self._add(custom_id, request).waiting[custom_id]
         got = await asyncio.shield(answer)  # a cancelled send leaves the batch's answer for the rerun
-        if not got[1]:
-            raise self._parked(got[0])
         return self._reply(*got)
+
+    def _check_moved(self, custom_id: str, held: Chunk | None) -> None:
+        """A line not in a batch, once the deadline has moved the job: it goes synchronously."""
+        if self.moved:
+            maybe = held is not None and held.id in self._running_at_move
+            if maybe:  # if its batch answers it after all, it was answered twice
+                self._moved_ids.add(custom_id)
+            raise MovedToSyncError(moved_note(self.settings), maybe_billed=maybe)
+
+    async def _gather_parked(self, custom_id: str, request: Request, held: Chunk | None) -> None:
+        """Parking: the line joins the chunk gathering now and leaves memory at once
+        (``ParkedError``); its bytes wait for its batch here (see ``_gathering``)."""
+        gathering = self._gathering
+        while True:
+            number = gathering.unsent.get(custom_id)
+            if number is not None:  # an identical line's chunk has no batch yet: parked with it
+                parked = ParkedError("gathered for a batch", chunk=number, batch_id=None)
+                parked.read_back = True
+                raise parked
+            self._check_moved(custom_id, held)
+            if gathering.has_room:
+                break
+            await gathering.room()  # the chunks before it are being uploaded
+        raise ParkedError("gathered for a batch", chunk=self._add(custom_id, request).number, batch_id=None)
 
     # -- parking ---------------------------------------------------------------------------
 
@@ -211,34 +221,40 @@ class BatchTier(DeadlinePlan):
             raise parked
 
     def _parked(self, batch_id: str) -> ParkedError:
-        return ParkedError(f"waiting in batch {batch_id}", chunk=self._chunk_of[batch_id], batch_id=batch_id)
-
-    def _park_lines(self, chunk: int, batch_id: str, waiting: dict[str, _Answer]) -> None:
-        """The chunk's batch is created and journalled: its lines leave memory (parked)."""
-        self._chunk_of[batch_id] = chunk
-        for custom_id, answer in waiting.items():
-            if self._waiting.get(custom_id) is answer:
-                del self._waiting[custom_id]
-            if not answer.done():
-                answer.set_result((batch_id, b""))
-        waiting.clear()
+        chunk = self._gathering.number_of(self._chunk_of[batch_id])
+        return ParkedError(f"waiting in batch {batch_id}", chunk=chunk, batch_id=batch_id)
 
     def _chunk_over(self, chunk: int, failed: dict[str, SluiceError], error: SluiceError | None = None) -> None:
         """Parking: the chunk's batch is over; its lines that have no journalled outcome
         are counted (a later batch takes them, up to ``_MAX_SUBMISSIONS``; ``error``: none
-        does) and the job is told to ask its lines again."""
+        does, and each may have been billed) and the job is told to ask its lines again."""
         if error is not None:  # maybe billed: each hold is settled when its line is asked again
             failed = dict.fromkeys(self._journal.chunk_ids(chunk), error)
-        elif self.on_settled is not None:
+        self._lines_over(self._gathering.number_of(chunk), failed, maybe_billed=error is not None)
+
+    def _not_created(self, filling: Filling, error: SluiceError) -> None:
+        """Parking: ``filling``'s batch was never created (its upload or create failed): none
+        of its lines was billed; asked again, each goes in a later batch, or fails with
+        ``error`` when it is not one to try again."""
+        self._gathering.released(filling)
+        final = not (isinstance(error, ProviderError) and error.retryable)
+        self._lines_over(filling.number, dict.fromkeys(filling.ids, error), final=final)
+
+    def _lines_over(
+        self, number: int, failed: dict[str, SluiceError], *, maybe_billed: bool = False, final: bool = False
+    ) -> None:
+        """The lines parked under ``number`` are due; ``failed`` have no journalled outcome."""
+        if not maybe_billed and self.on_settled is not None:
             for custom_id in failed:  # not answered there, so not billed: asked again, it reserves afresh
                 self.on_settled(custom_id, None)
         for custom_id, why in failed.items():
-            times = _MAX_SUBMISSIONS if error is not None else self._unanswered.get(custom_id, (0, why))[0] + 1
-            if times >= _MAX_SUBMISSIONS and error is None:
+            given_up = maybe_billed or final
+            times = _MAX_SUBMISSIONS if given_up else self._unanswered.get(custom_id, (0, why))[0] + 1
+            if times >= _MAX_SUBMISSIONS and not given_up:
                 why = FatalProviderError(f"{times} batches did not answer it; the last: {why.message}")
             self._unanswered[custom_id] = (times, why)
         assert self.settings.on_ended is not None
-        self.settings.on_ended(chunk)
+        self.settings.on_ended(number)
 
     async def aclose(self) -> None:
         """Stop polling (the provider's batches keep running: a rerun collects them)."""
@@ -249,59 +265,65 @@ class BatchTier(DeadlinePlan):
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._filling.timer is not None:
-            self._filling.timer.cancel()
+        self._gathering.take()  # its timer stopped
         await self._inner.aclose()
         await self._transport.aclose()
 
     # -- chunks ----------------------------------------------------------------------------
 
-    def _add(self, custom_id: str, request: Request) -> _Answer:
+    def _add(self, custom_id: str, request: Request) -> Filling:
+        """The line joins the chunk gathering now (not parking: with its answer to wait for)."""
         api = self._api_ready()
         line = api.line(custom_id, api.body_of(request))
-        filling = self._filling
-        if filling.lines and (len(filling.lines) >= self._max_lines or filling.size + len(line) > self._max_bytes):
+        filling = self._gathering.filling
+        if filling.ids and (len(filling.ids) >= self._max_lines or filling.size + len(line) > self._max_bytes):
             self._submit_filling()
-            filling = self._filling
-        answer: _Answer = asyncio.get_running_loop().create_future()
+            filling = self._gathering.filling
         filling.lines.append(line)
-        filling.waiting[custom_id] = answer
+        filling.ids.append(custom_id)
+        if self.parks:
+            self._gathering.unsent[custom_id] = filling.number
+        else:
+            filling.waiting[custom_id] = asyncio.get_running_loop().create_future()
         filling.size += len(line)
         filling.tokens += self._inner.estimate_tokens(request, self._real)
-        if len(filling.lines) >= self._max_lines:
+        if len(filling.ids) >= self._max_lines:
             self._submit_filling()
         else:
             if filling.timer is not None:
                 filling.timer.cancel()
             filling.timer = asyncio.get_running_loop().call_later(self.settings.linger, self._submit_filling)
-        return answer
+        return filling
 
     def _submit_filling(self) -> None:
-        filling, self._filling = self._filling, _Filling()
-        if filling.timer is not None:
-            filling.timer.cancel()
-        if filling.lines:
+        filling = self._gathering.take()
+        if filling.ids:
             self._waiting.update(filling.waiting)
-            self._spawn(self._submit(filling.lines, filling.waiting, filling.tokens))
+            if self.parks:
+                self._gathering.uploading(filling)
+            self._spawn(self._submit(filling))
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _submit(self, lines: list[bytes], waiting: dict[str, _Answer], tokens: int = 0) -> None:
+    async def _submit(self, filling: Filling) -> None:
         api = self._api_ready()
-        count = len(waiting)
+        lines, waiting, tokens, count = filling.lines, filling.waiting, filling.tokens, len(filling.ids)
         chunk: int | None = None
         batch_id: str | None = None
+        created = False
         try:
-            chunk = await self._journal.new_chunk(self._real.label, list(waiting))
+            chunk = await self._journal.new_chunk(self._real.label, filling.ids)
+            self._gathering.uploading(filling, chunk)
             refusals = 0
             while True:
                 if self.moved:  # the deadline moved its lines before it was created: none was billed
                     await self._journal.note_batch(chunk, None, "abandoned")
                     self._fail(waiting, MovedToSyncError(moved_note(self.settings), maybe_billed=False))
-                    if self.parks and not waiting:  # parked at an earlier (refused) create
+                    if self.parks:  # asked again, they go synchronously
+                        self._gathering.released(filling)
                         self._chunk_over(chunk, {})
                     return
                 batch = await api.submit(lines, self._tags(chunk), count=count)
@@ -309,8 +331,10 @@ class BatchTier(DeadlinePlan):
                 await self._journal.note_batch(chunk, batch_id, "submitted")
                 self.batches[batch_id] = api.status(batch)
                 self._followed[batch_id] = waiting
-                if self.parks:  # journalled: the lines leave memory, the file's bytes too
-                    self._park_lines(chunk, batch_id, waiting)
+                if self.parks:  # journalled: its parked lines are found there now; the file's bytes go
+                    self._chunk_of[batch_id] = chunk
+                    self._gathering.released(filling)
+                    created = True
                     lines = []
                 if self.moved:  # created as the deadline moved its lines: it must not answer them too
                     await self._cancel_quietly(batch_id)
@@ -338,8 +362,10 @@ class BatchTier(DeadlinePlan):
                 self._followed.pop(batch_id, None)
             if chunk is not None:
                 self._api_ready().forget(str(chunk))
-                if self.parks and not waiting:  # its lines were parked: they hear it when asked again
-                    self._chunk_over(chunk, {}, error)
+            if self.parks and not created:  # its lines were parked, their batch never made
+                self._not_created(filling, error)
+            elif self.parks and chunk is not None:  # they hear it when asked again
+                self._chunk_over(chunk, {}, error)
 
     def _tags(self, chunk: int) -> dict[str, str]:
         self._api_ready()
@@ -538,10 +564,12 @@ class BatchTier(DeadlinePlan):
         return MovedToSyncError(f"sent synchronously: {times} batches did not answer it; the last: {error.message}")
 
     def _take_filling(self) -> dict[str, _Answer]:
-        """The lines gathering for the next chunk, taken out of it (the deadline moves them)."""
-        filling, self._filling = self._filling, _Filling()
-        if filling.timer is not None:
-            filling.timer.cancel()
+        """The lines gathering for the next chunk, taken out of it (the deadline moves them;
+        parked ones are asked again, and go synchronously then)."""
+        filling = self._gathering.take()
+        if self.parks and filling.ids:
+            self._gathering.released(filling)
+            self._lines_over(filling.number, {})
         return filling.waiting
 
     # -- a line's outcome ------------------------------------------------------------------
