@@ -30,7 +30,7 @@ from servetools import listening
 from sluice import Deployment, Price, RetryPolicy
 from sluice.cli._config import JobConfig
 from sluice.serve._app import build_app
-from sluice.serve._settings import ClientSpec, ServeSettings
+from sluice.serve.core._settings import ClientSpec, ServeSettings
 from sluice.testing import FakeServer
 
 ADMIN = "sk-admin-demo-0123456789"

@@ -1,6 +1,6 @@
 """An agent firing several calls at once under one budget, on the simulated provider.
 
-    python examples/agent.py
+python examples/agent.py
 """
 
 import asyncio

@@ -15,7 +15,7 @@ from fake_provider import deployment_at
 from sluice import Deployment, Price, RetryPolicy
 from sluice.cli._config import JobConfig
 from sluice.serve._app import build_app, make_runner
-from sluice.serve._settings import ClientSpec, ServeSettings
+from sluice.serve.core._settings import ClientSpec, ServeSettings
 from sluice.testing import FakeServer
 
 UPSTREAM_KEY = "sk-upstream-secret-0123456789"

@@ -29,10 +29,10 @@ from servetools import ALICE_KEY, BOB_KEY, ENV, PRICE, UPSTREAM_KEY, ask, deploy
 from sluice import CallableProvider, ConfigError, Deployment, Request, RetryPolicy, ServerError
 from sluice.cli._config import JobConfig
 from sluice.serve._app import build_app
-from sluice.serve._backoff import CAP, FORGET, FREE, Backoff
-from sluice.serve._dashboard import BACKOFF, LIVE, SESSION_S, DashboardAuth
-from sluice.serve._live import Live
-from sluice.serve._settings import ClientSpec, ServeSettings, serve_tables
+from sluice.serve.core._settings import ClientSpec, ServeSettings, serve_tables
+from sluice.serve.dashboard._backoff import CAP, FORGET, FREE, Backoff
+from sluice.serve.dashboard._dashboard import BACKOFF, LIVE, SESSION_S, DashboardAuth
+from sluice.serve.dashboard._live import Live
 from sluice.testing import FakeServer
 
 ADMIN_KEY = "sk-admin-0123456789abcdef"
@@ -577,7 +577,7 @@ async def test_without_keys_a_request_from_another_address_is_refused(tmp_path: 
 
 
 def _line_events(work: Callable[[], object]) -> int:
-    """How many lines of ``serve/_live.py`` ``work`` runs (a count of its work, not a timing)."""
+    """How many lines of ``serve/dashboard/_live.py`` ``work`` runs (a count of its work, not a timing)."""
     count = 0
 
     def local(frame: FrameType, event: str, arg: object) -> Any:

@@ -12,7 +12,7 @@ from fake_provider import deployment_at
 from servetools import ALICE_KEY, PRICE, embedder, fake, sdk, serving
 
 from sluice import EmbeddingError, Engine
-from sluice.serve._settings import ClientSpec
+from sluice.serve.core._settings import ClientSpec
 from sluice.store import SqliteStore
 
 ARRAYS = [[1712, 374, 264], [49725, 13, 7, 99]]

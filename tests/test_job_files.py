@@ -146,14 +146,23 @@ def test_ctrl_c_while_starting_is_quiet(server: FakeServer, tmp_path: Path) -> N
     # a warm start, as a user's: a first run with a cold bytecode cache spends its first
     # 60 ms compiling the interpreter's own start-up, before any of sluice can run
     assert run_cli(server, "--version").returncode == 0
-    for delay in (0.06, 0.1, 0.15):  # after the interpreter itself has started (~20 ms)
+    landed = 0
+    for delay in (0.06, 0.1, 0.15) * 4:  # after the interpreter itself has started (~20 ms)
         process = start_cli(server, "run", source, "-o", tmp_path / f"out-{delay}.jsonl", "--model", MODEL)
         time.sleep(delay)
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=30)
+        if "Fatal Python error: init_import_site" in stderr:
+            # Python's own start-up (site's .pth files, before any of sluice is read) took
+            # longer than the delay: a loaded machine; not this promise's, so try again
+            continue
         assert "Traceback" not in stderr
         assert "KeyboardInterrupt" not in stderr
         assert process.returncode in (0, 130), stderr
+        landed += 1
+        if landed == 3:
+            break
+    assert landed >= 1, "every Ctrl-C landed in the interpreter's own start-up"
 
 
 # -- points 12, 13, 14: what a rerun keeps, what it redoes, and the exit status ----------------

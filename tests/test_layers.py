@@ -49,6 +49,26 @@ def _imports(name: str, path: Path) -> Iterator[tuple[str, str | None, int]]:
                 yield alias.name, None, node.lineno
 
 
+def _type_only(path: Path) -> set[int]:
+    """The lines of ``path``'s ``if TYPE_CHECKING:`` blocks (imports for annotations only)."""
+    lines: set[int] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    return lines
+
+
+def _runtime_imports(name: str, path: Path) -> Iterator[tuple[str, int]]:
+    """(module, line) of each sluice module ``path`` imports when it runs: at import time or
+    inside a function, not for annotations only. ``from pkg import module`` counts as the
+    module."""
+    names = {module for module, _ in _modules()}
+    skip = _type_only(path)
+    for module, imported, line in _imports(name, path):
+        if module.startswith("sluice") and line not in skip:
+            yield (f"{module}.{imported}" if f"{module}.{imported}" in names else module), line
+
+
 def test_no_module_imports_another_modules_private_names() -> None:
     found = []
     for name, path in _modules_and_tests():
@@ -162,3 +182,71 @@ def test_modules_stay_a_readable_size() -> None:
     }
     assert {p: n for p, n in sizes.items() if n > MAX_LINES} == {}
     assert sizes["_engine.py"] < MAX_ENGINE_LINES
+
+
+#: The values and their arithmetic: the bottom layer (docs/architecture.md).
+VALUES = frozenset(
+    f"sluice.{name}"
+    for name in ("_models", "_errors", "_records", "_tokens", "_json", "_format", "_fastinit", "_schema")
+)
+
+
+def test_the_values_import_only_values() -> None:
+    """Values sit below the features: ``Request.schema`` is a ``sluice._schema.Schema``, and
+    ``sluice.structured`` (which asks, checks and re-asks with it) is above, not imported."""
+    found = [
+        f"{path.relative_to(SRC)}:{line} imports {module}"
+        for name, path in _modules()
+        if name in VALUES
+        for module, line in _runtime_imports(name, path)
+        if module not in VALUES and module != "sluice"
+    ]
+    assert found == []
+
+
+#: The sub-packages of ``serve/`` and ``shapes/``, each with what of its package it may import
+#: (the arrows point down; docs/architecture.md draws them). A new sub-package takes its
+#: place here; the modules at a package's top level are above them all (``serve/_app.py``,
+#: ``shapes/__init__.py``) or shared below them all (``SHARED``).
+ARROWS = {
+    "sluice.serve": {
+        "core": (),
+        "chat": ("core",),
+        "embeddings": ("core",),
+        "responses": ("core", "chat"),
+        "messages": ("core", "chat"),
+        "files": ("core",),
+        "batches": ("core", "files"),
+        "message_batches": ("core", "files", "batches", "messages"),
+        "dashboard": ("core",),
+    },
+    "sluice.shapes": {"messages": (), "responses": ()},
+}
+SHARED = {"sluice.serve": (), "sluice.shapes": ("_common", "_fields")}
+
+
+@pytest.mark.parametrize("package", sorted(ARROWS))
+def test_sub_packages_import_only_downward(package: str) -> None:
+    arrows, shared = ARROWS[package], SHARED[package]
+    folder = SRC.parent / package.replace(".", "/")
+    assert {p.name for p in folder.iterdir() if (p / "__init__.py").exists()} == set(arrows)
+    names = {name for name, _ in _modules()}
+    found = []
+    for name, path in _modules():
+        if not name.startswith(f"{package}."):
+            continue
+        here = name.removeprefix(f"{package}.").split(".")[0]
+        for module, imported, line in _imports(name, path):  # for annotations too: an arrow is an arrow
+            target = f"{module}.{imported}" if f"{module}.{imported}" in names else module
+            if target != package and not target.startswith(f"{package}."):
+                continue
+            there = target.removeprefix(f"{package}.").split(".")[0] if target != package else "__init__"
+            if here == there:
+                continue
+            if here in arrows:
+                allowed = there in arrows[here] or there in shared
+            else:
+                allowed = here not in shared or there in shared
+            if not allowed:
+                found.append(f"{path.relative_to(SRC)}:{line} imports {target}")
+    assert found == []

@@ -671,7 +671,7 @@ async def _traced_serve(provider: TracerProvider, state: Path) -> AsyncIterator[
 
     from sluice.cli._config import JobConfig
     from sluice.serve._app import build_app
-    from sluice.serve._settings import ClientSpec, ServeSettings
+    from sluice.serve.core._settings import ClientSpec, ServeSettings
 
     async with fake() as upstream:
         config = JobConfig((deployment(upstream, max_in_flight=1),), tracing=sluice.Tracing(provider))

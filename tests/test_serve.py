@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from servetools import ALICE_KEY, BOB_KEY, MESSAGES, UPSTREAM_KEY, ask, deployment, embedder, fake, sdk, serving
 
 from sluice import Deployment, RetryPolicy
-from sluice.serve._clients import SpendStore
-from sluice.serve._settings import ClientSpec
+from sluice.serve.core._clients import SpendStore
+from sluice.serve.core._settings import ClientSpec
 
 # -- many clients, one set of limits -------------------------------------------------------------
 
@@ -952,7 +952,7 @@ async def test_batch_tier_batch_runs_a_clients_batch_through_the_providers_batch
 
 def test_a_batch_tier_other_than_sync_or_batch_is_refused() -> None:
     from sluice._errors import ConfigError
-    from sluice.serve._settings import serve_tables
+    from sluice.serve.core._settings import serve_tables
 
     with pytest.raises(ConfigError, match="batch_tier must be 'sync' or 'batch'"):
         serve_tables({"serve": {"batch_tier": "flex"}}, "sluice.toml")

@@ -28,8 +28,8 @@ from polling import until
 
 from sluice import Deployment, Engine, Price, RetryPolicy
 from sluice._budget import Budget
-from sluice.serve._batches import Limits, setup_batch_api
-from sluice.serve._keys import BATCH_ENGINE, CLIENT, ENGINE, STATE_DIR
+from sluice.serve.batches._batches import Limits, setup_batch_api
+from sluice.serve.core._keys import BATCH_ENGINE, CLIENT, ENGINE, STATE_DIR
 from sluice.store import SqliteStore
 from sluice.testing import FakeServer
 from sluice.testing._embeddings import fake_vector

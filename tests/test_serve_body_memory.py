@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 from servetools import ALICE_KEY, BOB_KEY, ENV, UPSTREAM_KEY, ask, deployment, fake, serving
 
-from sluice.serve._settings import ClientSpec
+from sluice.serve.core._settings import ClientSpec
 
 CAROL_KEY = "sk-carol-0123456789abcdef0"
 MB = 1024 * 1024

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from servetools import ALICE_KEY, BOB_KEY, ENV, deployment, embedder, fake, sdk, serving
 
 from sluice import ConfigError
-from sluice.serve._settings import ClientSpec, ServeSettings, serve_tables
+from sluice.serve.core._settings import ClientSpec, ServeSettings, serve_tables
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Pick a number"}]
 

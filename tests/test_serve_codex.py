@@ -16,8 +16,8 @@ import servetools
 from servetools import ALICE_KEY, PRICE, UPSTREAM_KEY, fake, plain_server, serving
 
 from sluice import Deployment
-from sluice.serve._settings import ClientSpec
-from sluice.shapes._responses_api import chat_from_responses, response_from_chat
+from sluice.serve.core._settings import ClientSpec
+from sluice.shapes.responses._api import chat_from_responses, response_from_chat
 
 CLIENTS = (ClientSpec("alice", key_env="ALICE_KEY"),)
 LOOKUP = {
@@ -128,7 +128,7 @@ async def test_codex_bodies_reach_a_chat_deployment_flat_and_calls_come_back_in_
 
 
 def test_a_long_flattened_name_fits_and_is_named_back() -> None:
-    from sluice.shapes._responses_tools import flat_name
+    from sluice.shapes.responses._tools import flat_name
 
     namespace, name = "mcp__" + "n" * 40, "f" * 40
     flat = flat_name(namespace, name)

@@ -13,7 +13,7 @@ import pytest
 from servetools import ALICE_KEY, PRICE, UPSTREAM_KEY, fake, serving
 
 from sluice import Deployment
-from sluice.serve._settings import ClientSpec
+from sluice.serve.core._settings import ClientSpec
 
 HELLO: Any = [{"role": "user", "content": "Say hello to the proxy"}]
 

@@ -13,8 +13,8 @@ import pytest
 from polling import until
 from servetools import ALICE_KEY, ask, deployment, fake, serving
 
-from sluice.serve._clients import SpendStore
-from sluice.serve._settings import ClientSpec
+from sluice.serve.core._clients import SpendStore
+from sluice.serve.core._settings import ClientSpec
 from sluice.testing import FakeServer
 
 ALICE = ClientSpec("alice", "ALICE_KEY", budget_usd=5.0)

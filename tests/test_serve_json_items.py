@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.serve._json_items import ItemTooLarge, JsonScan, NotJson
+from sluice.serve.message_batches._json_items import ItemTooLarge, JsonScan, NotJson
 
 _TEXT = st.text(alphabet=st.sampled_from('ab"\\,[]{}: \n\té\u2028'), max_size=12)
 _VALUES = st.recursive(

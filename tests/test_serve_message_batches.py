@@ -24,9 +24,9 @@ from polling import until
 from servetools import ALICE_KEY, BOB_KEY, PRICE, UPSTREAM_KEY, deployment, fake, serving
 
 from sluice import Deployment
-from sluice.serve._batch_ctx import new_batch
-from sluice.serve._message_batch_shapes import message_batch
-from sluice.serve._settings import ClientSpec
+from sluice.serve.batches._message_shapes import message_batch
+from sluice.serve.core._settings import ClientSpec
+from sluice.serve.files._ctx import new_batch
 from sluice.testing import FakeServer
 
 ALICE = ClientSpec("alice", key_env="ALICE_KEY")

@@ -17,7 +17,7 @@ import pytest
 from servetools import ALICE_KEY, PRICE, UPSTREAM_KEY, deployment, fake, plain_server, serving
 
 from sluice import Deployment
-from sluice.serve._settings import ClientSpec
+from sluice.serve.core._settings import ClientSpec
 
 ALICE = ClientSpec("alice", key_env="ALICE_KEY")
 HELLO = [{"role": "user", "content": "Say hello to the proxy"}]
@@ -334,8 +334,8 @@ async def test_the_servers_own_refusals_are_anthropic_shaped(tmp_path: Path) -> 
 def test_unavailable_is_overloaded_for_an_anthropic_client() -> None:
     """sluice's 503 (it cannot take the request now: Redis down, shutting down) is the 529
     an Anthropic client retries; its Retry-After stays."""
-    from sluice.serve._anthropic import anthropic_shaped
-    from sluice.serve._errors import openai_error
+    from sluice.serve.core._errors import openai_error
+    from sluice.serve.messages._anthropic import anthropic_shaped
 
     shaped = anthropic_shaped(openai_error(503, "later", type="server_error", headers={"retry-after": "2"}))
     assert shaped.status == 529

@@ -22,7 +22,7 @@ from sluice import BudgetExhaustedError, Deployment, Engine, RetryPolicy
 from sluice.cli._config import JobConfig
 from sluice.redis import RedisBudget
 from sluice.serve._app import build_app
-from sluice.serve._settings import ClientSpec, ServeSettings
+from sluice.serve.core._settings import ClientSpec, ServeSettings
 
 
 @contextlib.asynccontextmanager

@@ -27,8 +27,8 @@ from servetools import ALICE_KEY, BOB_KEY, ENV, UPSTREAM_KEY, ask, deployment, f
 from sluice import Deployment, RetryPolicy
 from sluice.cli._config import JobConfig
 from sluice.serve._app import build_app
-from sluice.serve._replicas import REPLICAS
-from sluice.serve._settings import ClientSpec, ServeSettings
+from sluice.serve.core._replicas import REPLICAS
+from sluice.serve.core._settings import ClientSpec, ServeSettings
 from sluice.testing import FakeServer
 
 CLIENTS = (ClientSpec("alice", "ALICE_KEY"), ClientSpec("bob", "BOB_KEY"))

@@ -21,8 +21,8 @@ from servetools import ALICE_KEY, BOB_KEY, PRICE, UPSTREAM_KEY, fake, plain_serv
 from sluice import Deployment, RetryPolicy
 from sluice.cli._config import JobConfig
 from sluice.serve._app import build_app
-from sluice.serve._responses_db import RESPONSES_DB, ResponsesDB
-from sluice.serve._settings import ClientSpec, ServeSettings
+from sluice.serve.core._settings import ClientSpec, ServeSettings
+from sluice.serve.responses._db import RESPONSES_DB, ResponsesDB
 
 _OPENED: list[openai.AsyncOpenAI] = []
 

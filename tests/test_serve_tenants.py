@@ -17,7 +17,7 @@ from servetools import ALICE_KEY, ENV, MESSAGES, PRICE, deployment, fake, listen
 from sluice import ConfigError, Deployment, RetryPolicy
 from sluice.cli._config import JobConfig
 from sluice.serve._app import build_app
-from sluice.serve._settings import ClientSpec, ServeSettings, serve_tables
+from sluice.serve.core._settings import ClientSpec, ServeSettings, serve_tables
 
 METRICS_KEY = "mk-7f3a9c1e5b2d8046"
 ALICE = ClientSpec("alice", "ALICE_KEY", budget_usd=1.0)
@@ -107,7 +107,7 @@ def test_the_metrics_key_is_checked_at_start_up(tmp_path: Path) -> None:
 
 
 def test_a_key_that_looks_guessable_is_named_weak() -> None:
-    from sluice.serve._key_rules import weakness
+    from sluice.serve.core._key_rules import weakness
 
     for weak in ("aaaaaaaaaaaaaaaa", "abcabcabcabcabcabcabc", "0123456789abcdefghij", "sk-1111111111111111"):
         assert weakness(weak) is not None, weak

@@ -20,7 +20,7 @@ import pytest
 from polling import until
 from servetools import ALICE_KEY, BOB_KEY, deployment, fake, sdk, serving
 
-from sluice.serve._settings import ClientSpec
+from sluice.serve.core._settings import ClientSpec
 
 CLIENTS = (ClientSpec("alice", "ALICE_KEY"), ClientSpec("bob", "BOB_KEY"))
 KB = 1024
@@ -244,7 +244,7 @@ def test_counting_a_one_line_file_of_60_mb_reads_it_a_piece_at_a_time(tmp_path: 
         f.write(b"\xef\xbb\xbf  \n\n")
         f.write(b'{"custom_id": "' + b"x" * (60 * 1024 * KB) + b'"}')  # no newline at the end
     code = (
-        "import sys, tracemalloc; from pathlib import Path; from sluice.serve._files import count_requests;"
+        "import sys, tracemalloc; from pathlib import Path; from sluice.serve.files._files import count_requests;"
         "tracemalloc.start(); n = count_requests(Path(sys.argv[1])); print(n, tracemalloc.get_traced_memory()[1])"
     )
     done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
@@ -256,7 +256,7 @@ def test_counting_a_one_line_file_of_60_mb_reads_it_a_piece_at_a_time(tmp_path: 
 
 def test_the_new_serve_settings_are_checked_with_the_file_named() -> None:
     from sluice._errors import ConfigError
-    from sluice.serve._settings import serve_tables
+    from sluice.serve.core._settings import serve_tables
 
     settings, _ = serve_tables({"serve": {"client_uploads": 2, "file_ttl_days": 0, "max_json_values": 10}}, "s.toml")
     assert (settings.client_uploads, settings.file_ttl_days, settings.max_json_values) == (2, 0, 10)

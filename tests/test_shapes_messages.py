@@ -25,16 +25,16 @@ from sluice import InvalidRequestError, Request, Usage
 from sluice.providers._events import TextDelta, ToolCallDelta
 from sluice.providers._translate import JSON_TOOL_NAME, anthropic_body
 from sluice.shapes._common import ChatView, ShapeError
-from sluice.shapes._messages_errors import (
+from sluice.shapes.messages._errors import (
     ERROR_TYPES,
     anthropic_error_body,
     error_type_for,
     lost_message,
     status_for,
 )
-from sluice.shapes._messages_events import MessagesEvents
-from sluice.shapes._messages_in import chat_from_messages, check_count_tokens
-from sluice.shapes._messages_out import UNPARSED_ARGUMENTS, message_from_chat, tool_use_id, usage_from
+from sluice.shapes.messages._events import MessagesEvents
+from sluice.shapes.messages._in import chat_from_messages, check_count_tokens
+from sluice.shapes.messages._out import UNPARSED_ARGUMENTS, message_from_chat, tool_use_id, usage_from
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 PDF = base64.b64encode(b"%PDF-1.4 tiny").decode()
@@ -65,7 +65,7 @@ def chat(**fields: Any) -> ChatView:
 
 
 def request_of(view: ChatView) -> Request:
-    """The Request the server builds from a view (as ``serve/_chat.parse_chat`` does)."""
+    """The Request the server builds from a view (as ``serve/chat/_chat.parse_chat`` does)."""
     rest = dict(view.body)
     rest.pop("stream", None)
     return Request(

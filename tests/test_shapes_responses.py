@@ -22,7 +22,7 @@ from pydantic import TypeAdapter
 from sluice import Usage
 from sluice.providers._events import TextDelta, ToolCallDelta
 from sluice.shapes._common import ChatView, ShapeError
-from sluice.shapes._responses_api import (
+from sluice.shapes.responses._api import (
     ResponsesEvents,
     chat_from_responses,
     conversation_items,

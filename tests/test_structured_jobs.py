@@ -24,7 +24,7 @@ from clitools import MODEL, env_for, questions, read_output, run_cli, write_json
 from pydantic import BaseModel
 from servetools import ALICE_KEY, UPSTREAM_KEY, deployment, fake, sdk, serving
 
-from sluice.serve._settings import ClientSpec
+from sluice.serve.core._settings import ClientSpec
 from sluice.testing import FakeServer
 
 PRICE = (1.0, 2.0)

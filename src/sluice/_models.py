@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 from . import _json
 from ._errors import ConfigError, InvalidRequestError, SluiceError
 from ._fastinit import fast_frozen_init, maker
-from .structured._ask import ASK_MODES
-from .structured._schema import Schema
+from ._schema import ASK_MODES, Schema
 
 if TYPE_CHECKING:
     from .providers import Provider

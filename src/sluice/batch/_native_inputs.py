@@ -18,8 +18,8 @@ from typing import Any
 from .._errors import InvalidInputError
 from .._models import Native, Request
 from ..shapes._common import ChatView, ShapeError
-from ..shapes._messages_in import chat_from_messages
-from ..shapes._responses_api import chat_from_responses
+from ..shapes.messages._in import chat_from_messages
+from ..shapes.responses._api import chat_from_responses
 
 __all__ = ["NATIVE_URLS", "native_api_of", "native_view", "with_native"]
 

@@ -71,7 +71,7 @@ _TOP_KEYS = {
     "deployments",
     "fallbacks",
     "cooldown",
-    "client",  # [[client]] and [serve]: read by sluice.serve._settings
+    "client",  # [[client]] and [serve]: read by sluice.serve.core._settings
     "serve",
 }
 _COOLDOWN_KEYS = {f.name for f in dataclasses.fields(Cooldown)}

@@ -127,7 +127,7 @@ def serve_command(
     config = with_otel(config_from_bytes(raw, path), otel)
     if not config.deployments:
         raise ConfigError(f"{path} has no [[deployment]]: sluice serve would have no model to answer with")
-    from ..serve._settings import serve_tables
+    from ..serve.core._settings import serve_tables
 
     settings, clients = serve_tables(tomllib.loads(raw.decode("utf-8")), str(path))
     if not clients and not _loopback(host):

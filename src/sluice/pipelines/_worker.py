@@ -45,6 +45,10 @@ T = TypeVar("T")
 #: How often a worker notes itself; a note older than three of these is a worker gone.
 HEARTBEAT_S = 1.0
 
+#: The longest one step of closing waits for what it ends (a heartbeat stuck on a Redis
+#: that went away must not hold the worker's way out).
+_CLOSE_STEP_S = 5.0
+
 _SHARED: dict[bytes, RowWorker] = {}
 _SHARED_LOCK = threading.Lock()
 
@@ -70,7 +74,7 @@ class RowWorker:
         self.in_flight = 0
         self.rows = 0
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="sluice-rows", daemon=True)
+        self._thread = threading.Thread(target=self._run_loop, name="sluice-rows", daemon=True)
         self._thread.start()
         self._parts: list[Any] = []
         self._beat: asyncio.Task[None] | None = None
@@ -95,14 +99,31 @@ class RowWorker:
         if self.closed:
             return
         self.closed = True
-        if self._loop.is_running():
+        if self._thread.is_alive():
             with contextlib.suppress(Exception):  # best effort: leases and holds expire on their own
                 asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=60)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-        if not self._loop.is_running() and not self._loop.is_closed():
-            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-            self._loop.close()
+            with contextlib.suppress(RuntimeError):  # the loop already closed itself
+                self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+
+    def _run_loop(self) -> None:
+        """The loop's thread: runs it until :meth:`close` stops it, then ends whatever is
+        still pending on it (as :func:`asyncio.run` does) and closes it, so no task, socket
+        or session is left for the garbage collector to find half-open, whatever the way
+        :meth:`_close` went."""
+        loop = self._loop
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                pending = asyncio.all_tasks(loop)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    loop.run_until_complete(asyncio.wait(pending, timeout=_CLOSE_STEP_S))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -206,8 +227,7 @@ class RowWorker:
     async def _close(self) -> None:
         if self._beat is not None:
             self._beat.cancel()
-            with contextlib.suppress(BaseException):
-                await self._beat
+            await asyncio.wait({self._beat}, timeout=_CLOSE_STEP_S)
         engine = getattr(self, "engine", None)
         if engine is not None:
             with contextlib.suppress(Exception):
@@ -222,7 +242,8 @@ class RowWorker:
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for task in tasks:  # what the parts left running (their listeners): ended, not dropped
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            await asyncio.wait(tasks, timeout=_CLOSE_STEP_S)
 
 
 def _in_order(results: list[Result], rows: Sequence[Any]) -> list[Result]:

@@ -79,6 +79,10 @@ def default_worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+#: Seconds each step of a worker's way out (its helpers' ends, leaving the registry, closing) may take.
+_WAY_OUT_S = 2.0
+
+
 class Worker:
     """Answers requests of running jobs until stopped (or, with ``only_job``, until that
     job is finished)."""
@@ -177,15 +181,18 @@ class Worker:
             self._stopping.set()
             if jobs:
                 await asyncio.gather(*jobs.values(), return_exceptions=True)
-            for task in (beat, listener):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            # Each step of the way out is bounded: a Redis call that a refusal or an outage
+            # left half done must not hold the stop (a worker refused by Redis was once seen
+            # still running 30 s after it said it was stopping).
+            helpers = [task for task in (beat, listener) if task is not None]
+            for task in helpers:
+                task.cancel()
+            if helpers:
+                await asyncio.wait(helpers, timeout=_WAY_OUT_S)
             with contextlib.suppress(*UNREACHABLE):
-                await asyncio.wait_for(WorkerRegistry(self.client, self.namespace).leave(self.name), 2)
+                await asyncio.wait_for(WorkerRegistry(self.client, self.namespace).leave(self.name), _WAY_OUT_S)
             with contextlib.suppress(Exception):
-                await self.client.aclose()
+                await asyncio.wait_for(self.client.aclose(), _WAY_OUT_S)
 
     async def _listen_for_jobs(self) -> None:
         """Wake the job loop when a coordinator announces a job (the loop still looks every

@@ -14,7 +14,7 @@ from aiohttp import web_log
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 
-from ._dashboard import DASHBOARD
+from .dashboard._dashboard import DASHBOARD
 
 __all__ = ["AccessLogger"]
 

@@ -13,12 +13,12 @@ before them all, started by one after auth, so an unauthenticated caller gets no
   ``default`` (the server then listens on loopback only). ``/health`` needs no key: it
   says nothing of any client; ``/metrics`` asks for the metrics key itself when
   ``[serve] metrics_key_env`` names one, and ``/dashboard`` for the admin key (see
-  ``_dashboard``);
+  ``dashboard._dashboard``);
 * **forward** (with ``--redis`` only): a file or batch held by another replica is answered
-  by that replica (see ``_replicas``).
+  by that replica (see ``_forward``; the registry of replicas: ``core._replicas``).
 
 Hostile clients: bodies are capped (``client_max_size``, 413; a JSON body's values and the
-bytes parsed at once too: :class:`~._body.BodyLimits`), a body must arrive within
+bytes parsed at once too: :class:`~sluice.serve.core._body.BodyLimits`), a body must arrive within
 ``body_timeout_s`` of the headers (:func:`read_body`, 408 and the connection closed), and
 the headers within ``header_timeout_s`` of the connection (or of the previous response):
 aiohttp closes a connection whose request has not fully arrived when its keep-alive
@@ -49,31 +49,33 @@ from .._models import Deployment
 from ..store import SqliteStore
 from ..tiers import BatchSettings, close_tiers
 from ._access_log import AccessLogger
-from ._anthropic import anthropic_model, anthropic_shaped, from_anthropic_client
-from ._batch_money import batch_spend
-from ._batches import Limits, recent_batches, setup_batch_api
-from ._body import BODY_LIMITS, BODY_TIMEOUT, BodyLimits, BodyTimeout, read_body, read_json, timed_out
-from ._body_budget import BodyBudget
-from ._chat import chat_completions
-from ._clients import Client, Clients, SpendStore
-from ._context import CONTEXT, JSON_BODY, BadBody, Refused, ServeContext, client_of, upstream_secrets
-from ._dashboard import DashboardAuth, is_dashboard, setup_dashboard
-from ._embeddings import embeddings
-from ._errors import openai_error
-from ._key_rules import bearer, operator_key, same_key
-from ._keys import BATCH_ENGINE, CLIENT, ENGINE, STATE_DIR, ClientLike
-from ._live import RECENT, Live, Recent
-from ._messages import count_tokens, messages
-from ._metrics import CONTENT_TYPE, Metrics
-from ._queue import Admission, serve_limiter
-from ._replicas import REPLICAS, Replicas, forward_middleware
-from ._responses import add_responses_routes
-from ._responses_db import ResponsesDB
-from ._settings import ClientSpec, ServeSettings
+from ._forward import forward_middleware
+from .batches._batches import Limits, recent_batches, setup_batch_api
+from .chat._chat import chat_completions
+from .core._batch_money import batch_spend
+from .core._body import BODY_LIMITS, BODY_TIMEOUT, BodyLimits, BodyTimeout, read_body, read_json, timed_out
+from .core._body_budget import BodyBudget
+from .core._clients import Client, Clients, SpendStore
+from .core._context import CONTEXT, JSON_BODY, BadBody, Refused, ServeContext, client_of, upstream_secrets
+from .core._errors import openai_error
+from .core._key_rules import bearer, operator_key, same_key
+from .core._keys import BATCH_ENGINE, CLIENT, ENGINE, STATE_DIR, ClientLike
+from .core._metrics import CONTENT_TYPE, Metrics
+from .core._queue import Admission, serve_limiter
+from .core._replicas import REPLICAS, Replicas
+from .core._settings import ClientSpec, ServeSettings
+from .dashboard._dashboard import DashboardAuth, is_dashboard, setup_dashboard
+from .dashboard._live import RECENT, Live, Recent
+from .embeddings._embeddings import embeddings
+from .message_batches._message_batches import add_message_batch_routes
+from .messages._anthropic import anthropic_model, anthropic_shaped, from_anthropic_client
+from .messages._messages import count_tokens, messages
+from .responses._db import ResponsesDB
+from .responses._responses import add_responses_routes
 
 if TYPE_CHECKING:
     from .._engine import Engine, RetryEvent
-    from ._redis import ServeRedis
+    from .core._redis import ServeRedis
 
 __all__ = ["BODY_TIMEOUT", "build_app", "make_runner", "read_body", "serve"]
 
@@ -111,8 +113,8 @@ def build_app(
     """The application: its engine is made here and started/closed with the app.
 
     ``redis_url``: share the deployments' limits, the budgets and client spend and rpm/tpm
-    with every replica that names the same Redis (see ``_redis``); files and batches stay in
-    this replica's state dir, but any replica answers for them (see ``_replicas``).
+    with every replica that names the same Redis (see ``core._redis``); files and batches stay in
+    this replica's state dir, but any replica answers for them (see ``core._replicas``).
     ``advertise_url``: where the other replicas reach this one (default: the address it
     listens on, set by :func:`serve`, or by the caller through ``app[REPLICAS].set_address``).
 
@@ -146,7 +148,7 @@ def build_app(
     redis: ServeRedis | None = None
     if redis_url is not None:
         try:
-            from ._redis import ServeRedis
+            from .core._redis import ServeRedis
         except ImportError as exc:
             raise ConfigError(f"--redis needs the redis extra: pip install 'llm-sluice[redis]' ({exc})") from None
         redis = ServeRedis(redis_url, fail_open=redis_fail_open)
@@ -234,6 +236,7 @@ def build_app(
         resolve_model=functools.partial(_batch_model, ctx),
         validate_json=settings.validate_json,
     )
+    add_message_batch_routes(app)  # Anthropic's Message Batches, on the Batch API's state and runs
     app.on_cleanup.append(close)  # after them: batches stop feeding and record what is in flight first
     if redis_url is not None:
         replicas = Replicas(redis_url, state_dir, advertise_url)

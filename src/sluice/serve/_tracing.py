@@ -28,7 +28,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from .. import __version__
 from .._tracing import Tracing, tracing_failed
-from ._keys import CLIENT
+from .core._keys import CLIENT
 
 __all__ = ["server_spans"]
 

@@ -5,6 +5,10 @@ sluice's common request is OpenAI's Chat Completions shape (``Request.messages``
 Responses API: a body in either shape is read into a :class:`~._common.ChatView` (the
 common shape, and what of the body it cannot carry), and answers and streams are written
 back in the client's shape. Nothing here does I/O.
+
+One sub-package per API, ``messages/`` (Anthropic's) and ``responses/`` (OpenAI's), beside
+what both share: ``_common`` (:class:`~._common.ChatView`, :class:`~._common.ShapeError`)
+and ``_fields`` (one field checked for its type). Neither API imports the other.
 """
 
 from __future__ import annotations
@@ -35,9 +39,9 @@ def native_request(body: Mapping[str, Any], api: str, *, model: str | None = Non
     from ._common import ShapeError
 
     if api == "anthropic":
-        from ._messages_in import chat_from_messages as read
+        from .messages._in import chat_from_messages as read
     elif api == "responses":
-        from ._responses_request import chat_from_responses as read
+        from .responses._request import chat_from_responses as read
     else:
         raise InvalidRequestError(f"api must be 'anthropic' or 'responses', got {api!r}")
     try:

@@ -10,10 +10,10 @@ validation errors.
 
 from __future__ import annotations
 
-from ._ask import ASK_MODES, ask_mode, sent_params, shaped
+from .._schema import ASK_MODES, MAX_REASKS, Schema, schema_from_response_format, strict_compatible
+from ._ask import ask_mode, sent_params, shaped
 from ._check import Verdict, check
 from ._load import load_schema
-from ._schema import MAX_REASKS, Schema, schema_from_response_format, strict_compatible
 
 __all__ = [
     "ASK_MODES",

@@ -21,14 +21,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._errors import InvalidRequestError
+from .._schema import ASK_MODES
 
 if TYPE_CHECKING:
     from .._models import Deployment, Request
-    from ._schema import Schema
+    from .._schema import Schema
 
-__all__ = ["ASK_MODES", "ask_mode", "sent_params", "shaped"]
-
-ASK_MODES = ("json_schema", "json_object", "prompt")
+__all__ = ["ask_mode", "sent_params", "shaped"]
 
 
 def ask_mode(deployment: Deployment) -> str:

@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from ._schema import Schema
+    from .._schema import Schema
 
 __all__ = ["Verdict", "check"]
 

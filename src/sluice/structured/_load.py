@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from .._errors import ConfigError, InvalidRequestError
-from ._schema import Schema, schema_from_response_format
+from .._schema import Schema, schema_from_response_format
 
 __all__ = ["load_schema"]
 
