@@ -1,6 +1,7 @@
 """A batch-tier job: `sluice run --tier batch` over an N-line file through the fake's Batch API.
 
     python bench/batch_tier.py --n 100000     # ~1 min on 2 cores
+    python bench/batch_tier.py --n 50000 200000 1000000 --tier sync batch auto   # the issue-38 table
 
 The fake server (``python -m sluice.testing``) runs in its own process on one core and
 answers each batch at once (``--batch-start-after 0``); ``sluice run`` runs on the other.
@@ -8,8 +9,11 @@ Reported: wall time, CPU per line and peak RSS of the ``sluice run`` process (``
 the batches it made, and **the delay from the provider finishing to the output being
 written**: for each batch, from its ``completed_at`` (the fake's clock, the same machine's)
 to when the run had written every one of its lines (the process's end for the last
-batch; the poll period bounds the wait for each). The run also checks that every line
-was answered once, by a batch, and that nothing was sent synchronously.
+batch; the poll period bounds the wait for each). ``--tier sync`` runs the same job
+synchronously, ``auto`` with a deadline a day away (all of it in batches). The run also
+checks that every line was answered once and that a ``--tier batch`` job sent nothing
+synchronously; ``answered sync`` counts the lines ``--tier auto`` sent synchronously (a
+batch that failed them).
 """
 
 from __future__ import annotations
@@ -31,9 +35,55 @@ from batch import run_measured, write_input
 MODEL = "openai/bench"
 
 
+def run_one(n: int, tier: str, args: argparse.Namespace, folder: Path) -> list[str]:
+    """One ``sluice run`` of ``n`` lines at ``tier`` against a fresh fake; its table row."""
+    server_cpus, client_cpus = cpu_plan()
+    source, output = folder / f"in-{n}.jsonl", folder / f"out-{tier}-{n}.jsonl"
+    if not source.exists():
+        write_input(source, n)
+    fake = ["--latency", "0", "--output-tokens", "16", "--batch-start-after", str(args.start_after)]
+    with FakeServerProcess(fake, cpus=server_cpus) as server:
+        env = {**os.environ, "NO_COLOR": "1", "OPENAI_BASE_URL": server.openai_url, "OPENAI_API_KEY": "x"}
+        cli = [sys.executable, "-m", "sluice", "run", str(source), "-o", str(output), "--model", MODEL]
+        cli += ["--log-every", "60"]
+        if tier != "sync":
+            cli += ["--tier", tier, "--batch-size", str(args.batch_size), "--poll-every", str(args.poll_every)]
+        if tier == "auto":
+            cli += ["--deadline", "24h"]
+        seconds, rss, _, cpu = run_measured(cli, env, client_cpus)
+        ended = time.time()
+        stats = server.stats()
+        request = urllib.request.Request(
+            f"{server.openai_url}/batches?limit=100", headers={"Authorization": "Bearer x"}
+        )
+        with urllib.request.urlopen(request) as response:
+            batches = json.loads(response.read())["data"]
+    records = synchronous = 0
+    with output.open() as lines:
+        for line in lines:
+            record = json.loads(line)
+            assert record["ok"], record
+            synchronous += record["tier"] == "sync"
+            records += 1
+    output.unlink()
+    assert records == n, f"{records:,} records for {n:,} lines"
+    assert stats.get("duplicate_successes", 0) == 0, "a line was answered twice"
+    assert tier != "batch" or synchronous == stats.get("received", 0) == 0, "a batch job sent synchronous requests"
+    finished = sorted(float(b["completed_at"] or 0) for b in batches)
+    spans = [(float(b["created_at"]), float(b["completed_at"] or 0)) for b in batches]
+    at_once = max((sum(1 for c, e in spans if c <= t < e) for t, _ in spans), default=0)
+    # completed_at is whole seconds: the delay is accurate to about a second
+    delay_last = f"{ended - finished[-1]:.1f}" if finished else "-"
+    row = [tier, f"{n:,}", str(len(batches)), f"{seconds:.1f}", f"{cpu / n * 1000:.3f}", f"{rss / 2**20:.0f}"]
+    return [*row, str(at_once), delay_last, f"{synchronous:,}"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--n", type=int, nargs="+", default=[100_000], help="lines of each job (several: one each)")
+    parser.add_argument(
+        "--tier", nargs="+", default=["batch"], choices=["sync", "batch", "auto"], help="tiers to run each size at"
+    )
     parser.add_argument("--batch-size", type=int, default=10_000)
     parser.add_argument("--poll-every", type=float, default=1.0)
     parser.add_argument(
@@ -44,70 +94,26 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    server_cpus, client_cpus = cpu_plan()
+    print(
+        f"# batch tier: {', '.join(f'{n:,}' for n in args.n)} lines at {', '.join(args.tier)}, batches of "
+        f"{args.batch_size:,}, polled every {args.poll_every:g} s at most, each batch starting "
+        f"{args.start_after:g} s after it is created"
+    )
+    print(machine_line(), f"load average at the start {os.getloadavg()[0]:.1f}", flush=True)
+    rows = []
     with tempfile.TemporaryDirectory(prefix="sluice-batch-tier-") as folder:
-        source, output = Path(folder) / "in.jsonl", Path(folder) / "out.jsonl"
-        write_input(source, args.n)
-        fake = ["--latency", "0", "--output-tokens", "16", "--batch-start-after", str(args.start_after)]
-        with FakeServerProcess(fake, cpus=server_cpus) as server:
-            env = {**os.environ, "NO_COLOR": "1", "OPENAI_BASE_URL": server.openai_url, "OPENAI_API_KEY": "x"}
-            cli = [sys.executable, "-m", "sluice", "run", str(source), "-o", str(output), "--model", MODEL]
-            cli += ["--tier", "batch", "--batch-size", str(args.batch_size), "--poll-every", str(args.poll_every)]
-            cli += ["--log-every", "60"]
-            seconds, rss, _, cpu = run_measured(cli, env, client_cpus)
-            ended = time.time()
-            stats = server.stats()
-            request = urllib.request.Request(
-                f"{server.openai_url}/batches?limit=100", headers={"Authorization": "Bearer x"}
-            )
-            with urllib.request.urlopen(request) as response:
-                batches = json.loads(response.read())["data"]
-        records = [json.loads(line) for line in output.open()]
-
-    assert all(r["ok"] and r["tier"] == "batch" for r in records), "a line was not answered by a batch"
-    finished = sorted(float(b["completed_at"] or 0) for b in batches)
-    spans = [(float(b["created_at"]), float(b["completed_at"] or 0)) for b in batches]
-    at_once = max((sum(1 for c, e in spans if c <= t < e) for t, _ in spans), default=0)
-    # completed_at is whole seconds: the delay is accurate to about a second
-    delay_last = ended - finished[-1] if finished else float("nan")
-    rows = [
-        [
-            f"{len(records):,}",
-            str(len(batches)),
-            f"{seconds:.1f}",
-            f"{cpu / len(records) * 1000:.3f}",
-            f"{rss / 2**20:.0f}",
-            str(at_once),
-            f"{delay_last:.1f}",
-        ]
-    ]
-    print(
-        f"# batch tier: {args.n:,} lines, batches of {args.batch_size:,}, polled every {args.poll_every:g} s, "
-        f"each batch starting {args.start_after:g} s after it is created"
-    )
-    print(machine_line())
+        for n in args.n:
+            for tier in args.tier:
+                rows.append(run_one(n, tier, args, Path(folder)))
+                print("  ", " | ".join(rows[-1]), flush=True)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
     print()
-    headers = ["lines", "batches", "seconds", "CPU ms / line", "peak RSS MB", "batches at the provider at once"]
-    headers.append("last batch done -> output written, s")
-    print(markdown_table(headers, rows, right=[0, 1, 2, 3, 4, 5, 6]))
+    headers = ["tier", "lines", "batches", "seconds", "CPU ms / line", "peak RSS MB"]
+    headers += ["batches at the provider at once", "last batch done -> output written, s", "answered sync"]
+    print(markdown_table(headers, rows, right=[1, 2, 3, 4, 5, 6, 7, 8]))
     print()
-    print(
-        f"server: {stats.get('received', 0):,} synchronous requests (expected 0), {stats.get('accepted', 0):,} lines "
-        f"answered for {args.n:,}, duplicate successes {stats.get('duplicate_successes', 0)} (expected 0)"
-    )
-    save_results(
-        "batch_tier",
-        {
-            "n": args.n,
-            "start_after": args.start_after,
-            "seconds": seconds,
-            "cpu": cpu,
-            "rss": rss,
-            "batches": len(batches),
-            "at_once": at_once,
-            "delay_last": delay_last,
-        },
-    )
+    print("every job: one record per line, answered once (no duplicate success); --tier batch sent no sync request")
+    save_results("batch_tier", {"args": vars(args), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -8,13 +8,26 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
 import sqlite3
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from clitools import MODEL, questions, read_output, run_cli, start_cli, wait_until, write_jsonl
+from clitools import (
+    MODEL,
+    env_for,
+    questions,
+    read_output,
+    run_cli,
+    sluice_cmd,
+    start_cli,
+    wait_until,
+    write_jsonl,
+)
 
 from sluice.testing import FakeServer
 
@@ -233,3 +246,37 @@ def test_lines_waiting_for_money_leave_room_for_the_parked_ones_to_come_back(
     assert done.returncode == 0, done.stdout + done.stderr
     _answered_once(server, out, n)
     assert server.total_billed_usd <= budget
+
+
+def _peak_rss_mb(server: FakeServer, tmp_path: Path, n: int) -> float:
+    """A parked job of ``n`` lines run to its end; the peak RSS the kernel counted for it."""
+    src = write_jsonl(tmp_path / f"in-{n}.jsonl", questions(n))
+    out = tmp_path / f"out-{n}.jsonl"
+    command = sluice_cmd("run", src, "-o", out, "--model", MODEL, *BATCH, "--log-every", "600")
+    process = subprocess.Popen(command, env=env_for(server), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 400
+    while True:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            process.returncode = os.waitstatus_to_exitcode(status)
+            break
+        if time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            raise AssertionError(f"a {n:,}-line job did not end within 400 s")
+        time.sleep(0.2)
+    assert process.returncode == 0
+    with out.open("rb") as records:
+        assert sum(b'"ok":true' in record for record in records) == n
+    return usage.ru_maxrss / 1024
+
+
+@pytest.mark.timeout(900)
+def test_a_parked_jobs_memory_does_not_grow_with_its_lines(server: FakeServer, tmp_path: Path) -> None:
+    """Three times the lines, the same memory: what grew per batch (each parked line's error
+    holding its engine frames in a cycle) is gone, and a line leaves the engine as it joins
+    a chunk (before: two batches' worth of lines waited as engine tasks, ~10 KB each)."""
+    small = _peak_rss_mb(server, tmp_path, 25_000)
+    large = _peak_rss_mb(server, tmp_path, 75_000)
+    assert large < 250, f"75,000 lines peaked at {large:.0f} MB (25,000 at {small:.0f} MB)"
+    assert large < small + 110, f"75,000 lines peaked at {large:.0f} MB, 25,000 at {small:.0f} MB"

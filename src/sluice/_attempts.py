@@ -448,6 +448,8 @@ class Attempts(Admission):
                 )
                 if cut_off:  # cancelled at the provider: no verdict on the deployment (a probe is freed)
                     self.router.released(route)
+            if failure is not None:  # an outcome, a value: its traceback would hold this frame in a cycle
+                failure.__traceback__ = None  # (freed only by a collection, rare in a job: see fewer_collections)
 
     def after_failure(self, job: Job, error: SluiceError, attempt: int, deadline: float | None) -> float | None:
         """Learn from a failed attempt; the delay before the next, or None to give up.

@@ -115,6 +115,8 @@ def _sync_rate(config: JobConfig) -> float:
     return sum(rates) or 1.0
 
 
+#: Lines in the engine at once in a job whose batch lines park (see ``_tier_arguments``).
+_PARKING_ROOM = 4096
 #: Seconds a flex request may take: OpenAI suggests 15 minutes (it queues for capacity).
 _FLEX_TIMEOUT = 900.0
 
@@ -144,8 +146,11 @@ def _tier_arguments(
         return {"retry": longer, "adapt_deployment": adapt}
     # a batch line's attempt is not timed (see Attempts.attempt); nor is a job's retrying
     untimed = dataclasses.replace(retry, deadline=None)
+    # lines waiting in memory for their batches: two batches' worth, unless they park (they
+    # leave the engine as they join a chunk: room for those waiting to join and those read again)
+    waiting = 2 * config.batch.max_lines if config.batch.on_ended is None else _PARKING_ROOM
     return {
         "retry": untimed,
         "adapt_deployment": adapt,
-        "concurrency": max(int(arguments["concurrency"]), 2 * config.batch.max_lines),
+        "concurrency": max(int(arguments["concurrency"]), waiting),
     }

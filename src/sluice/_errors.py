@@ -135,15 +135,15 @@ class CancelledError(SluiceError):
 
 class ParkedError(SluiceError):
     """Not an outcome yet: the provider holds the request to answer later (a line of a
-    provider batch that has been created and journalled), so it leaves memory, and is
-    asked again once that batch has ended (the answer then comes from the journal). The
-    engine keeps its worst case reserved on the budget meanwhile and stores nothing."""
+    provider batch, gathering or created), so it leaves memory, and is asked again once
+    that batch has ended (the answer then comes from the journal). The engine keeps its
+    worst case reserved on the budget meanwhile and stores nothing."""
 
     kind = "parked"
 
-    def __init__(self, message: str, *, chunk: int, batch_id: str) -> None:
+    def __init__(self, message: str, *, chunk: int, batch_id: str | None) -> None:
         super().__init__(message)
-        #: The journal's chunk holding it, and the provider's batch.
+        #: The number its chunk's lines are parked under, and the provider's batch (None: not created yet).
         self.chunk = chunk
         self.batch_id = batch_id
 

@@ -23,6 +23,7 @@ from ..tiers import batch_request
 from ._cache_plan import FilePlan, plan_file
 from ._inputs import EMBEDDING_IN_CHAT_JOB, InputItem, read_inputs, read_jsonl_at, request_of
 from ._job import JobProgress, JobSpec
+from ._offsets import LineOffsets
 from ._output import DoneLines, JobOutput, OutputFile, output_record
 from ._parked import ParkedLines
 from ._running import engine_for, running
@@ -54,6 +55,7 @@ async def stream_chat(
     parking = ParkedLines() if parks(spec, progress) else None
     engine = engine_for(spec, progress, store, on_ended=parking.ended if parking is not None else None)
     auto = spec.config.tier == "auto"  # each line asks its model's batch tier first
+    offsets = LineOffsets() if parking is not None else None  # lines read again are sought, not scanned for
     pending: dict[int, InputItem] = {}  # lines of the first reading in the engine, by index
     again: dict[int, InputItem] = {}  # lines read again in the engine, by index
     first_done = False  # the first reading got to the end of the input
@@ -64,7 +66,7 @@ async def stream_chat(
     ) -> Iterator[Request | SluiceError]:
         """The input's lines (``only``: those), each kept in ``into`` under its index in the
         map that takes it (``numbering``: that map's count)."""
-        source = read_inputs(spec.input, spec.inputs, only)
+        source = read_inputs(spec.input, spec.inputs, only, offsets)
         if only is None and plan is not None and plan.reordered:  # group by group (see _cache_plan)
             source = read_jsonl_at(spec.input, spec.inputs, plan.order())
         for item in source:
@@ -155,7 +157,7 @@ async def stream_chat(
                     continue
                 sent = request_of(item, spec.cache) if item.request is not None else None
                 if auto and sent is not None and result.ok and result.tier == "sync":  # a batch may answer it too
-                    progress.answered_sync.add(idempotency_key_of(store_key(sent)))
+                    progress.note_sync(idempotency_key_of(store_key(sent)))
                 output.write_soon(
                     output_record(item, result, sent),
                     functools.partial(written, result, sent),

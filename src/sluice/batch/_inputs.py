@@ -40,6 +40,7 @@ from .._models import Request, seal
 from ..structured import Schema, schema_from_response_format
 from ._embed_inputs import EMBEDDING_URLS, EmbeddingInput, embedding_from_body, embedding_from_row
 from ._native_inputs import NATIVE_URLS, native_api_of, native_view, with_native
+from ._offsets import LineOffsets
 
 __all__ = [
     "EMBEDDING_IN_CHAT_JOB",
@@ -154,13 +155,17 @@ def detect_format(path: Path, requested: Format) -> Literal["jsonl", "csv"]:
     return "csv" if path.suffix.lower() in (".csv", ".tsv") else "jsonl"
 
 
-def read_inputs(path: Path, options: InputOptions, only: Container[int] | None = None) -> Iterator[InputItem]:
+def read_inputs(
+    path: Path, options: InputOptions, only: Container[int] | None = None, offsets: LineOffsets | None = None
+) -> Iterator[InputItem]:
     """Every record of ``path`` in order (``only``: the records of those numbers, the rest
-    skipped unparsed); the file is streamed, never loaded whole."""
+    skipped unparsed); the file is streamed, never loaded whole. ``offsets``: a whole
+    reading notes where lines start, and a reading of ``only`` (a set) seeks by them to
+    its first line and stops after its last (JSONL)."""
     if detect_format(path, options.format) == "csv":
         yield from _read_csv(path, options, only)
     else:
-        yield from _read_jsonl(path, options, only)
+        yield from _read_jsonl(path, options, only, offsets)
 
 
 def embeds(path: Path, options: InputOptions) -> bool:
@@ -203,10 +208,14 @@ def count_records(path: Path, options: InputOptions) -> int:
 # -- JSONL ---------------------------------------------------------------------------------
 
 
-def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
-    """(line number, bytes) per line; None for a line over ``limit`` bytes (skipped whole)."""
-    number = 0
+def _lines(
+    f: BinaryIO, limit: int, number: int = 0, offsets: LineOffsets | None = None
+) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, bytes) per line (from line ``number + 1``, where ``f`` is); None for a
+    line over ``limit`` bytes (skipped whole). ``offsets``: told where lines start."""
     while True:
+        if offsets is not None:
+            offsets.passing(number, f.tell())
         raw = f.readline(limit + 1)
         if not raw:
             return
@@ -219,9 +228,18 @@ def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
         yield number, raw[len(_BOM) :] if number == 1 and raw.startswith(_BOM) else raw
 
 
-def _read_jsonl(path: Path, options: InputOptions, only: Container[int] | None) -> Iterator[InputItem]:
+def _read_jsonl(
+    path: Path, options: InputOptions, only: Container[int] | None, offsets: LineOffsets | None = None
+) -> Iterator[InputItem]:
     with path.open("rb") as f:
-        for number, raw in _lines(f, options.max_line_bytes):
+        start, last = 0, None
+        if offsets is not None and isinstance(only, (set, frozenset)) and only:
+            start, at = offsets.before(min(only))
+            last = max(only)
+            f.seek(at)
+        for number, raw in _lines(f, options.max_line_bytes, start, offsets if only is None else None):
+            if last is not None and number > last:
+                return
             if only is not None and number not in only:
                 continue
             item = _jsonl_item(number, raw, options)

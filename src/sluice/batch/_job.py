@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from .._models import Request, Result
 from ..store import Recovered, Spend
+from ..store._key_filter import KeyFilter
 from ._output import max_tokens_added
 
 if TYPE_CHECKING:
@@ -135,8 +136,15 @@ class JobProgress:
     #: Lines a batch answered after ``--tier auto`` had moved them to synchronous requests
     #: that answered them too (both billed).
     answered_twice: int = 0
-    #: ``--tier auto``: the provider ids (custom ids) of the lines answered synchronously.
-    answered_sync: set[str] = field(default_factory=set)
+    #: ``--tier auto``: the provider ids (custom ids) of the lines answered synchronously,
+    #: in a Bloom filter (a set of them grew with the job: ~100 bytes a line).
+    answered_sync: KeyFilter | None = None
+
+    def note_sync(self, custom_id: str) -> None:
+        """``--tier auto``: the line of ``custom_id`` was answered synchronously."""
+        if self.answered_sync is None:
+            self.answered_sync = KeyFilter(max(self.total, 1))
+        self.answered_sync.add(custom_id)
 
     @property
     def complete(self) -> bool:

@@ -6,7 +6,7 @@ says a chunk has ended (its lines' outcomes are journalled), its lines become du
 the job reads them from the input again: the engine then answers each from the journal
 at once (or submits it again, if the batch left it unanswered). So the lines waiting at
 the provider at once are bounded by its queue, not by this process's memory (8 bytes a
-line here).
+line here, due or not; a set of a wave's lines, about one chunk's, while it is read).
 """
 
 from __future__ import annotations
@@ -18,16 +18,20 @@ from collections.abc import Callable
 
 __all__ = ["ParkedLines"]
 
+#: Lines handed out to be read again at once (whole chunks' worth, unless one is bigger).
+_WAVE = 10_000
+
 
 class ParkedLines:
     """Parked line numbers by chunk, and those due to be read again."""
 
-    __slots__ = ("_by_chunk", "_changed", "_due", "_ended", "_more", "_once", "parked")
+    __slots__ = ("_by_chunk", "_changed", "_due", "_due_lines", "_ended", "_more", "_once", "parked")
 
     def __init__(self) -> None:
         self._by_chunk: dict[int, array[int]] = {}
         self._ended: set[int] = set()  # chunks over: a line parked on one (a late report) is due at once
-        self._due: set[int] = set()
+        self._due: list[array[int]] = []  # the lines of chunks over, in the order they ended
+        self._due_lines = 0
         self._changed = asyncio.Event()
         #: Lines parked at least once (a bit each), and how often those parked again were.
         self._once = bytearray()
@@ -38,7 +42,7 @@ class ParkedLines:
     @property
     def waiting(self) -> int:
         """Lines at the provider or due to be read again: not written yet, not in the engine."""
-        return self.parked + len(self._due)
+        return self.parked + self._due_lines
 
     @property
     def due(self) -> bool:
@@ -46,8 +50,20 @@ class ParkedLines:
         return bool(self._due)
 
     def take_due(self) -> set[int]:
-        due, self._due = self._due, set()
-        return due
+        """The lines of the chunks that ended first, about ``_WAVE`` of them."""
+        taken: set[int] = set()
+        while self._due and (not taken or len(taken) + len(self._due[0]) <= _WAVE):
+            lines = self._due.pop(0)
+            self._due_lines -= len(lines)
+            taken.update(lines)
+        return taken
+
+    def _make_due(self, lines: array[int]) -> None:
+        if self._due and len(lines) < 64 and len(self._due[-1]) < _WAVE:  # a late line: with the last
+            self._due[-1].extend(lines)
+        else:
+            self._due.append(lines)
+        self._due_lines += len(lines)
 
     def park(self, chunk: int, line: int) -> None:
         byte, bit = divmod(line, 8)
@@ -57,7 +73,7 @@ class ParkedLines:
             self._more[line] = self._more.get(line, 1) + 1
         self._once[byte] |= 1 << bit
         if chunk in self._ended:
-            self._due.add(line)
+            self._make_due(array("q", (line,)))
         else:
             self._by_chunk.setdefault(chunk, array("q")).append(line)
             self.parked += 1
@@ -75,7 +91,7 @@ class ParkedLines:
         self._ended.add(chunk)
         lines = self._by_chunk.pop(chunk, None)
         if lines is not None:
-            self._due.update(lines)
+            self._make_due(lines)
             self.parked -= len(lines)
         self._changed.set()
 

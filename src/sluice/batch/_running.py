@@ -80,7 +80,7 @@ async def running(
         note_deployments(store, engine, progress.done)
         note_limits(store, engine)
         # for the live line
-        progress.batches, progress.answered_twice = batch_report(engine.deployments, progress.answered_sync)
+        progress.batches, progress.answered_twice = batch_report(engine.deployments, progress.answered_sync or ())
 
     check_room()  # before anything is sent
     ticker = asyncio.get_running_loop().create_task(_tick(output, on_tick, note, check_room))
@@ -90,7 +90,7 @@ async def running(
                 note_limits(store, engine)  # as configured, before anything is learnt
                 yield watch
         finally:
-            progress.batches, progress.answered_twice = batch_report(engine.deployments, progress.answered_sync)
+            progress.batches, progress.answered_twice = batch_report(engine.deployments, progress.answered_sync or ())
             await close_tiers(engine.deployments)  # polling stops; the provider's batches run on
     finally:
         ticker.cancel()

@@ -342,7 +342,8 @@ def main() -> None:
     default=30.0,
     show_default=True,
     metavar="SECONDS",
-    help="With --tier batch: seconds between looks at a running batch.",
+    help="With --tier batch: the most seconds between looks at a running batch (sooner when its "
+    "progress says it is about to end).",
 )
 @click.option(
     "--batch-size",

@@ -51,6 +51,9 @@ class KeyFilter:
             spot = (spot + step) & mask
         return present
 
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.may_hold(key)
+
     def may_hold(self, key: str) -> bool:
         h = hash(key) & 0xFFFFFFFFFFFFFFFF
         mask, bits = self._mask, self._bits

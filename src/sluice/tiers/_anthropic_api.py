@@ -69,6 +69,14 @@ class AnthropicBatches(BatchAPI):
     def ended(self, batch: Mapping[str, Any]) -> bool:
         return batch.get("processing_status") == "ended"
 
+    def progress(self, batch: Mapping[str, Any]) -> tuple[int, int] | None:
+        counts = batch.get("request_counts")
+        if not isinstance(counts, dict):
+            return None
+        total = sum(v for v in counts.values() if isinstance(v, int))
+        processing = counts.get("processing")
+        return (total - processing, total) if total and isinstance(processing, int) else None
+
     async def find(self, tags: Mapping[str, str], *, since: float, lines: int) -> dict[str, Any] | None:
         fits: list[dict[str, Any]] = []
         after: str | None = None

@@ -87,6 +87,10 @@ class BatchAPI(ABC):
         """Refused because the queue holds too many tokens already (submit it again later)."""
         return False
 
+    def progress(self, batch: Mapping[str, Any]) -> tuple[int, int] | None:
+        """(lines done, lines) as the batch counts them; None when it does not say."""
+        return None
+
     def why_unanswered(self, batch: Mapping[str, Any]) -> str:
         return "no result for this line"
 

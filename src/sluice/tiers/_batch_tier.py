@@ -11,7 +11,8 @@ output line, retries and fallbacks), so a batch line is a request like any other
   journalled before its upload, its batch created with the job's and chunk's tags and
   its id journalled at once; a chunk journalled without an id is looked up at the
   provider by its tags on the next run, so no line is submitted twice.
-* **Results.** The batch is polled every ``poll_every`` seconds; when it ends, its output
+* **Results.** The batch is polled every ``poll_every`` seconds at most, sooner when its
+  progress says it is about to end (:mod:`._polling`); when it ends, its output
   file is streamed and each answer journalled before the line's ``send`` returns, so a
   crash after the download loses nothing. A line the batch failed for a reason that is
   not the request's (a 5xx or 429 inside the batch, expiry, a cancel) raises a retryable
@@ -31,7 +32,6 @@ import copy
 import logging
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._errors import (
@@ -50,7 +50,10 @@ from ..providers import AnthropicProvider, HttpProvider, HttpTransport, OpenAIPr
 from ._anthropic_api import AnthropicBatches
 from ._api import BatchAPI
 from ._deadline import DeadlinePlan, moved_note
+from ._gathering import Filling, Gathering
 from ._openai_api import OpenAIBatches
+from ._polling import Polls
+from ._recovery import Recovery
 from ._settings import BatchJournal, BatchSettings
 
 if TYPE_CHECKING:
@@ -76,19 +79,10 @@ _APIS: dict[str, tuple[type[HttpProvider], type[BatchAPI]]] = {
 }
 
 
-_Answer = asyncio.Future[tuple[str, bytes]]  # (batch id, the line's result line; empty: parked in it)
+_Answer = asyncio.Future[tuple[str, bytes]]  # (batch id, the line's result line)
 
 
-@dataclass(slots=True)
-class _Filling:
-    lines: list[bytes] = field(default_factory=list)
-    waiting: dict[str, _Answer] = field(default_factory=dict)
-    size: int = 0
-    tokens: int = 0
-    timer: asyncio.TimerHandle | None = None
-
-
-class BatchTier(DeadlinePlan):
+class BatchTier(DeadlinePlan, Recovery):
     """The Batch API of one deployment, as a provider (see the module docstring)."""
 
     def __init__(self, deployment: Deployment, journal: BatchJournal, settings: BatchSettings) -> None:
@@ -109,7 +103,7 @@ class BatchTier(DeadlinePlan):
         self._api: BatchAPI | None = None
         self._max_lines = min(settings.max_lines, kind[1].max_lines)
         self._max_bytes = min(settings.max_bytes, kind[1].max_bytes)
-        self._filling = _Filling()
+        self._gathering = Gathering()
         self._waiting: dict[str, _Answer] = {}  # lines of batches still running, by custom id
         self._tasks: set[asyncio.Task[None]] = set()
         self._recovery: asyncio.Task[None] | None = None
@@ -176,18 +170,37 @@ class BatchTier(DeadlinePlan):
                 # an earlier run's verdict, recorded then: asked again (--retry-failed), it goes to a new batch
         if self.parks:
             self._park_if_held(custom_id, held)
+            await self._gather_parked(custom_id, request, held)
         answer = self._waiting.get(custom_id)  # in a batch being followed: it waits for it, moved or not
         if answer is None:
-            if self.moved:
-                maybe = held is not None and held.id in self._running_at_move
-                if maybe:  # if its batch answers it after all, it was answered twice
-                    self._moved_ids.add(custom_id)
-                raise MovedToSyncError(moved_note(self.settings), maybe_billed=maybe)
-            answer = self._add(custom_id, request)
+            self._check_moved(custom_id, held)
+            answer = self._add(custom_id, request).waiting[custom_id]
         got = await asyncio.shield(answer)  # a cancelled send leaves the batch's answer for the rerun
-        if not got[1]:
-            raise self._parked(got[0])
         return self._reply(*got)
+
+    def _check_moved(self, custom_id: str, held: Chunk | None) -> None:
+        """A line not in a batch, once the deadline has moved the job: it goes synchronously."""
+        if self.moved:
+            maybe = held is not None and held.id in self._running_at_move
+            if maybe:  # if its batch answers it after all, it was answered twice
+                self._moved_ids.add(custom_id)
+            raise MovedToSyncError(moved_note(self.settings), maybe_billed=maybe)
+
+    async def _gather_parked(self, custom_id: str, request: Request, held: Chunk | None) -> None:
+        """Parking: the line joins the chunk gathering now and leaves memory at once
+        (``ParkedError``); its bytes wait for its batch here (see ``_gathering``)."""
+        gathering = self._gathering
+        while True:
+            number = gathering.unsent.get(custom_id)
+            if number is not None:  # an identical line's chunk has no batch yet: parked with it
+                parked = ParkedError("gathered for a batch", chunk=number, batch_id=None)
+                parked.read_back = True
+                raise parked
+            self._check_moved(custom_id, held)
+            if gathering.has_room:
+                break
+            await gathering.room()  # the chunks before it are being uploaded
+        raise ParkedError("gathered for a batch", chunk=self._add(custom_id, request).number, batch_id=None)
 
     # -- parking ---------------------------------------------------------------------------
 
@@ -211,34 +224,40 @@ class BatchTier(DeadlinePlan):
             raise parked
 
     def _parked(self, batch_id: str) -> ParkedError:
-        return ParkedError(f"waiting in batch {batch_id}", chunk=self._chunk_of[batch_id], batch_id=batch_id)
-
-    def _park_lines(self, chunk: int, batch_id: str, waiting: dict[str, _Answer]) -> None:
-        """The chunk's batch is created and journalled: its lines leave memory (parked)."""
-        self._chunk_of[batch_id] = chunk
-        for custom_id, answer in waiting.items():
-            if self._waiting.get(custom_id) is answer:
-                del self._waiting[custom_id]
-            if not answer.done():
-                answer.set_result((batch_id, b""))
-        waiting.clear()
+        chunk = self._gathering.number_of(self._chunk_of[batch_id])
+        return ParkedError(f"waiting in batch {batch_id}", chunk=chunk, batch_id=batch_id)
 
     def _chunk_over(self, chunk: int, failed: dict[str, SluiceError], error: SluiceError | None = None) -> None:
         """Parking: the chunk's batch is over; its lines that have no journalled outcome
         are counted (a later batch takes them, up to ``_MAX_SUBMISSIONS``; ``error``: none
-        does) and the job is told to ask its lines again."""
+        does, and each may have been billed) and the job is told to ask its lines again."""
         if error is not None:  # maybe billed: each hold is settled when its line is asked again
             failed = dict.fromkeys(self._journal.chunk_ids(chunk), error)
-        elif self.on_settled is not None:
+        self._lines_over(self._gathering.number_of(chunk), failed, maybe_billed=error is not None)
+
+    def _not_created(self, filling: Filling, error: SluiceError) -> None:
+        """Parking: ``filling``'s batch was never created (its upload or create failed): none
+        of its lines was billed; asked again, each goes in a later batch, or fails with
+        ``error`` when it is not one to try again."""
+        self._gathering.released(filling)
+        final = not (isinstance(error, ProviderError) and error.retryable)
+        self._lines_over(filling.number, dict.fromkeys(filling.ids, error), final=final)
+
+    def _lines_over(
+        self, number: int, failed: dict[str, SluiceError], *, maybe_billed: bool = False, final: bool = False
+    ) -> None:
+        """The lines parked under ``number`` are due; ``failed`` have no journalled outcome."""
+        if not maybe_billed and self.on_settled is not None:
             for custom_id in failed:  # not answered there, so not billed: asked again, it reserves afresh
                 self.on_settled(custom_id, None)
         for custom_id, why in failed.items():
-            times = _MAX_SUBMISSIONS if error is not None else self._unanswered.get(custom_id, (0, why))[0] + 1
-            if times >= _MAX_SUBMISSIONS and error is None:
+            given_up = maybe_billed or final
+            times = _MAX_SUBMISSIONS if given_up else self._unanswered.get(custom_id, (0, why))[0] + 1
+            if times >= _MAX_SUBMISSIONS and not given_up:
                 why = FatalProviderError(f"{times} batches did not answer it; the last: {why.message}")
             self._unanswered[custom_id] = (times, why)
         assert self.settings.on_ended is not None
-        self.settings.on_ended(chunk)
+        self.settings.on_ended(number)
 
     async def aclose(self) -> None:
         """Stop polling (the provider's batches keep running: a rerun collects them)."""
@@ -249,59 +268,65 @@ class BatchTier(DeadlinePlan):
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._filling.timer is not None:
-            self._filling.timer.cancel()
+        self._gathering.take()  # its timer stopped
         await self._inner.aclose()
         await self._transport.aclose()
 
     # -- chunks ----------------------------------------------------------------------------
 
-    def _add(self, custom_id: str, request: Request) -> _Answer:
+    def _add(self, custom_id: str, request: Request) -> Filling:
+        """The line joins the chunk gathering now (not parking: with its answer to wait for)."""
         api = self._api_ready()
         line = api.line(custom_id, api.body_of(request))
-        filling = self._filling
-        if filling.lines and (len(filling.lines) >= self._max_lines or filling.size + len(line) > self._max_bytes):
+        filling = self._gathering.filling
+        if filling.ids and (len(filling.ids) >= self._max_lines or filling.size + len(line) > self._max_bytes):
             self._submit_filling()
-            filling = self._filling
-        answer: _Answer = asyncio.get_running_loop().create_future()
+            filling = self._gathering.filling
         filling.lines.append(line)
-        filling.waiting[custom_id] = answer
+        filling.ids.append(custom_id)
+        if self.parks:
+            self._gathering.unsent[custom_id] = filling.number
+        else:
+            filling.waiting[custom_id] = asyncio.get_running_loop().create_future()
         filling.size += len(line)
         filling.tokens += self._inner.estimate_tokens(request, self._real)
-        if len(filling.lines) >= self._max_lines:
+        if len(filling.ids) >= self._max_lines:
             self._submit_filling()
         else:
             if filling.timer is not None:
                 filling.timer.cancel()
             filling.timer = asyncio.get_running_loop().call_later(self.settings.linger, self._submit_filling)
-        return answer
+        return filling
 
     def _submit_filling(self) -> None:
-        filling, self._filling = self._filling, _Filling()
-        if filling.timer is not None:
-            filling.timer.cancel()
-        if filling.lines:
+        filling = self._gathering.take()
+        if filling.ids:
             self._waiting.update(filling.waiting)
-            self._spawn(self._submit(filling.lines, filling.waiting, filling.tokens))
+            if self.parks:
+                self._gathering.uploading(filling)
+            self._spawn(self._submit(filling))
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _submit(self, lines: list[bytes], waiting: dict[str, _Answer], tokens: int = 0) -> None:
+    async def _submit(self, filling: Filling) -> None:
         api = self._api_ready()
-        count = len(waiting)
+        lines, waiting, tokens, count = filling.lines, filling.waiting, filling.tokens, len(filling.ids)
         chunk: int | None = None
         batch_id: str | None = None
+        created = False
         try:
-            chunk = await self._journal.new_chunk(self._real.label, list(waiting))
+            chunk = await self._journal.new_chunk(self._real.label, filling.ids)
+            self._gathering.uploading(filling, chunk)
             refusals = 0
             while True:
                 if self.moved:  # the deadline moved its lines before it was created: none was billed
                     await self._journal.note_batch(chunk, None, "abandoned")
                     self._fail(waiting, MovedToSyncError(moved_note(self.settings), maybe_billed=False))
-                    if self.parks and not waiting:  # parked at an earlier (refused) create
+                    if self.parks:  # asked again, they go synchronously
+                        self._gathering.released(filling)
                         self._chunk_over(chunk, {})
                     return
                 batch = await api.submit(lines, self._tags(chunk), count=count)
@@ -309,8 +334,10 @@ class BatchTier(DeadlinePlan):
                 await self._journal.note_batch(chunk, batch_id, "submitted")
                 self.batches[batch_id] = api.status(batch)
                 self._followed[batch_id] = waiting
-                if self.parks:  # journalled: the lines leave memory, the file's bytes too
-                    self._park_lines(chunk, batch_id, waiting)
+                if self.parks:  # journalled: its parked lines are found there now; the file's bytes go
+                    self._chunk_of[batch_id] = chunk
+                    self._gathering.released(filling)
+                    created = True
                     lines = []
                 if self.moved:  # created as the deadline moved its lines: it must not answer them too
                     await self._cancel_quietly(batch_id)
@@ -338,8 +365,10 @@ class BatchTier(DeadlinePlan):
                 self._followed.pop(batch_id, None)
             if chunk is not None:
                 self._api_ready().forget(str(chunk))
-                if self.parks and not waiting:  # its lines were parked: they hear it when asked again
-                    self._chunk_over(chunk, {}, error)
+            if self.parks and not created:  # its lines were parked, their batch never made
+                self._not_created(filling, error)
+            elif self.parks and chunk is not None:  # they hear it when asked again
+                self._chunk_over(chunk, {}, error)
 
     def _tags(self, chunk: int) -> dict[str, str]:
         self._api_ready()
@@ -349,12 +378,14 @@ class BatchTier(DeadlinePlan):
         """Poll the batch until it ends; its last state."""
         api = self._api_ready()
         batch_id = str(batch["id"])
+        polls = Polls(self.settings.poll_every)  # soon when it should be about to end (see _polling)
+        loop = asyncio.get_running_loop()
         while not api.ended(batch):
             if self.moved:  # cancelled by the deadline: its lines wait for it
                 await asyncio.sleep(min(self.settings.poll_every, _HURRIED))
             else:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._hurry.wait(), self.settings.poll_every)
+                    await asyncio.wait_for(self._hurry.wait(), polls.wait(loop.time(), api.progress(batch)))
             try:
                 batch = await api.retrieve(batch_id)
             except ProviderError as exc:
@@ -538,10 +569,12 @@ class BatchTier(DeadlinePlan):
         return MovedToSyncError(f"sent synchronously: {times} batches did not answer it; the last: {error.message}")
 
     def _take_filling(self) -> dict[str, _Answer]:
-        """The lines gathering for the next chunk, taken out of it (the deadline moves them)."""
-        filling, self._filling = self._filling, _Filling()
-        if filling.timer is not None:
-            filling.timer.cancel()
+        """The lines gathering for the next chunk, taken out of it (the deadline moves them;
+        parked ones are asked again, and go synchronously then)."""
+        filling = self._gathering.take()
+        if self.parks and filling.ids:
+            self._gathering.released(filling)
+            self._lines_over(filling.number, {})
         return filling.waiting
 
     # -- a line's outcome ------------------------------------------------------------------
@@ -559,40 +592,6 @@ class BatchTier(DeadlinePlan):
         except ProviderError as exc:
             _log.warning("could not cancel batch %s (%s)", batch_id, exc.message)
 
-    async def cancel_open(self) -> list[tuple[str, str]]:
-        """``sluice cancel``: cancel this deployment's batches an earlier run left running;
-        (batch, status or what went wrong) for each. A batch whose id a crash kept from
-        being written is found by its tags; with a provider that cannot tag (Anthropic)
-        it cannot be told from another job's, so it is reported, not cancelled. What the
-        batches finished stays collectable: a rerun keeps it."""
-        api = self._api_ready()
-        done: list[tuple[str, str]] = []
-        chunks = self._journal.open_chunks(self._real.label)
-        for chunk in chunks:
-            if chunk.batch_id is not None:
-                done.append((chunk.batch_id, await self._cancel_one(chunk.batch_id)))
-        for chunk in chunks:
-            if chunk.batch_id is not None:
-                continue
-            if not api.tags_batches:
-                done.append((f"(batch {chunk.id}, not recorded)", "not identifiable without tags; not cancelled"))
-                continue
-            found = await api.find(self._tags(chunk.id), since=chunk.created_at, lines=len(chunk.custom_ids))
-            if found is not None:
-                await self._journal.note_batch(chunk.id, str(found["id"]), "submitted")
-                done.append((str(found["id"]), await self._cancel_one(str(found["id"]))))
-        return done
-
-    async def _cancel_one(self, batch_id: str) -> str:
-        api = self._api_ready()
-        try:
-            batch = await api.retrieve(batch_id)
-            if api.ended(batch) or api.status(batch) in ("cancelling", "canceling"):
-                return api.status(batch)
-            return api.status(await api.cancel(batch_id))
-        except ProviderError as exc:
-            return f"not cancelled: {exc.message}"
-
     # -- crash recovery --------------------------------------------------------------------
 
     def _api_ready(self) -> BatchAPI:
@@ -600,77 +599,6 @@ class BatchTier(DeadlinePlan):
             self._api = self._api_kind(self._inner, self._real, self._transport.session())
             self._job = self._journal.batch_job_id()
         return self._api
-
-    async def _recover(self) -> None:
-        """Once, before the first line: follow the batches an earlier run submitted and did
-        not collect, so their lines wait for them instead of going out again. Safe to run
-        again after a failure: a chunk already followed is not followed twice."""
-        api = self._api_ready()
-        chunks = [c for c in self._journal.open_chunks(self._real.label) if c.id not in self._following]
-        recorded: dict[int, Mapping[str, Any]] = {}
-        for chunk in chunks:  # first: none of these is taken for an unrecorded chunk's batch
-            if chunk.batch_id is None:
-                continue
-            try:
-                recorded[chunk.id] = await api.retrieve(chunk.batch_id)
-            except NotFoundError as exc:  # gone (purged, another project): only then given up
-                await self._journal.note_batch(chunk.id, chunk.batch_id, "abandoned")
-                _log.warning(
-                    "batch %s (%d lines) of an earlier run cannot be read (%s); its lines are sent again",
-                    chunk.batch_id,
-                    len(chunk.custom_ids),
-                    exc.message,
-                )
-        for chunk in chunks:
-            batch: Mapping[str, Any] | None = recorded.get(chunk.id)
-            if batch is None and chunk.batch_id is not None:
-                continue  # abandoned above
-            if batch is None:  # journalled, maybe uploaded and created, but its id never recorded
-                batch = await api.find(self._tags(chunk.id), since=chunk.created_at, lines=len(chunk.custom_ids))
-                if batch is None:
-                    await self._journal.note_batch(chunk.id, None, "abandoned")  # sent afresh
-                    if not api.tags_batches:
-                        _log.warning(
-                            "batch %d (%d lines) may have been created before a crash; %s batches carry no "
-                            "tags and none matched it for sure, so its lines are submitted again (if it exists, "
-                            "those lines may be billed twice)",
-                            chunk.id,
-                            len(chunk.custom_ids),
-                            self._real.provider_name,
-                        )
-                    continue
-                await self._journal.note_batch(chunk.id, str(batch["id"]), "submitted")
-                _log.info("found batch %s of chunk %d at the provider (its id was not recorded)", batch["id"], chunk.id)
-            batch_id = str(batch["id"])
-            if self.parks:  # its lines are parked when asked (the journal says where)
-                self._chunk_of[batch_id] = chunk.id
-                self.batches[batch_id] = api.status(batch)
-                self._followed[batch_id] = {}  # followed (the deadline waits for it): no line in memory
-                self._following.add(chunk.id)
-                self._spawn(self._resume(chunk.id, batch, {}))
-                continue
-            loop = asyncio.get_running_loop()
-            waiting: dict[str, _Answer] = {custom_id: loop.create_future() for custom_id in chunk.custom_ids}
-            for answer in waiting.values():
-                answer.add_done_callback(_quiet)
-            self._waiting.update(waiting)
-            self.batches[batch_id] = api.status(batch)
-            self._followed[batch_id] = waiting
-            self._following.add(chunk.id)
-            self._spawn(self._resume(chunk.id, batch, waiting))
-
-    async def _resume(self, chunk: int, batch: Mapping[str, Any], waiting: dict[str, _Answer]) -> None:
-        try:
-            final = await self._follow(batch)
-            await self._collect(chunk, final, waiting)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            error = exc if isinstance(exc, SluiceError) else BatchIncompleteError(str(exc))
-            self._fail(waiting, error)
-            self._followed.pop(str(batch["id"]), None)
-            if self.parks:
-                self._chunk_over(chunk, {}, error)
 
     def __repr__(self) -> str:
         return f"BatchTier({self._real.label!r})"
@@ -685,9 +613,3 @@ def _enqueued_limit(message: str) -> int | None:
 
 def _failed(task: asyncio.Task[None]) -> bool:
     return task.done() and (task.cancelled() or task.exception() is not None)
-
-
-def _quiet(answer: asyncio.Future[Any]) -> None:
-    """A recovered line nobody asks for again (its answer was stored): no 'never retrieved'."""
-    if not answer.cancelled():
-        answer.exception()

@@ -92,6 +92,13 @@ class OpenAIBatches(BatchAPI):
     def ended(self, batch: Mapping[str, Any]) -> bool:
         return batch.get("status") in _ENDED
 
+    def progress(self, batch: Mapping[str, Any]) -> tuple[int, int] | None:
+        counts = batch.get("request_counts")
+        if not isinstance(counts, dict) or not isinstance(counts.get("total"), int) or not counts["total"]:
+            return None
+        done = sum(v for k, v in counts.items() if k in ("completed", "failed") and isinstance(v, int))
+        return done, int(counts["total"])
+
     def token_limited(self, batch: Mapping[str, Any]) -> bool:
         return batch.get("status") == "failed" and any(e.get("code") == "token_limit_exceeded" for e in _errors(batch))
 

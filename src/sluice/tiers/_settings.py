@@ -17,7 +17,7 @@ __all__ = ["BatchJournal", "BatchSettings"]
 class BatchSettings:
     """How the batch tier submits and waits."""
 
-    #: Seconds between two looks at a running batch.
+    #: The most seconds between two looks at a running batch (see ``_polling``).
     poll_every: float = 30.0
     #: Lines per batch (OpenAI takes up to 50,000, Anthropic 100,000): also about how many
     #: lines wait in memory.
