@@ -102,7 +102,10 @@ def tables() -> list[tuple[str, str, type | None, list[str]]]:
     def names(cls: type) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
 
-    top = sorted(loader._TOP_KEYS, key=lambda k: (k in ("retry", "deployment", "deployments", "fallbacks", "cooldown", "client", "serve"), k))
+    top = sorted(
+        loader._TOP_KEYS,
+        key=lambda k: (k in ("retry", "deployment", "deployments", "fallbacks", "cooldown", "client", "serve"), k),
+    )
     return [
         ("Top level", "top", JobConfig, top),
         ("`[retry]`", "retry", RetryPolicy, names(RetryPolicy)),
