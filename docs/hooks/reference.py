@@ -38,7 +38,9 @@ DESCRIBED: dict[str, dict[str, str]] = {
         "max_delay": "The longest backoff between two attempts, in seconds.",
     },
     "deployment": {
-        "model": "`provider/model` (`openai/gpt-4o-mini`, `anthropic/...`, `simulate/demo`); a bare name is OpenAI-compatible.",
+        "model": (
+            "`provider/model` (`openai/gpt-4o-mini`, `anthropic/...`, `simulate/demo`); bare: OpenAI-compatible."
+        ),
         "rpm": "Requests per `window`.",
         "tpm": "Tokens per `window` (prompt estimate + `max_tokens`, reconciled with the usage reported).",
         "max_in_flight": "Requests awaiting an answer at once (unset: learnt, adaptive).",
@@ -51,7 +53,9 @@ DESCRIBED: dict[str, dict[str, str]] = {
         "name": "This deployment's name in a group of deployments of one model.",
         "default_max_tokens": "The output cap sent with a request that gives none, under a budget.",
         "headers": "HTTP headers sent with every request.",
-        "options": "Provider options (`structured`, `responses`, `batch_discount`, `flex_discount`, `embed_token_arrays`, ...).",
+        "options": (
+            "Provider options (`structured`, `responses`, `batch_discount`, `flex_discount`, `embed_token_arrays`...)."
+        ),
         "provider": "The provider's name, when the model's prefix does not say it.",
         "otpm": "Output tokens per `window`: a limit of its own beside `tpm` (Anthropic's OTPM).",
         "price": "`{input_per_mtok, output_per_mtok}`: USD per million tokens, for models genai-prices does not know.",
