@@ -60,7 +60,15 @@ DESCRIBED: dict[str, dict[str, str]] = {
         "otpm": "Output tokens per `window`: a limit of its own beside `tpm` (Anthropic's OTPM).",
         "price": "`{input_per_mtok, output_per_mtok}`: USD per million tokens, for models genai-prices does not know.",
     },
+    "cooldown": {
+        "after_failures": "Consecutive failures (5xx, 529, connection errors, timeouts, 429s) that take it out.",
+        "seconds": "The first cooldown, doubling each time it fails again (its probe included).",
+        "max_seconds": "The longest cooldown; a `Retry-After` within it sets a longer one.",
+    },
     "serve": {
+        "client_parse_budget_mb": "... and per client; past them a body waits (up to `max_wait_s`).",
+        "client_files": "How many files one client may keep.",
+        "upload_timeout_s": "The longest one upload may take, however steadily it arrives.",
         "max_queue": "Requests waiting for capacity; past it: 429 + Retry-After.",
         "max_wait_s": "The longest wait for capacity (a request may ask less: `x-sluice-max-wait`).",
         "header_timeout_s": "Seconds a client has to send its headers (slow or stalled clients are cut off).",
@@ -201,7 +209,18 @@ def errors_reference() -> str:
     return "\n".join(out) + "\n"
 
 
+def examples_reference() -> str:
+    """Each command's most common use: the line its ``--help`` ends on."""
+    from sluice.cli._examples import EXAMPLES
+
+    out = ["| command | its most common use |", "| --- | --- |"]
+    for where, line in EXAMPLES.items():
+        out.append(f"| `sluice{' ' + where if where else ''}` | `{line}` |")
+    return "\n".join(out) + "\n"
+
+
 MARKERS: dict[str, Any] = {
+    "<!-- sluice:examples -->": examples_reference,
     "<!-- sluice:config -->": config_reference,
     "<!-- sluice:errors -->": errors_reference,
 }
