@@ -481,10 +481,10 @@ def test_cli_ctrl_c_then_rerun_embeds_every_text_once(server: FakeServer, tmp_pa
 
 async def test_the_vector_type_the_docs_name_is_the_one_embed_returns(server: FakeServer) -> None:
     """Issue 34 point 29: ``engine.embed`` gives float32 ``array('f')`` vectors, not lists
-    (an eighth of the memory); the README and the docstring say so, and how to get a list."""
+    (an eighth of the memory); the docs and the docstring say so, and how to get a list."""
     import json
 
-    section = _readme_section("## Streaming and embeddings")
+    section = _docs_page("guides/streaming-embeddings.md")
     assert "float32 `array('f')`, not a list" in section
     assert "v.tolist()" in section
     assert "not a list" in (Engine.embed.__doc__ or "")
@@ -495,7 +495,5 @@ async def test_the_vector_type_the_docs_name_is_the_one_embed_returns(server: Fa
     assert json.loads(json.dumps(vector.tolist())) == expected("a text", 8)
 
 
-def _readme_section(title: str) -> str:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index(title) :]
-    return section[: section.index("\n## ")]
+def _docs_page(name: str) -> str:
+    return (Path(__file__).resolve().parent.parent / "docs" / name).read_text()

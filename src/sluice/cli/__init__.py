@@ -191,6 +191,7 @@ def _input_options(fn: F) -> F:
             type=click.Choice(["auto", "jsonl", "csv"]),
             default="auto",
             show_default=True,
+            help="The input's format; auto: CSV for a .csv or .tsv file, else JSONL.",
         ),
     ]
     for option in reversed(options):
@@ -670,10 +671,12 @@ def config_trust(path: Path, revoke: bool) -> None:
         click.echo(f"  {d.label}: requests go to {where}; key from {key_source(d)}")
 
 
+from ._examples import add_examples  # noqa: E402
 from ._serve import serve_command  # noqa: E402 - written in its own module, registered here
 
 serve_command.callback = _friendly(serve_command.callback) if serve_command.callback else None
 main.add_command(serve_command)
+add_examples(main)  # each command's help ends on its most common use
 
 
 def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
