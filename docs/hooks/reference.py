@@ -176,9 +176,27 @@ def config_reference() -> str:
     return "\n".join(out)
 
 
+#: Packages that define no error and are slow or optional to import.
+_NOT_WALKED = ("sluice.ray", "sluice.dask", "sluice.otel", "sluice.__main__")
+
+
+def _import_every_module() -> None:
+    """Every module of sluice imported, so that the subclasses walked are all of them, not
+    those the process happened to import (a test process has more than a build)."""
+    import importlib
+    import pkgutil
+
+    import sluice
+
+    for info in pkgutil.walk_packages(sluice.__path__, "sluice."):
+        if not info.name.startswith(_NOT_WALKED):
+            importlib.import_module(info.name)
+
+
 def error_classes() -> list[type]:
     from sluice import SluiceError
 
+    _import_every_module()
     seen: list[type] = []
     pending: list[type] = [SluiceError]
     while pending:
@@ -186,7 +204,7 @@ def error_classes() -> list[type]:
         if cls not in seen:
             seen.append(cls)
             pending.extend(sorted(cls.__subclasses__(), key=lambda c: c.__name__))
-    return seen
+    return [cls for cls in seen if not cls.__name__.startswith("_")]  # a private one is no user's
 
 
 def errors_reference() -> str:
