@@ -19,6 +19,7 @@ batch that failed them).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -26,25 +27,47 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import FakeServerProcess, cpu_plan, machine_line, markdown_table, save_results
 from batch import run_measured, write_input
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
 MODEL = "openai/bench"
+
+
+@contextlib.contextmanager
+def job_on_fake(
+    n: int, folder: Path, output: Path, start_after: float, server_cpus: set[int] | None
+) -> Iterator[tuple[FakeServerProcess, list[str], dict[str, str]]]:
+    """A fresh fake (answering each batch ``start_after`` s after it is made) and the
+    ``sluice run`` command and environment of an ``n``-line job against it."""
+    source = folder / f"in-{n}.jsonl"
+    if not source.exists():
+        write_input(source, n)
+    fake = ["--latency", "0", "--output-tokens", "16", "--batch-start-after", str(start_after)]
+    with FakeServerProcess(fake, cpus=server_cpus) as server:
+        env = {**os.environ, "NO_COLOR": "1", "OPENAI_BASE_URL": server.openai_url, "OPENAI_API_KEY": "x"}
+        yield server, [sys.executable, "-m", "sluice", "run", str(source), "-o", str(output), "--model", MODEL], env
+
+
+def provider_batches(url: str) -> list[dict[str, Any]]:
+    """The batches the fake holds (its Batch API's list)."""
+    request = urllib.request.Request(f"{url}/batches?limit=1000", headers={"Authorization": "Bearer x"})
+    with urllib.request.urlopen(request) as response:
+        data: list[dict[str, Any]] = json.loads(response.read())["data"]
+        return data
 
 
 def run_one(n: int, tier: str, args: argparse.Namespace, folder: Path) -> list[str]:
     """One ``sluice run`` of ``n`` lines at ``tier`` against a fresh fake; its table row."""
     server_cpus, client_cpus = cpu_plan()
-    source, output = folder / f"in-{n}.jsonl", folder / f"out-{tier}-{n}.jsonl"
-    if not source.exists():
-        write_input(source, n)
-    fake = ["--latency", "0", "--output-tokens", "16", "--batch-start-after", str(args.start_after)]
-    with FakeServerProcess(fake, cpus=server_cpus) as server:
-        env = {**os.environ, "NO_COLOR": "1", "OPENAI_BASE_URL": server.openai_url, "OPENAI_API_KEY": "x"}
-        cli = [sys.executable, "-m", "sluice", "run", str(source), "-o", str(output), "--model", MODEL]
+    output = folder / f"out-{tier}-{n}.jsonl"
+    with job_on_fake(n, folder, output, args.start_after, server_cpus) as (server, cli, env):
         cli += ["--log-every", "60"]
         if tier != "sync":
             cli += ["--tier", tier, "--batch-size", str(args.batch_size), "--poll-every", str(args.poll_every)]
@@ -53,11 +76,7 @@ def run_one(n: int, tier: str, args: argparse.Namespace, folder: Path) -> list[s
         seconds, rss, _, cpu = run_measured(cli, env, client_cpus)
         ended = time.time()
         stats = server.stats()
-        request = urllib.request.Request(
-            f"{server.openai_url}/batches?limit=100", headers={"Authorization": "Bearer x"}
-        )
-        with urllib.request.urlopen(request) as response:
-            batches = json.loads(response.read())["data"]
+        batches = provider_batches(server.openai_url)
     records = synchronous = 0
     with output.open() as lines:
         for line in lines:

@@ -17,28 +17,17 @@ and as lines a second of one core. ``--py-spy FILE`` samples the job over that s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import FakeServerProcess, cpu_plan, machine_line, markdown_table, save_results
-from batch import write_input
-
-MODEL = "openai/bench"
-
-
-def _batches(url: str) -> list[dict[str, object]]:
-    request = urllib.request.Request(f"{url}/batches?limit=1000", headers={"Authorization": "Bearer x"})
-    with urllib.request.urlopen(request) as response:
-        data: list[dict[str, object]] = json.loads(response.read())["data"]
-        return data
+from _common import cpu_plan, machine_line, markdown_table, save_results
+from batch_tier import job_on_fake, provider_batches
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -48,13 +37,8 @@ def _cpu_seconds(pid: int) -> float:
 
 def run_once(n: int, args: argparse.Namespace, folder: Path) -> dict[str, float]:
     server_cpus, client_cpus = cpu_plan()
-    source, output = folder / f"in-{n}.jsonl", folder / "out.jsonl"
-    if not source.exists():
-        write_input(source, n)
-    fake = ["--latency", "0", "--output-tokens", "16", "--batch-start-after", str(args.start_after)]
-    with FakeServerProcess(fake, cpus=server_cpus) as server:
-        env = {**os.environ, "NO_COLOR": "1", "OPENAI_BASE_URL": server.openai_url, "OPENAI_API_KEY": "x"}
-        cli = [sys.executable, "-m", "sluice", "run", str(source), "-o", str(output), "--model", MODEL]
+    output = folder / "out.jsonl"
+    with job_on_fake(n, folder, output, args.start_after, server_cpus) as (server, cli, env):
         cli += ["--log-every", "600", "--tier", "batch", "--batch-size", str(args.batch_size), "--poll-every", "1"]
         preexec = (lambda: os.sched_setaffinity(0, client_cpus)) if client_cpus else None
         started = time.time()
@@ -67,7 +51,7 @@ def run_once(n: int, args: argparse.Namespace, folder: Path) -> dict[str, float]
             if pid:
                 break
             if not first_end:
-                batches = _batches(server.openai_url)
+                batches = provider_batches(server.openai_url)
                 ended = [float(b["completed_at"]) for b in batches if b.get("completed_at")]  # type: ignore[arg-type]
                 if ended:
                     cpu_at_end, first_end, created = _cpu_seconds(job.pid), min(ended), len(batches)
@@ -78,7 +62,7 @@ def run_once(n: int, args: argparse.Namespace, folder: Path) -> dict[str, float]
         finished = time.time()
         if sampler is not None:
             sampler.wait(timeout=60)
-        batches = _batches(server.openai_url)
+        batches = provider_batches(server.openai_url)
     assert os.waitstatus_to_exitcode(status) == 0, "the job failed"
     with output.open() as lines:
         written = sum(1 for _ in lines)
