@@ -146,3 +146,36 @@ def test_reads_that_do_not_come_teach_the_limiter_to_reserve_them_again() -> Non
     assert server.stats.rate_limited <= 2
     assert engine.attempts.caching is not None
     assert engine.attempts.caching.borne_out < 0.5
+
+
+def test_entries_that_go_sooner_than_planned_are_learnt_so_the_job_costs_no_more_than_uncached() -> None:
+    """The fake's entries live 1.5 s, the plan counts on 5 minutes: the reads that miss teach
+    the planner the deployment's lifetime (halving it at most per miss), a group whose entry
+    may have gone is primed again one line first, and a reader kept past it by the ITPM
+    limit goes unmarked, at the plain price. Without that, every reader wrote the prefix
+    again at the write premium (34 duplicate writes, 1.10x the uncached bill)."""
+    from sluice.testing._prompt_cache import PromptCacheSettings
+
+    lines = document_qa("claude-sonnet-4-5", documents=10)
+    limits = {"itpm": 20_000.0, "window": 10.0}
+    short = PromptCacheSettings("auto", ttl_5m=1.5)
+
+    async def job(mode: str) -> tuple[FakeServer, sluice.Engine]:
+        async with FakeServer(api_key="sk-x", prices=PRICES, latency=1.0, prompt_cache=short, **limits) as server:  # type: ignore[arg-type]
+            d = deployment_at(server, CLAUDE, **limits)
+            async with sluice.Engine(d, concurrency=64, prompt_cache=mode) as engine:
+                results = [r async for r in engine.map(asked(lines, CLAUDE))]
+        assert all(r.ok for r in results)
+        return server, engine
+
+    async def both() -> tuple[FakeServer, FakeServer, sluice.Engine]:
+        off, _ = await job("off")
+        on, engine = await job("auto")
+        return off, on, engine
+
+    off, on, engine = run_in_virtual_time(both())
+    assert billed(on) <= 1.05 * billed(off), (billed(on), billed(off))
+    assert on.prompt_cache.stats.duplicate_writes <= 10
+    assert on.stats.rate_limited <= 2
+    assert engine.attempts.caching is not None
+    assert engine.attempts.caching.lifetimes[CLAUDE] < 10.0

@@ -73,6 +73,46 @@ async def test_a_short_prompt_is_never_fingerprinted() -> None:
         assert cache.boundaries(engine.attempts.job(qa("q?"), 0)) is not None
 
 
+async def test_a_miss_teaches_a_shorter_lifetime_halving_it_at_most_and_a_read_past_it_goes_unmarked() -> None:
+    """A planned read that comes back a write says the deployment's entries had gone by
+    that age; one odd miss does not teach seconds (at most half the lifetime per miss); a
+    read at a greater age proves more and raises it again; a reader whose entry has gone
+    by the time it is sent goes as written (a write would cost the premium)."""
+    from sluice.caching._plan import Planned
+
+    async with sluice.Engine(Deployment("anthropic/claude-sonnet-4-5", api_key="k")) as engine:
+        cache = engine.attempts.caching
+        assert cache is not None
+        job = engine.attempts.job(qa("q?"), 0)
+        group = Group(digest=1, tokens=2700, ttl=300.0)
+        cut = (fingerprint(job.request)[-1].cut, "5m")
+        label = job.route.deployment.label
+
+        def answered(age: float, read: int, written: int) -> None:
+            planned = Planned((cut,), (), group)
+            planned.age = age
+            cache._learn_lifetime(job, planned, Usage(2800, 10, cached_input_tokens=read, cache_write_tokens=written))
+
+        answered(2.0, 0, 2700)  # one miss at 2 s: half of 5 minutes, not 2 s
+        assert cache.lifetimes[label] == 150.0
+        for _ in range(10):
+            answered(2.0, 0, 2700)
+        assert cache.lifetimes[label] == 2.0
+        answered(1.5, 2700, 0)  # read younger than it: nothing learnt
+        assert cache.lifetimes[label] == 2.0
+        group.ttl = 300.0
+        answered(40.0, 2700, 0)  # read at 40 s: it lives at least that
+        assert cache.lifetimes[label] == 40.0
+
+        group.ttl, group.last_used = 2.0, 100.0
+        reader = Planned((cut,), (), group)
+        assert reader.request_for(job.request, job.route.deployment, 101.0) is not job.request  # marked
+        assert not reader.plain
+        assert reader.request_for(job.request, job.route.deployment, 103.0) is job.request  # gone: as written
+        assert reader.plain
+        assert reader.age == 3.0
+
+
 def test_the_index_keeps_flat_and_keeps_what_is_shared() -> None:
     index = PrefixIndex(most=1000)
     shared = fingerprint(qa("q?"))

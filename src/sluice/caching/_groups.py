@@ -19,7 +19,8 @@ from ._rules import KEY_RPM
 
 __all__ = ["CacheTally", "Group", "Groups"]
 
-#: Seconds before an entry's lifetime ends that the planner stops counting on it.
+#: Seconds before an entry's lifetime ends that the planner stops counting on it (a tenth
+#: of a lifetime learnt to be short).
 _MARGIN = 30.0
 _KEY_WINDOW = 60.0
 
@@ -75,9 +76,10 @@ class Group:
     #: Lines of the group seen so far (an estimate: the index is lossy).
     lines: int = 0
     priming: bool = False
-    #: Until when its entry is counted on (the loop's clock); 0: never written.
-    live_until: float = 0.0
-    #: Its entry's lifetime, refreshed by each use.
+    #: When its entry was last written or read (the loop's clock); 0: never written.
+    last_used: float = 0.0
+    #: Its entry's lifetime, refreshed by each use (the one asked for, or shorter where the
+    #: planner learnt the provider's entries go sooner).
     ttl: float = 300.0
     #: Jobs waiting for its primer's answer.
     held: deque[Any] = field(default_factory=deque)
@@ -88,11 +90,12 @@ class Group:
     tally: CacheTally = field(default_factory=CacheTally)
 
     def live(self, now: float) -> bool:
-        return self.live_until > now
+        """Its entry is counted on: used within its lifetime (less a margin)."""
+        return self.last_used > 0 and now < self.last_used + self.ttl - min(_MARGIN, self.ttl / 10)
 
     def used(self, now: float) -> None:
         """Its entry was written or read now: it lives its lifetime from now."""
-        self.live_until = max(self.live_until, now + self.ttl - _MARGIN)
+        self.last_used = max(self.last_used, now)
 
     def key(self, now: float) -> str:
         """The ``prompt_cache_key`` of the next request: the first shard not yet at ~15

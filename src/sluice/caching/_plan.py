@@ -37,19 +37,26 @@ __all__ = ["CacheRates", "Planned", "PromptCache", "cache_rates", "shared_chain"
 _MARGIN = 1.05
 #: How far a prediction of what a request reads moves with each answer.
 _LEARNING = 0.3
+#: Seconds: the shortest entry lifetime learnt from misses (a read sent right after its
+#: primer's answer that misses says the entry was never there, not that it lives no time).
+_SHORTEST_LIFETIME = 1.0
 
 
 class Planned:
     """What the plan says of one job (``Job.cache``): the groups it writes (``primes``) and
     the deepest one it reads (``reads``), its breakpoints, and the read it expects."""
 
-    __slots__ = ("_marked", "cuts", "expect_read", "primes", "reads")
+    __slots__ = ("_marked", "age", "cuts", "expect_read", "plain", "primes", "reads")
 
     def __init__(self, cuts: tuple[tuple[Cut, str], ...], primes: tuple[Group, ...], reads: Group | None) -> None:
         self.cuts = cuts
         self.primes = primes
         self.reads = reads
         self.expect_read = 0
+        #: Seconds the entry it reads had gone unused when it was last sent (None: it reads none).
+        self.age: float | None = None
+        #: It was last sent unmarked: the entry it was to read had likely gone by then.
+        self.plain = False
         self._marked: tuple[Request, Request] | None = None
 
     @property
@@ -68,8 +75,13 @@ class Planned:
         rules = rules_for(deployment)
         if rules is None:
             return request
+        if self.reads is not None:
+            self.age = now - self.reads.last_used
         if rules.kind == "anthropic":
-            if not self.cuts:
+            # a reader kept past its entry's lifetime (by the limiter, a retry's backoff)
+            # would write it again at the write premium: it goes unmarked, at the plain price
+            self.plain = not self.primes and self.reads is not None and not self.reads.live(now)
+            if not self.cuts or self.plain:
                 return request
             marked = self._marked
             if marked is None or marked[0] is not request:
@@ -146,6 +158,9 @@ class PromptCache:
         self.counting = True
         self.total = CacheTally()
         self.by_deployment: dict[str, CacheTally] = {}
+        #: Per deployment (label): the longest an entry is counted on, learnt from reads
+        #: that missed (an entry that had gone unused that long was gone).
+        self.lifetimes: dict[str, float] = {}
         self._rates: dict[int, tuple[Deployment, CacheRates]] = {}
 
     # -- what a job shares ----------------------------------------------------------------
@@ -183,7 +198,8 @@ class PromptCache:
         for boundary, lines in shared:
             group = self.groups.get(boundary.digest, boundary.tokens)
             group.lines = lines
-            group.ttl = TTL_1H if hour and rates.pays(lines, hour=True) else TTL_5M
+            asked = TTL_1H if hour and rates.pays(lines, hour=True) else TTL_5M
+            group.ttl = min(asked, self.lifetimes.get(deployment.label, asked))
             chain.append((boundary, group))
         return chain
 
@@ -238,15 +254,36 @@ class PromptCache:
             if answered:
                 group.used(now)
                 group.route = job.route
-        if answered and planned.reads is not None:
+        if answered and planned.reads is not None and not planned.plain:
             planned.reads.used(now)
         if answered:
             self._count(job, planned, result.usage)
+            self._learn_lifetime(job, planned, result.usage)
         released: list[Job] = []
         for group in planned.primes:
             while group.held:
                 released.append(group.held.popleft())
         return released
+
+    def _learn_lifetime(self, job: Job, planned: Planned, usage: Usage) -> None:
+        """A planned read that came back a write of the prefix (Anthropic: its entry had
+        gone; an entry lives only where a breakpoint asked, so a miss is its lifetime, not
+        routing): the deployment's entries are counted on for less than the entry's age
+        then, so the next lines of a group whose entry may be gone prime it again, one
+        line first, rather than each writing it in parallel."""
+        reads, age = planned.reads, planned.age
+        if reads is None or age is None or not planned.cuts or planned.plain:
+            return
+        label = job.route.deployment.label
+        known = self.lifetimes.get(label, reads.ttl)
+        if usage.cached_input_tokens >= reads.tokens // 2:  # read: entries live at least that long
+            if label in self.lifetimes and age > known:
+                self.lifetimes[label] = age
+        elif usage.cache_write_tokens >= reads.tokens // 2:  # written again: it had gone
+            # halved at most per miss: one odd miss (a provider's restart) does not teach a
+            # lifetime of seconds; misses that keep coming do, in a few steps
+            self.lifetimes[label] = max(_SHORTEST_LIFETIME, min(known, max(age, known / 2)))
+            reads.ttl = min(reads.ttl, self.lifetimes[label])
 
     def _count(self, job: Job, planned: Planned, usage: Usage) -> None:
         read = min(usage.cached_input_tokens, usage.input_tokens)
