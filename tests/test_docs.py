@@ -199,6 +199,9 @@ def test_every_error_type_is_in_the_errors_reference(site: Path) -> None:
         assert cls.kind in text
     exported = [n for n in sluice.__all__ if n.endswith("Error")]
     assert all(n in text for n in exported)
+    # each says what it means and what to do, in its own words (not its parent's)
+    undescribed = [c.__name__ for c in hooks.error_classes() if not c.__doc__ or c.__doc__ == c.__base__.__doc__]
+    assert undescribed == []
 
 
 def test_every_public_name_is_in_the_api_reference(site: Path) -> None:

@@ -102,10 +102,16 @@ class SluiceError(Exception):
 
 
 class ConfigError(SluiceError, ValueError):
+    """A setting is wrong (``sluice.toml``, a flag, an ``Engine``/``Deployment`` argument): the
+    message names it and what it takes. Raised before anything is sent."""
+
     kind = "config_error"
 
 
 class InvalidRequestError(SluiceError, ValueError):
+    """The request cannot be sent as it is (no model, a field of the wrong type, text
+    that is not valid Unicode): the request's fault, so it is never retried."""
+
     kind = "invalid_request"
 
 
@@ -126,10 +132,15 @@ class CapacityError(InvalidRequestError):
 
 
 class EngineClosedError(SluiceError, RuntimeError):
+    """The engine was used after it closed (``async with`` left, or ``close()`` called)."""
+
     kind = "engine_closed"
 
 
 class CancelledError(SluiceError):
+    """Not done: the job or the engine stopped (Ctrl-C, ``--grace`` ran out) before it was
+    answered. Never billed unless it was in flight; a rerun sends it."""
+
     kind = "cancelled"
 
 
@@ -149,6 +160,9 @@ class ParkedError(SluiceError):
 
 
 class DeadlineExceededError(SluiceError):
+    """Its deadline (``deadline=`` or ``--deadline``) passed before an answer came; a
+    rerun with a later one tries again."""
+
     kind = "deadline_exceeded"
 
 
@@ -252,11 +266,17 @@ class ProviderError(SluiceError):
 
 
 class RetryableError(ProviderError):
+    """A failed attempt that another may mend (a 429, 5xx, timeout, dropped connection):
+    retried with backoff, on the same deployment or another, until its attempts run out."""
+
     kind = "retryable_error"
     retryable = True
 
 
 class RateLimitError(RetryableError):
+    """429: the provider's rate limit. The deployment pauses for its ``Retry-After`` (or
+    what its ``x-ratelimit-*`` headers say) and learns the limit; the request goes again."""
+
     kind = "rate_limited"
 
 
@@ -269,19 +289,31 @@ class FlexUnavailableError(RetryableError):
 
 
 class OverloadedError(RetryableError):
+    """529 (Anthropic's ``overloaded_error``): the provider has no room now; retried after a
+    backoff, and repeated ones take the deployment out for a cooldown."""
+
     kind = "overloaded"
 
 
 class ServerError(RetryableError):
+    """A 5xx (or 408) from the provider: retried after a backoff; repeated ones take the
+    deployment out for a cooldown."""
+
     kind = "server_error"
 
 
 class AttemptTimeoutError(RetryableError):
+    """An attempt took longer than ``attempt_timeout`` (or went ``idle_timeout`` without a
+    byte): given up and retried; counted as possibly billed (the provider may finish it)."""
+
     kind = "timeout"
     billed_by_default = True  # the provider may finish (and bill) what we gave up on
 
 
 class ConnectError(RetryableError):
+    """The connection failed or dropped: retried; possibly billed when it dropped after the
+    request was sent."""
+
     kind = "connection_error"
     billed_by_default = True  # unless it never connected: a reset may come after the work
 
@@ -294,11 +326,17 @@ class BatchIncompleteError(RetryableError):
 
 
 class MalformedResponseError(RetryableError):
+    """A 200 whose body is not the API's answer (truncated, not JSON, no choices): retried;
+    possibly billed (the provider did the work)."""
+
     kind = "malformed_response"
     billed_by_default = True  # a garbled or truncated 200 was still a completed request
 
 
 class FatalProviderError(ProviderError):
+    """A failed attempt that sending again cannot mend (a 4xx other than 429): not retried
+    on that deployment."""
+
     kind = "provider_error"
 
 
@@ -326,14 +364,23 @@ class BadRequestError(FatalProviderError):
 
 
 class AuthenticationError(FatalProviderError):
+    """401: the deployment's API key was refused. Check the variable its ``api_key_env``
+    names; other deployments of the model go on."""
+
     kind = "authentication_error"
 
 
 class PermissionDeniedError(FatalProviderError):
+    """403: the key may not use this model or endpoint (an organisation or project
+    setting at the provider)."""
+
     kind = "permission_denied"
 
 
 class NotFoundError(FatalProviderError):
+    """404: the model or endpoint does not exist at that ``base_url`` (a typo in the model's
+    name, or a provider that does not serve it)."""
+
     kind = "not_found"
 
 
