@@ -8,6 +8,7 @@ The site is built once per module (~5 s); the tests share an xdist group so it i
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import functools
 import html
@@ -24,6 +25,7 @@ from pathlib import Path
 from types import ModuleType
 
 import click
+import pydantic
 import pytest
 from browser import needs_chromium, open_page
 
@@ -252,3 +254,50 @@ def test_the_guides_commands_are_commands_this_cli_takes(tmp_path: Path, monkeyp
         except (click.UsageError, click.BadParameter) as e:
             bad.append(f"{page}: {line}: {e}")
     assert bad == []
+
+
+def _fields(page: str) -> set[str]:
+    """The fields a reference page names: every `word` in backticks."""
+    return set(re.findall(r"`([a-z_0-9]+)`", (ROOT / "docs" / "reference" / page).read_text(encoding="utf-8")))
+
+
+def test_every_field_a_record_can_hold_is_on_the_records_page() -> None:
+    """Records of every kind (a structured answer from a provider batch with a budget's cap,
+    a provider error, an answer that did not parse, a bad line, an embedding) hold no
+    field the page leaves out, nor in their usage or error."""
+    from sluice import Request, Result, Usage
+    from sluice._errors import InvalidOutputError, RateLimitError
+    from sluice._records import error_record, usage_record
+    from sluice.batch._embed_inputs import EmbeddingInput
+    from sluice.batch._embed_job import EmbedLine
+    from sluice.batch._inputs import InputItem
+    from sluice.batch._output import output_record
+
+    class Answer(pydantic.BaseModel):
+        n: int
+
+    documented = _fields("records.md")
+    sent = Request.from_prompt("openai/gpt-4o-mini", "hi", schema=Answer)
+    capped = dataclasses.replace(sent, max_tokens=256)
+    answered = Result(capped, text='{"n": 1}', raw={}, parsed=Answer(n=1), batch_id="b1", tier="batch")
+    item = InputItem(line=3, request=sent, custom_id="c-1")
+    records = [output_record(item, answered, sent), output_record(InputItem(line=4, error=None), Result(None))]
+    embedded = EmbedLine(InputItem(line=5, embedding=EmbeddingInput("openai/e", ("a",), id="e-1")), 1)
+    embedded.vectors = [array.array("f", [0.5])]
+    records.append(embedded.record())
+    errors = [
+        error_record(RateLimitError("slow down", status=429, request_id="req_1", provider_type="rate_limit_error")),
+        error_record(InvalidOutputError("no", errors=["n: missing"], generation="{}")),
+    ]
+    usage = usage_record(Usage(10, 2, cached_input_tokens=1, cache_write_tokens=3, cache_write_1h_tokens=3))
+    named = {key for record in records for key in record} | {k for e in errors for k in e} | set(usage)
+    assert sorted(named - documented) == []
+
+
+def test_every_exit_status_the_cli_can_give_is_on_the_exit_codes_page() -> None:
+    from sluice.cli import EXIT_BROKEN_PIPE, EXIT_INTERNAL
+    from sluice.cli._run import EXIT_CODES
+
+    page = (ROOT / "docs" / "reference" / "exit-codes.md").read_text(encoding="utf-8")
+    given = {*EXIT_CODES.values(), EXIT_INTERNAL, EXIT_BROKEN_PIPE, 2}  # 2: fail() and click's usage errors
+    assert sorted(code for code in given if f"`{code}`" not in page) == []
