@@ -46,7 +46,9 @@ def _hooks() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("mkdocs", reason="the docs extra is not installed (pip install -e '.[docs]'; .ci/run does)")
+    pytest.importorskip(
+        "mkdocs", reason="the docs extra is not installed (the test extra takes it: pip install -e '.[test]')"
+    )
     out = tmp_path_factory.mktemp("site")
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],

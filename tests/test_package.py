@@ -27,7 +27,9 @@ pytestmark = [pytest.mark.xdist_group("package"), pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("build", reason="the release extra is not installed (pip install -e '.[release]')")
+    pytest.importorskip(
+        "build", reason="the release extra is not installed (the test extra takes it: pip install -e '.[test]')"
+    )
     out = tmp_path_factory.mktemp("dist")
     done = subprocess.run(
         [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], capture_output=True, text=True, timeout=500
