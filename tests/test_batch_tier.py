@@ -61,7 +61,7 @@ async def test_a_line_asked_again_while_its_batch_answer_is_journalled_reads_tha
         )
         assert all(isinstance(e, ParkedError) for e in sent), sent  # the batch is created: they left memory
         await server.until(lambda: server.stats.accepted >= 3)
-        left[0] = 10**6  # the rest cannot be answered in time: moved, the batch cancelled
+        left[0] = 1000  # the rest cannot be answered in time (sync could beat the 24 h window): moved
         await asyncio.wait_for(journal.saving.wait(), 30)  # collected: its answers on their way to the journal
         assert ended, "the moved chunk's lines were not asked again"
         answered = set(server.stats.succeeded_keys)
@@ -91,3 +91,37 @@ async def test_a_line_asked_again_while_its_batch_answer_is_journalled_reads_tha
 @pytest.fixture
 def fake_prices() -> dict[str, tuple[float, float]]:
     return {"*": (1.0, 2.0)}
+
+
+@pytest.mark.parametrize(("left", "moved"), [(200_000, False), (5_000, True)])
+async def test_the_deadline_moves_lines_only_when_sync_would_beat_the_batch_window(
+    server: FakeServer, tmp_path: Path, left: int, moved: bool
+) -> None:
+    """An hour's deadline at 1 request a second (the rate assumed without an rpm): 5,000
+    lines left (~1.6 h synchronously) move to sync, but 200,000 (~64 h, longer than the
+    batch's own 24 h window) keep to the batch, which answers them (sync could not help)."""
+    server.batches.start_after = 1.0  # the plan looks at the time (every 0.05 s) before the batch answers
+    journal = SqliteStore(tmp_path / "state.db")
+    settings = BatchSettings(
+        poll_every=0.05, linger=0.05, deadline=time.time() + 3600, sync_rate=1.0, remaining=lambda: left
+    )
+    deployment = deployment_at(server, "openai/gpt-4o-mini")
+    tier = BatchTier(deployment, journal, settings)
+    requests = [Request(deployment.model, [{"role": "user", "content": f"question {i}"}]) for i in range(5)]
+    try:
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(
+                *(tier.send(r, deployment, idempotency_key=f"line-{i}") for i, r in enumerate(requests)),
+                return_exceptions=True,
+            ),
+            30,
+        )
+    finally:
+        await tier.aclose()
+        journal.close()
+    assert tier.moved is moved
+    if moved:
+        assert all(isinstance(o, MovedToSyncError) for o in outcomes), outcomes
+    else:
+        assert not any(isinstance(o, BaseException) for o in outcomes), outcomes
+        assert len(set(server.stats.succeeded_keys)) == 5  # answered by the batch

@@ -9,6 +9,13 @@ rest go synchronously, billed once. The wait may use the margin: if the batches 
 ended by the last moment (what is left could only just be answered synchronously, with
 no margin but the 15 %), their lines go anyway, counted at their worst case (a batch may
 still bill them); a batch that then answers one of them answered it twice.
+
+A move must be able to help: when what is left would take longer synchronously than a
+batch's own window (24 h, OpenAI's and Anthropic's), sync would finish after the batch
+at its latest, at twice the price, so the plan keeps to the batch until the rate it
+knows makes sync the quicker way. (At 1 request a second, the rate assumed when no
+``rpm`` is given, a 200,000-line job moved at once under a day's deadline, where a
+50,000-line job kept to the batch.)
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ if TYPE_CHECKING:
 __all__ = ["DeadlinePlan", "moved_note"]
 
 _log = logging.getLogger("sluice")
+
+#: Seconds a provider batch may take (OpenAI's ``completion_window``, Anthropic's expiry).
+BATCH_WINDOW = 24 * 3600.0
 
 #: The batch statuses after which nothing more is answered.
 _ENDED = ("completed", "failed", "expired", "cancelled", "ended")
@@ -68,11 +78,20 @@ class DeadlinePlan:
         """Move when the time left needs it; then wait for the cancelled batches to end,
         until the last moment."""
         tick = min(self.settings.poll_every, 1.0)
+        slower_noted = False
         while not self.moved:
             if self._short_of_time(margin=True):
-                await self._move_to_sync()
-            else:
-                await asyncio.sleep(tick)
+                if self._sync_time() < BATCH_WINDOW:
+                    await self._move_to_sync()
+                    continue
+                if not slower_noted:  # sync would end after the batch at its latest: no help
+                    slower_noted = True
+                    _log.warning(
+                        "the deadline cannot be met synchronously at %g requests a second (give --rpm); "
+                        "keeping to the batch, which answers within its 24 h window",
+                        self.settings.sync_rate,
+                    )
+            await asyncio.sleep(tick)
         while self._followed:  # cancelled batches not collected yet: their lines wait for them
             if self._short_of_time(margin=False):
                 self._give_up()
@@ -85,9 +104,18 @@ class DeadlinePlan:
         more, the time a cancel has to land)."""
         settings = self.settings
         assert settings.deadline is not None
-        left = settings.remaining() if settings.remaining is not None else len(self._waiting)
-        needed = left / settings.sync_rate * 1.15 + (max(5.0, 2 * settings.poll_every) if margin else 0.0)
-        return left > 0 and time.time() + needed >= settings.deadline
+        if not self._left():
+            return False
+        needed = self._sync_time() + (max(5.0, 2 * settings.poll_every) if margin else 0.0)
+        return time.time() + needed >= settings.deadline
+
+    def _left(self) -> int:
+        settings = self.settings
+        return settings.remaining() if settings.remaining is not None else len(self._waiting)
+
+    def _sync_time(self) -> float:
+        """Seconds what is left takes synchronously, at the model's rate with a 15 % margin."""
+        return self._left() / self.settings.sync_rate * 1.15
 
     async def _move_to_sync(self) -> None:
         """The lines gathering for a chunk go synchronously now (a chunk not created yet
