@@ -18,8 +18,9 @@ Only JSONL inputs are reordered (a CSV row may span lines).
 
 from __future__ import annotations
 
+import itertools
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from ..caching._rules import LOWEST_MINIMUM
 from ._inputs import InputOptions, detect_format, jsonl_item, jsonl_offsets
 from ._output import DoneLines
 
-__all__ = ["FilePlan", "plan_file"]
+__all__ = ["FilePlan", "packed", "plan_file"]
 
 #: A line shorter than this many bytes cannot hold a cacheable prompt (a token is at least
 #: a byte of the line, however it is estimated): it is not parsed by the plan.
@@ -58,12 +59,22 @@ class FilePlan:
     def group_count(self) -> int:
         return len(self.family_of or ()) - 1 if self.family_of else 0
 
-    def order(self) -> Iterator[tuple[int, int]]:
-        """(line number, offset) of each line to do, in the order to send them."""
-        numbers, offsets, groups = self.numbers, self.offsets, self.groups
-        family_of, families = self.family_of, self.families
+    def order(self, chunk: int | None = None) -> Iterator[tuple[int, int]]:
+        """(line number, offset) of each line to do, in the order to send them; ``chunk``
+        (the batch tier's lines per provider batch): each group's lines inside one run of
+        ``chunk`` lines where it fits in one (see :func:`packed`)."""
+        numbers, offsets = self.numbers, self.offsets
         assert numbers is not None
         assert offsets is not None
+        units = self._units() if chunk is None else packed(self._units(), chunk)
+        for unit in units:
+            for position in unit:
+                yield numbers[position], offsets[position]
+
+    def _units(self) -> Iterator[Sequence[int]]:
+        """The positions of the lines, a group's together, family by family (a line that
+        shares nothing alone, at its place)."""
+        groups, family_of, families = self.groups, self.family_of, self.families
         assert groups is not None
         assert family_of is not None
         assert families is not None
@@ -81,15 +92,55 @@ class FilePlan:
         sent = bytearray(len(families))
         for position, group in enumerate(groups):
             if group == 0:
-                yield numbers[position], offsets[position]
+                yield (position,)
                 continue
             family = family_of[group]
             if sent[family]:
                 continue
             sent[family] = 1
             for each in families[family]:
-                for member in members[starts[each] : starts[each + 1]]:
-                    yield numbers[member], offsets[member]
+                yield members[starts[each] : starts[each + 1]]
+
+
+def packed(units: Iterable[Sequence[int]], chunk: int) -> Iterator[Sequence[int]]:
+    """``units`` (a group's lines each, or one line that shares nothing) so that each group
+    lies inside one run of ``chunk`` lines where it can: the batch tier cuts a provider batch
+    every ``chunk`` lines, and a group split over two batches, answered side by side at the
+    provider, writes its prefix twice. Groups go into runs largest first, each into the first
+    run with room for it (first-fit decreasing), the lone lines fill what is left, and the
+    runs go out fullest first (a run short of ``chunk`` lines moves the cuts after it). A
+    group larger than ``chunk`` fills runs of its own first. The positions are the plan's
+    (a few bytes a line): packing holds them all, as the plan does."""
+    lone: list[Sequence[int]] = []
+    groups: list[Sequence[int]] = []
+    for unit in units:
+        whole = len(unit) // chunk * chunk
+        for start in range(0, whole, chunk):
+            yield unit[start : start + chunk]
+        rest = unit[whole:]
+        if len(rest) == 1:
+            lone.append(rest)
+        elif rest:
+            groups.append(rest)
+    groups.sort(key=len, reverse=True)
+    runs: list[list[Sequence[int]]] = []
+    room: list[int] = []
+    for group in groups:
+        for number, left in enumerate(room):
+            if left >= len(group):
+                runs[number].append(group)
+                room[number] -= len(group)
+                break
+        else:
+            runs.append([group])
+            room.append(chunk - len(group))
+    fill = iter(lone)
+    for number, run in enumerate(runs):
+        run.extend(itertools.islice(fill, room[number]))
+        room[number] = chunk - sum(len(unit) for unit in run)
+    for number in sorted(range(len(runs)), key=room.__getitem__):
+        yield from runs[number]
+    yield from fill
 
 
 def plan_file(path: Path, options: InputOptions, done: DoneLines, *, reorder: bool) -> FilePlan | None:

@@ -55,6 +55,8 @@ async def stream_chat(
     parking = ParkedLines() if parks(spec, progress) else None
     engine = engine_for(spec, progress, store, on_ended=parking.ended if parking is not None else None)
     auto = spec.config.tier == "auto"  # each line asks its model's batch tier first
+    # the batch tier cuts a provider batch every max_lines lines: the plan keeps groups whole in one
+    chunk = spec.config.batch.max_lines if spec.config.tier in ("batch", "auto") else None
     offsets = LineOffsets() if parking is not None else None  # lines read again are sought, not scanned for
     pending: dict[int, InputItem] = {}  # lines of the first reading in the engine, by index
     again: dict[int, InputItem] = {}  # lines read again in the engine, by index
@@ -68,7 +70,7 @@ async def stream_chat(
         map that takes it (``numbering``: that map's count)."""
         source = read_inputs(spec.input, spec.inputs, only, offsets)
         if only is None and plan is not None and plan.reordered:  # group by group (see _cache_plan)
-            source = read_jsonl_at(spec.input, spec.inputs, plan.order())
+            source = read_jsonl_at(spec.input, spec.inputs, plan.order(chunk))
         for item in source:
             if item.line in done:
                 continue

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from .._models import Request
+from .._models import BATCH_SUFFIX, Request
 from .._tokens import IMAGE_PART, PER_MESSAGE, estimate_text_tokens
 from ._rules import LOWEST_MINIMUM
 
@@ -161,13 +161,14 @@ def _candidates(text: str, start: int, length: int) -> list[int]:
 
 
 def _seed(request: Request) -> bytes:
-    """What every boundary of a request depends on: its model and the parameters that go in
-    the prompt (a response format, a tool choice, its schema)."""
+    """What every boundary of a request depends on: its model (a model's batch tier,
+    ``model@batch``, is the model: its lines share the model's cache) and the parameters
+    that go in the prompt (a response format, a tool choice, its schema)."""
     params = request.params
     shaping = {k: v for k, v in params.items() if k not in _NOT_IN_PREFIX} if params else {}
     if request.schema is not None:
         shaping["\x00schema"] = request.schema.digest
-    return request.model.encode() + b"\x1f" + _canonical(shaping)
+    return request.model.removesuffix(BATCH_SUFFIX).encode() + b"\x1f" + _canonical(shaping)
 
 
 def _part_tokens(part: Any) -> int:

@@ -249,6 +249,9 @@ class PromptCache:
         """``job``'s answer (or failure) is in: its groups learn, and the jobs that waited
         for it as their primer are handed back (to be placed again)."""
         answered = result.ok and result.attempts > 0 and not result.cached
+        # its group written before its answer: by another line sent beside it (a batch's lines
+        # all prime, a batch being answered in turn), so a write of its own was a duplicate
+        rewrote = bool(planned.primes) and planned.primes[-1].live(now)
         for group in planned.primes:
             group.priming = False
             if answered:
@@ -257,7 +260,7 @@ class PromptCache:
         if answered and planned.reads is not None and not planned.plain:
             planned.reads.used(now)
         if answered:
-            self._count(job, planned, result.usage)
+            self._count(job, planned, result.usage, rewrote)
             self._learn_lifetime(job, planned, result.usage)
         released: list[Job] = []
         for group in planned.primes:
@@ -285,7 +288,7 @@ class PromptCache:
             self.lifetimes[label] = max(_SHORTEST_LIFETIME, min(known, max(age, known / 2)))
             reads.ttl = min(reads.ttl, self.lifetimes[label])
 
-    def _count(self, job: Job, planned: Planned, usage: Usage) -> None:
+    def _count(self, job: Job, planned: Planned, usage: Usage, rewrote: bool) -> None:
         read = min(usage.cached_input_tokens, usage.input_tokens)
         written = min(usage.cache_write_tokens, usage.input_tokens - read)
         uncached = usage.input_tokens - read - written
@@ -297,7 +300,7 @@ class PromptCache:
         if cost is not None:
             plain = Usage(usage.input_tokens, usage.output_tokens, reasoning_tokens=usage.reasoning_tokens)
             saved = (self.pricing.cost(deployment, plain) or 0.0) - cost
-        duplicate = written > 0 and not planned.primes
+        duplicate = written > 0 and (rewrote or not planned.primes)
         tallies = [self.total, self.by_deployment.setdefault(deployment.label, CacheTally())]
         group = planned.primes[-1] if planned.primes else planned.reads
         if group is not None:

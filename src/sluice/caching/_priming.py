@@ -51,8 +51,10 @@ class Priming:
     def __init__(self, cache: PromptCache, loop: asyncio.AbstractEventLoop, *, ahead: bool = True) -> None:
         self._cache = cache
         self._loop = loop
-        #: Jobs read ahead before the first is decided (0 for a source that may wait).
-        self._ahead = cache.lookahead if ahead else 0
+        #: Jobs read ahead before the first is decided (0 for a source that may wait, or
+        #: when the whole input was counted beforehand: the jobs go in the order given,
+        #: which ``sluice run``'s plan made, e.g. a batch tier's chunks holding whole groups).
+        self._ahead = cache.lookahead if ahead and cache.counting else 0
         #: Jobs read ahead, undecided, with their boundaries.
         self._window: collections.deque[tuple[Job, list[Boundary]]] = collections.deque()
         #: Jobs decided: the fan-out sends them, in order, with their plans.

@@ -92,8 +92,10 @@ def _rules(provider: str, model: str) -> CacheRules | None:
 
 def rules_for(deployment: Deployment) -> CacheRules | None:
     """The cache rules of ``deployment``'s model; None: the planner leaves it alone (a
-    provider sluice does not know to cache, a simulated or custom one)."""
-    provider = deployment.provider_name if isinstance(deployment.provider, str) or deployment.provider is None else ""
+    provider sluice does not know to cache, a simulated or custom one). A batch tier's
+    provider is the real provider's Batch API, whose lines are cached as its requests are."""
+    own = isinstance(deployment.provider, str) or deployment.provider is None or deployment.tier == "batch"
+    provider = deployment.provider_name if own else ""
     return _rules(provider, deployment.model_name)
 
 
