@@ -112,6 +112,7 @@ class Admission(JobPlanning):
             guarded=job.guarded,
             can_fall_back=job.step + 1 < len(job.groups),
             output=job.output,
+            prefer=job.cache.routes if job.cache is not None else (),
         )
 
     def _slot(self, job: Job, tally: Tally, granted: tuple[Route, Reservation], hold: BudgetHold | None) -> Slot:
@@ -174,6 +175,8 @@ class Admission(JobPlanning):
                                 guarded=job.guarded,
                                 can_fall_back=job.step + 1 < len(job.groups),
                                 output=job.output,
+                                prefer=job.cache.routes if job.cache is not None else (),
+                                patience=job.cache.patience if job.cache is not None else 0.0,
                             )
                         except GroupExhausted:
                             _commit(hold, 0.0)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -369,11 +369,15 @@ class Router:
         guarded: bool,
         can_fall_back: bool = False,
         output: int = 0,
+        prefer: Collection[Route] = (),
     ) -> tuple[Route, Reservation] | None:
         """A slot at once on the deployment with the most headroom, or None (no waiting).
 
         ``guarded``: cooldowns apply (the request has somewhere else to go). ``output``:
-        of ``tokens``, the output cap (for a deployment's output and input limits)."""
+        of ``tokens``, the output cap (for a deployment's output and input limits).
+        ``prefer``: where any of these may take it, only they are tried (the deployments
+        whose prompt caches hold what the request reads: elsewhere it would be written
+        again, at the write premium); :meth:`acquire` says how long they are waited for."""
         routes = group.routes
         if len(routes) == 1 and not guarded:  # the common case costs nothing extra
             route = routes[0]
@@ -383,6 +387,9 @@ class Router:
             candidates = self._candidates(group, avoid, guarded, can_fall_back, tokens, output)
         except GroupExhausted:
             return None  # the waiting path says so
+        holders = [r for r in candidates if r in prefer] if prefer else None
+        if holders:  # none of them with room: the waiting path gives them a while first
+            candidates = holders
         for route in sorted(candidates, key=Route.load) if len(candidates) > 1 else candidates:
             granted = route.limiter.try_acquire(tokens, output=output)
             if granted is not None:
@@ -401,9 +408,13 @@ class Router:
         guarded: bool,
         can_fall_back: bool,
         output: int = 0,
+        prefer: Collection[Route] = (),
+        patience: float = 0.0,
     ) -> tuple[Route, Reservation]:
         """Wait for the first deployment of the group that can take the attempt.
 
+        ``prefer``: for ``patience`` seconds, only those of them that may take it are
+        waited on (the deployments whose prompt caches hold what it reads); then any.
         Raises :class:`GroupExhausted` when ``can_fall_back`` and every deployment is
         cooling down or has failed this request."""
         routes = group.routes
@@ -411,12 +422,17 @@ class Router:
             route = routes[0]
             return route, await route.limiter.acquire(tokens, priority, seq, output=output)
         loop = asyncio.get_running_loop()
+        stick_until = loop.time() + patience if prefer else -math.inf
         while True:
             candidates = self._candidates(group, avoid, guarded, can_fall_back, tokens, output)
             watcher: asyncio.Future[None] = loop.create_future()
             group.watchers.append(watcher)
             timer = None
             next_back = self._next_back(group, loop.time()) if guarded else math.inf
+            holders = [r for r in candidates if r in prefer] if loop.time() < stick_until else []
+            if holders and len(holders) < len(candidates):
+                candidates = holders  # until stick_until: then the race is run again on every one
+                next_back = min(next_back, stick_until)
             if next_back < math.inf:
                 timer = loop.call_at(next_back, group.changed)
             won = None

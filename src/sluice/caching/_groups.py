@@ -83,8 +83,9 @@ class Group:
     ttl: float = 300.0
     #: Jobs waiting for its primer's answer.
     held: deque[Any] = field(default_factory=deque)
-    #: The deployment (a router Route) that wrote its entry.
-    route: Any = None
+    #: The deployments (router Routes) that hold its entry: wrote or read it in its
+    #: lifetime. Several deployments of a model have separate caches.
+    routes: list[Any] = field(default_factory=list)
     #: OpenAI: each key shard's sends in the last minute.
     shards: list[deque[float]] = field(default_factory=list)
     tally: CacheTally = field(default_factory=CacheTally)
@@ -93,9 +94,13 @@ class Group:
         """Its entry is counted on: used within its lifetime (less a margin)."""
         return self.last_used > 0 and now < self.last_used + self.ttl - min(_MARGIN, self.ttl / 10)
 
-    def used(self, now: float) -> None:
-        """Its entry was written or read now: it lives its lifetime from now."""
+    def used(self, now: float, route: Any = None) -> None:
+        """Its entry was written or read now (on ``route``): it lives its lifetime from now."""
+        if not self.live(now):  # gone everywhere it was: only where it was written now holds it
+            self.routes.clear()
         self.last_used = max(self.last_used, now)
+        if route is not None and route not in self.routes:
+            self.routes.append(route)
 
     def key(self, now: float) -> str:
         """The ``prompt_cache_key`` of the next request: the first shard not yet at ~15

@@ -64,10 +64,15 @@ class Planned:
         """A breakpoint asks for an hour-long entry (billed at twice the input price)."""
         return any(ttl == "1h" for _, ttl in self.cuts)
 
+    #: Seconds a reader waits for a deployment that holds its entry before it takes one
+    #: that does not (and writes the entry there, at the write premium): a reader of a
+    #: group whose deployment is full goes elsewhere this long after it found no room.
+    patience = 10.0
+
     @property
-    def route(self) -> Any:
-        """The deployment (router Route) whose cache holds what it reads, if any."""
-        return self.reads.route if self.reads is not None else None
+    def routes(self) -> list[Any]:
+        """The deployments (router Routes) whose caches hold what it reads: tried first."""
+        return self.reads.routes if self.reads is not None else []
 
     def request_for(self, request: Request, deployment: Deployment, now: float) -> Request:
         """``request`` marked for the cache of ``deployment`` (as it is sent; sent as it is
@@ -252,16 +257,19 @@ class PromptCache:
         # its group written before its answer: by another line sent beside it (a batch's lines
         # all prime, a batch being answered in turn), so a write of its own was a duplicate
         rewrote = bool(planned.primes) and planned.primes[-1].live(now)
+        # sent where its entry was not (its deployments had no room): a write there says
+        # nothing of how long entries live
+        elsewhere = planned.reads is not None and job.route not in planned.reads.routes
         for group in planned.primes:
             group.priming = False
             if answered:
-                group.used(now)
-                group.route = job.route
+                group.used(now, job.route)
         if answered and planned.reads is not None and not planned.plain:
-            planned.reads.used(now)
+            planned.reads.used(now, job.route)  # read there, or written there anew
         if answered:
             self._count(job, planned, result.usage, rewrote)
-            self._learn_lifetime(job, planned, result.usage)
+            if not elsewhere:
+                self._learn_lifetime(job, planned, result.usage)
         released: list[Job] = []
         for group in planned.primes:
             while group.held:
