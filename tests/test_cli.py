@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import signal
 import subprocess
 import time
@@ -393,6 +394,29 @@ def test_estimate_gives_a_cost_range(server: FakeServer, tmp_path: Path) -> None
     assert "at 10 output tokens each" in done.stdout
     unknown = run_cli(server, "estimate", source, "--model", MODEL)
     assert "unknown: no price for this model" in unknown.stdout
+
+
+def test_the_estimate_prices_each_request_on_its_own_not_the_whole_job_as_one(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    """Claude Sonnet 4.5 doubles its input price past 200,000 prompt tokens *in a request*:
+    100 lines of ~3,000 tokens are 300,000 tokens in all, each line at the base price (the
+    cost row once priced the job's sum as one request: twice the cost)."""
+    lines = [{"messages": [{"role": "user", "content": f"{n} " + "lorem ipsum " * 2_000}]} for n in range(100)]
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    args = ["estimate", source, "--model", "anthropic/claude-sonnet-4-5", "--prompt-cache", "off"]
+    figures = json.loads(run_cli(server, *args, "--json", "--expected-output", "0").stdout)
+    prompt = figures["input_tokens"]
+    assert prompt > 200_000
+    assert figures["cost_usd_without_cache"] == pytest.approx(prompt * 3.0 / 1e6, rel=1e-3)
+    done = run_cli(server, *args)
+    assert done.returncode == 0, done.stderr
+    cost = re.search(r"\n\s+cost\s+\$([\d.,]+) \(prompts only\)", done.stdout)
+    assert cost is not None, done.stdout
+    assert float(cost.group(1).replace(",", "")) == pytest.approx(prompt * 3.0 / 1e6, abs=1e-4)
+    batch = re.search(r"cost, --tier batch\s+\$([\d.,]+) \(prompts only\)", done.stdout)
+    assert batch is not None
+    assert float(batch.group(1).replace(",", "")) == pytest.approx(prompt * 1.5 / 1e6, abs=1e-4)
 
 
 def test_a_huge_line_is_an_error_for_that_line_only(server: FakeServer, tmp_path: Path) -> None:

@@ -56,6 +56,14 @@ def test_a_batch_tier_job_bills_a_third_of_itself_uncached(
     read = int(re.search(r"prompt cache\s+([\d,]+) tokens read", summary).group(1).replace(",", ""))  # type: ignore[union-attr]
     assert read == sum(r["usage"]["cached_input_tokens"] for r in records) > 0
     assert "0 duplicate writes" in summary
+    if tier == BATCH:  # what `sluice estimate --tier batch` foresaw: the plan on the batch, hour-long writes
+        env = env_for(server, ANTHROPIC_BASE_URL=server.anthropic_url, ANTHROPIC_API_KEY="sk-test")
+        estimate = run_cli(server, "estimate", source, "--model", CLAUDE, "--tier", "batch", "--json", env=env)
+        assert estimate.returncode == 0, estimate.stderr
+        figures = json.loads(estimate.stdout)
+        assert figures["tier"] == "batch"
+        assert figures["cost_usd"] == pytest.approx(cached, rel=0.25)
+        assert figures["cost_usd_without_cache"] == pytest.approx(uncached, rel=0.25)
 
 
 def test_each_group_goes_in_one_provider_batch(server: FakeServer, tmp_path: Path) -> None:

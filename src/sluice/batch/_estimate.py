@@ -47,13 +47,35 @@ class _Tally:
     #: None once a line's price is unknown.
     planned_usd: float | None = 0.0
     plain_usd: float | None = 0.0
+    #: Per tier (its own, and the ones it could use instead), uncached, line by line: the
+    #: prompts only, every max_tokens used, and the expected output (None: unknown).
+    spans: dict[str, list[float | None]] = field(default_factory=dict)
 
-    def price(self, pricing: Pricing, prompt: int, output: int, read: int, written: int) -> None:
-        """Add one line's cost, as planned and uncached."""
-        planned = pricing.cost(self.deployment, Usage(prompt, output, read, cache_write_tokens=written))
-        plain = pricing.cost(self.deployment, Usage(prompt, output))
-        self.planned_usd = None if planned is None or self.planned_usd is None else self.planned_usd + planned
-        self.plain_usd = None if plain is None or self.plain_usd is None else self.plain_usd + plain
+    def price(self, pricing: Pricing, prompt: int, most: int, expected: int | None, foreseen: Foreseen) -> None:
+        """Add one line's cost (``most`` output tokens at most, ``expected`` if said), as
+        planned and uncached; prices are per request (a long-context tier applies to a
+        request's prompt, not the job's), so they are summed line by line."""
+        read, written = foreseen.read, foreseen.written
+        hour = written if foreseen.hour else 0
+        output = most if expected is None else expected
+        planned = pricing.cost(
+            self.deployment, Usage(prompt, output, read, cache_write_tokens=written, cache_write_1h_tokens=hour)
+        )
+        self.planned_usd = _plus(self.planned_usd, planned)
+        self.plain_usd = _plus(self.plain_usd, pricing.cost(self.deployment, Usage(prompt, output)))
+        for tier, deployment in self._tiers():
+            span = self.spans.setdefault(tier, [0.0, 0.0, 0.0])
+            for number, tokens in enumerate((0, most, output)):
+                span[number] = _plus(span[number], pricing.cost(deployment, Usage(prompt, tokens)))
+
+    def _tiers(self) -> list[tuple[str, Deployment]]:
+        own = self.deployment
+        tiers = [(own.tier, own)]
+        if own.tier == "sync" and own.provider_name in ("openai", "anthropic"):
+            tiers.append(("batch", dataclasses.replace(own, tier="batch")))
+        if own.tier == "sync" and own.provider_name == "openai":
+            tiers.append(("flex", dataclasses.replace(own, tier="flex")))
+        return tiers
 
     def seconds(self, tokens: int, output: int = 0) -> float | None:
         """The shortest time the limits allow for ``tokens`` in all, ``output`` of them
@@ -66,6 +88,10 @@ class _Tally:
         return max(bounds) if bounds else None
 
 
+def _plus(total: float | None, amount: float | None) -> float | None:
+    return None if total is None or amount is None else total + amount
+
+
 @dataclass(slots=True)
 class Estimate:
     records: int = 0
@@ -76,6 +102,8 @@ class Estimate:
     expected_output: int | None = None
     #: Groups of lines the prompt-cache plan found (None: the plan was off).
     groups: int | None = None
+    #: The tier the lines are priced and planned on (``--tier``: sync, flex or batch).
+    tier: str = "sync"
 
     def _planned(self, tally: _Tally, cached: bool) -> float | None:
         """Dollars of the tally's requests: prompts as planned (``cached``) or all uncached,
@@ -104,6 +132,7 @@ class Estimate:
         return {
             "records": self.records,
             "invalid": self.invalid,
+            "tier": self.tier,
             "requests": sum(f["requests"] for f in figures),
             "input_tokens": sum(f["input_tokens"] for f in figures),
             "cost_usd": _total(costs),
@@ -112,21 +141,19 @@ class Estimate:
             "by_deployment": by_deployment,
         }
 
-    def _cost(self, tally: _Tally, tier: str = "sync") -> str:
+    def _cost(self, tally: _Tally, tier: str | None = None) -> str:
         """From prompts only to every output token used: the true cost lies between."""
-        deployment = tally.deployment if tier == "sync" else dataclasses.replace(tally.deployment, tier=tier)
-        low = self.pricing.cost(deployment, Usage(input_tokens=tally.prompt_tokens))
-        high = self.pricing.cost(
-            deployment, Usage(input_tokens=tally.prompt_tokens, output_tokens=tally.max_output_tokens)
-        )
-        if low is None or high is None:
+        tier = tier or tally.deployment.tier
+        span = tally.spans.get(tier)
+        if span is not None:  # chat lines, priced one by one
+            low, high, mid = span
+        else:  # embeddings: packed many to a request, priced on their tokens
+            on = tally.deployment if tier == tally.deployment.tier else dataclasses.replace(tally.deployment, tier=tier)
+            low = high = mid = self.pricing.cost(on, Usage(input_tokens=tally.prompt_tokens))
+        if low is None or high is None or mid is None:
             return "unknown: no price for this model (give --price IN,OUT)"
         expected = ""
         if self.expected_output is not None:
-            mid = self.pricing.cost(
-                deployment,
-                Usage(input_tokens=tally.prompt_tokens, output_tokens=self.expected_output * tally.requests),
-            )
             expected = f", ~${mid:,.4f} at {self.expected_output} output tokens each"
         return f"${low:,.4f} (prompts only) .. ${high:,.4f} (every max_tokens used){expected}"
 
@@ -152,13 +179,14 @@ class Estimate:
             rows.append((label, f"{tally.requests:,} requests{texts}"))
             rows.append(("  prompt tokens (est.)", f"{tally.prompt_tokens:,}"))
             rows.append(("  reserved tokens", f"{tally.reserved_tokens:,} (prompt + max_tokens)"))
-            rows.append(("  cost", self._cost(tally)))
+            rows.append(("  cost" if self.tier == "sync" else f"  cost, --tier {self.tier}", self._cost(tally)))
             if tally.read_tokens or tally.written_tokens:
                 rows.append(("  prompt cache (planned)", self._cache_line(tally)))
             provider = tally.deployment.provider_name
-            if provider in ("openai", "anthropic"):  # the tiers this model could use instead
-                rows.append(("  cost, --tier batch", f"{self._cost(tally, 'batch')}; within 24 h (the batch window)"))
-            if provider == "openai":
+            if self.tier == "sync" and provider in ("openai", "anthropic"):  # the tiers it could use instead
+                batch = f"{self._cost(tally, 'batch')}; within 24 h (the batch window); uncached: --tier batch plans it"
+                rows.append(("  cost, --tier batch", batch))
+            if self.tier == "sync" and provider == "openai":
                 rows.append(("  cost, --tier flex", f"{self._cost(tally, 'flex')}; slower, may wait for capacity"))
             low = tally.seconds(tally.prompt_tokens)
             high = tally.seconds(tally.reserved_tokens, tally.max_output_tokens)
@@ -179,13 +207,14 @@ def _total(costs: list[float | None]) -> float | None:
 
 
 def estimate_job(
-    path: Path, config: JobConfig, options: InputOptions, *, expected_output: int | None = None
+    path: Path, config: JobConfig, options: InputOptions, *, expected_output: int | None = None, tier: str = "sync"
 ) -> Estimate:
+    """The job's figures; ``tier``: priced (and the prompt cache planned) on that tier."""
     from ._preflight import check_input
 
     check_input(path, options)  # no record can be sent: say so, rather than estimate nothing
-    routes = {key: d for d in config.deployments for key in (d.model, d.label)}
-    result = Estimate(expected_output=expected_output)
+    routes = {key: _on_tier(d, tier) for d in config.deployments for key in (d.model, d.label)}
+    result = Estimate(expected_output=expected_output, tier=tier)
     forecast = _forecast(path, options, result, config)
     for item in read_inputs(path, options):
         result.records += 1
@@ -202,7 +231,7 @@ def estimate_job(
         if deployment is None and "/" not in request.model:  # a bare name: the configured model, else OpenAI's
             deployment = routes.get(configured_model(request.model, config.deployments) or f"openai/{request.model}")
         if deployment is None:  # as the engine serves a model the config does not name
-            deployment = routes[request.model] = Deployment(request.model, **config.defaults)
+            deployment = routes[request.model] = _on_tier(Deployment(request.model, **config.defaults), tier)
         tally = result.tallies.get(deployment.label)
         if tally is None:
             tally = result.tallies[deployment.label] = _Tally(deployment)
@@ -216,11 +245,14 @@ def estimate_job(
         tally.read_tokens += foreseen.read
         tally.written_tokens += foreseen.written
         tally.grouped += foreseen.group is not None
-        output = reserved - prompt if expected_output is None else expected_output
-        tally.price(result.pricing, prompt, output, foreseen.read, foreseen.written)
+        tally.price(result.pricing, prompt, reserved - prompt, expected_output, foreseen)
     if forecast is not None:
         result.groups = forecast.groups
     return result
+
+
+def _on_tier(deployment: Deployment, tier: str) -> Deployment:
+    return deployment if tier == "sync" else dataclasses.replace(deployment, tier=tier)
 
 
 def _forecast(path: Path, options: InputOptions, result: Estimate, config: JobConfig) -> Forecast | None:

@@ -1,5 +1,6 @@
 """What a job's lines would read from and write to the prompt caches, before anything is
-sent (``sluice estimate``): the plan's own rules on sluice's token estimates.
+sent (``sluice estimate``): the plan's own rules on sluice's token estimates (on the batch
+tier, hour-long writes where they pay, as the plan asks for them).
 
 The index holds the whole input's counts (a first pass); lines are then taken in turn:
 the first line of each group writes its shared prefix, the others read it (the plan sends
@@ -35,6 +36,8 @@ class Foreseen:
     read: int = 0
     written: int = 0
     group: int | None = None
+    #: Written for an hour (the batch tier's lines, where that pays: twice the input price).
+    hour: bool = False
 
 
 class Forecast:
@@ -73,4 +76,7 @@ class Forecast:
         if rules.kind == "openai":
             read = read // _OPENAI_STEP * _OPENAI_STEP
             written = written if rates.write > 1.0 else 0  # writes billed as plain input
-        return Foreseen(min(read, prompt), min(written, prompt - min(read, prompt)), deepest.digest)
+        # as the plan asks (PromptCache.chain): the batch tier writes for an hour where that pays
+        hour = rules.kind == "anthropic" and deployment.tier == "batch" and rates.pays(chain[-1][1], hour=True)
+        read = min(read, prompt)
+        return Foreseen(read, min(written, prompt - read), deepest.digest, hour and written > 0)

@@ -25,7 +25,16 @@ from .._models import Price
 from ..batch._inputs import InputOptions, Template
 from ..structured import MAX_REASKS
 from ._config import JobConfig, describe, describe_defaults, load_config, with_overrides
-from ._flags import distributed_flags, duration, fail, prompt_cache_option, schema_flag, with_tier
+from ._flags import (
+    check_tier_providers,
+    distributed_flags,
+    duration,
+    estimate_tier_option,
+    fail,
+    prompt_cache_option,
+    schema_flag,
+    with_tier,
+)
 from ._otel import otel_option, with_otel
 from ._worker import checked_redis_url
 
@@ -462,6 +471,7 @@ def worker(redis_url: str, **flags: Any) -> None:
 @_input_options
 @click.option("--expected-output", type=click.IntRange(min=0), help="Output tokens you expect per request.")
 @prompt_cache_option
+@estimate_tier_option
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON (cost_usd as planned).")
 @_friendly
 def estimate(input_path: Path, **flags: Any) -> None:
@@ -470,9 +480,11 @@ def estimate(input_path: Path, **flags: Any) -> None:
     from ..batch._estimate import estimate_job
 
     config = dataclasses.replace(_job_config(flags), prompt_cache=flags.pop("prompt_cache"))
-    expected_output, as_json = flags.pop("expected_output"), flags.pop("as_json")  # the rest are _INPUT_FLAGS
-    inputs = _input_opts(config, flags.pop("model"), **flags)
-    result = estimate_job(input_path, config, inputs, expected_output=expected_output)
+    tier, expected_output, as_json = flags.pop("tier"), flags.pop("expected_output"), flags.pop("as_json")
+    model = flags.pop("model")
+    check_tier_providers(config if model is None else dataclasses.replace(config, model=model), tier)
+    inputs = _input_opts(config, model, **flags)  # the rest are _INPUT_FLAGS
+    result = estimate_job(input_path, config, inputs, expected_output=expected_output, tier=tier)
     if as_json:
         click.echo(json.dumps(result.as_json(), indent=2))
         return

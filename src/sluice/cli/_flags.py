@@ -16,9 +16,25 @@ from .._errors import ConfigError
 from ..batch._inputs import InputOptions
 from ..structured import Schema, load_schema
 
-__all__ = ["distributed_flags", "duration", "fail", "prompt_cache_option", "schema_flag", "with_tier"]
+__all__ = [
+    "check_tier_providers",
+    "distributed_flags",
+    "duration",
+    "estimate_tier_option",
+    "fail",
+    "prompt_cache_option",
+    "schema_flag",
+    "with_tier",
+]
 
 
+estimate_tier_option = click.option(
+    "--tier",
+    type=click.Choice(["sync", "flex", "batch"]),
+    default="sync",
+    show_default=True,
+    help="Price the lines (and plan the prompt cache) as `sluice run --tier` would send them.",
+)
 prompt_cache_option = click.option(
     "--prompt-cache",
     type=click.Choice(["auto", "off"]),
@@ -65,7 +81,7 @@ def with_tier(config: JobConfig, flags: dict[str, Any]) -> JobConfig:
 
     tier = flags.pop("tier")
     poll_every, batch_size, deadline = flags.pop("poll_every"), flags.pop("batch_size"), flags.pop("deadline")
-    _check_tier_providers(config, tier)
+    check_tier_providers(config, tier)
     if tier == "auto" and deadline is None:
         fail("--tier auto plans against a deadline: add --deadline DURATION (e.g. --deadline 6h)")
     if tier != "auto" and deadline is not None:
@@ -88,7 +104,7 @@ def with_tier(config: JobConfig, flags: dict[str, Any]) -> JobConfig:
     return dataclasses.replace(config, tier=tier, batch=settings)
 
 
-def _check_tier_providers(config: JobConfig, tier: str) -> None:
+def check_tier_providers(config: JobConfig, tier: str) -> None:
     """A tier the job's deployments cannot be served in is refused now, before any file is
     made: flex is OpenAI's; the batch tiers speak OpenAI's and Anthropic's Batch APIs."""
     if tier == "sync":
