@@ -12,7 +12,9 @@ LiteLLM's ``acompletion`` with ``cache_control_injection_points`` at the system 
 (its fixed-point marking; the documents are in the user message, which it cannot split),
 under a semaphore of the same concurrency, with its own retries (``num_retries=8``). The third job is the
 first 80 lines (10 documents) on an Anthropic deployment limited to 20,000 input tokens
-per 10 s: cache reads do not count against it. Everything runs offline (``OFFLINE_ENV``).
+per 10 s: cache reads do not count against it. The batch job is the 240 lines through
+the fake's Message Batches (``--tier batch``; LiteLLM has no batch tier to compare), which
+read what earlier lines of a batch wrote. Everything runs offline (``OFFLINE_ENV``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ JOBS: dict[str, dict[str, Any]] = {
         "model": "openai/gpt-4o-mini",
         "fake": ["--price", "gpt-4o-mini=0.15,0.6", "--latency", "0.5", "--prompt-cache", "on"],
         "documents": 30,
+    },
+    "anthropic-qa-batch": {
+        "title": "Anthropic document QA on --tier batch (240 lines)",
+        "model": "anthropic/claude-sonnet-4-5",
+        "fake": ["--price", "claude-sonnet-4-5=3,15", "--latency", "0.5", "--batch-start-after", "0"],
+        "documents": 30,
+        "tier": ["--tier", "batch", "--poll-every", "0.5"],
     },
     "anthropic-itpm": {
         "title": "Anthropic, 20,000 ITPM per 10 s (80 lines)",
@@ -89,6 +98,7 @@ def _run_client(
         mode = "off" if client == "sluice-off" else "auto"
         command = [sys.executable, "-m", "sluice", "run", str(source), "-o", str(output), "--config", str(config)]
         command += ["--model", model, "--concurrency", str(CONCURRENCY), "--prompt-cache", mode, "--log-every", "60"]
+        command += job.get("tier", [])
     began = time.monotonic()
     done = subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=900, preexec_fn=lambda: _pin(cpus), check=False
@@ -109,8 +119,9 @@ def _pin(cpus: Any) -> None:
         os.sched_setaffinity(0, cpus)
 
 
-def _estimate(folder: Path, model: str) -> float | None:
+def _estimate(folder: Path, model: str, tier: str) -> float | None:
     command = [sys.executable, "-m", "sluice", "estimate", str(folder / "in.jsonl"), "--model", model, "--json"]
+    command += ["--tier", tier]
     done = subprocess.run(command, env=worker_env(), capture_output=True, text=True, timeout=300, check=True)
     cost = json.loads(done.stdout)["cost_usd"]
     return float(cost) if cost is not None else None
@@ -131,14 +142,15 @@ def main() -> None:
     rows = []
     for name in [n for n in JOBS if n in args.jobs.split(",")]:
         job = JOBS[name]
-        for client in ("sluice-off", "sluice", "litellm"):
+        tier = "batch" if "tier" in job else "sync"
+        for client in ("sluice-off", "sluice") if tier == "batch" else ("sluice-off", "sluice", "litellm"):
             with tempfile.TemporaryDirectory(prefix="sluice-cache-bench-") as tmp:
                 folder = Path(tmp)
                 _write_job(folder, job["model"], job["documents"])
                 with FakeServerProcess(job["fake"], cpus=server_cpus) as server:
                     took, answered = _run_client(client, job, folder, server, client_cpus)
                     stats = server.stats()
-                estimate = _estimate(folder, job["model"]) if client == "sluice" else None
+                estimate = _estimate(folder, job["model"], tier) if client == "sluice" else None
             cache = stats["prompt_cache"]
             prompt = stats["prompt_tokens"] or 1
             label = {"sluice-off": "sluice --prompt-cache off", "sluice": "sluice (planner)"}.get(
