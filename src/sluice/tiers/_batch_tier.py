@@ -46,6 +46,7 @@ from .._errors import (
     SluiceError,
 )
 from .._models import Deployment, Request, Usage, store_key
+from .._readback import plain_reply
 from ..providers import AnthropicProvider, HttpProvider, HttpTransport, OpenAIProvider, Reply
 from ._anthropic_api import AnthropicBatches
 from ._api import BatchAPI
@@ -495,7 +496,7 @@ class BatchTier(DeadlinePlan, Recovery):
         billed: list[tuple[str, Usage]] = []  # parking: what each kept line cost there
         for custom_id, line in answered:
             try:
-                reply = self._reply(batch_id, line)
+                reply = self.read_back(line) or self._reply(batch_id, line)
             except SluiceError as exc:  # not kept: a rerun must be able to ask again
                 if self.parks and not (isinstance(exc, ProviderError) and exc.retryable):
                     usable.append((custom_id, line))  # the request's own: asked again, it gets this
@@ -578,6 +579,16 @@ class BatchTier(DeadlinePlan, Recovery):
         return filling.waiting
 
     # -- a line's outcome ------------------------------------------------------------------
+
+    @property
+    def real_label(self) -> str:
+        """The label of the deployment whose Batch API this is (its chunks' in the journal)."""
+        return self._real.label
+
+    def read_back(self, line: bytes) -> Reply | None:
+        """The answer a result line holds, read in one pass (see ``_readback``); None when it
+        holds none that reads plainly (``_reply`` says why)."""
+        return plain_reply(self._real.provider_name, line, self._inner)
 
     def _reply(self, batch_id: str, line: bytes, *, read_back: bool = False) -> Reply:
         reply = self._api_ready().reply(batch_id, line)
