@@ -285,6 +285,7 @@ class WriteBack:
                 else:
                     progress.note_lost(line.item.line)
             return
+        progress.written_back += len(lines)
         tally = progress.tiers.setdefault("batch", [0, 0.0])
         for cost, was_capped, reason in counted:
             progress.written += 1
