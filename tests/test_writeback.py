@@ -126,6 +126,7 @@ def test_written_back_lines_equal_the_engines_pass(server: FakeServer, tmp_path:
     assert _written_back(engine[0]) == 0
     assert [r["line"] for r in back[1]] == list(range(1, n + 1))
     assert [_comparable(r) for r in back[1]] == [_comparable(r) for r in engine[1]]
+    assert all(r["latency_s"] == 0.0 for r in back[1] if r["ok"] and "parsed" not in r)  # nothing was sent
     kinds = {(r["ok"], "parsed" in r, (r["error"] or {}).get("type")) for r in back[1]}
     assert kinds == {(True, False, None), (True, True, None), (False, False, "bad_request")}
     assert back[2] == engine[2]  # results, charges (one row a key), no intent left

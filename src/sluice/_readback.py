@@ -19,7 +19,7 @@ from .providers._base import make_reply
 if TYPE_CHECKING:
     from .providers import HttpProvider, Reply
 
-__all__ = ["plain_reply"]
+__all__ = ["item_reply", "plain_reply"]
 
 
 def plain_reply(api: str, line: bytes, provider: HttpProvider) -> Reply | None:
@@ -29,6 +29,11 @@ def plain_reply(api: str, line: bytes, provider: HttpProvider) -> Reply | None:
         item = _json.loads(line)
     except ValueError:
         return None
+    return item_reply(api, item, provider)
+
+
+def item_reply(api: str, item: Any, provider: HttpProvider) -> Reply | None:
+    """:func:`plain_reply` of a result line decoded already (``item``)."""
     if not isinstance(item, Mapping):
         return None
     if api == "anthropic":
