@@ -208,6 +208,26 @@ class Attempts(Admission):
         future.set_result(result)
         return result
 
+    def in_flight(self, key: str) -> bool:
+        """Whether a request of ``key`` is being run (or :meth:`hold` holds it)."""
+        return key in self._inflight
+
+    def hold(self, keys: list[str]) -> Callable[[], None]:
+        """Mark ``keys`` (none of them :meth:`in_flight`) as in flight while their answers are
+        stored outside the engine (a provider batch's write-back): an identical request
+        meanwhile waits, then finds the answer stored. Returns what ends the hold."""
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        for key in keys:
+            self._inflight[key] = future
+
+        def release() -> None:
+            for key in keys:
+                if self._inflight.get(key) is future:
+                    del self._inflight[key]
+            future.set_result(Result(None, error=CancelledError("stored outside the engine")))  # sharers look again
+
+        return release
+
     async def run(self, job: Job) -> Result:
         """Attempt until an outcome, then record it (durably, with a store) and report it."""
         loop = self._loop  # as job() left it (see JobPlanning.loop)

@@ -29,7 +29,7 @@ from .caching._marks import asks_an_hour
 from .providers._base import max_output_tokens
 from .structured._ask import sent_params
 
-__all__ = ["CheaperModel", "Spending", "worst_case_tokens"]
+__all__ = ["CheaperModel", "Spending", "capped", "worst_case_tokens"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +128,7 @@ class Spending:
         """
         if budget is None:
             return request, 0.0
-        if request.max_tokens is None and _output_cap(request) is None:
-            request = dataclasses.replace(request, max_tokens=deployment.default_max_tokens)
+        request = capped(request, deployment)
         hour = asks_an_hour(request)  # an hour-long cache write bills twice the input price
         worst = self.pricing.worst_case(deployment, *worst_case_tokens(request, deployment), hour=hour)
         if worst is None:
@@ -240,6 +239,12 @@ class Spending:
         if cost is not None:
             self._paid[hash(key)] = cost
 
+    def take_paid(self, key: str) -> float | None:
+        """What a parked request's batch billed for it, counted when its results came (see
+        :meth:`settle_parked`), taken out: its answer is written without being asked again.
+        None: nothing was counted for it here (it is asked again, and reserves then)."""
+        return self._paid.pop(hash(key), None)
+
     def _take_parked(self, key: str, place: int | None) -> BudgetHold | None:
         """The parked hold of ``key``, taken out: a whole one (``place`` None) or its share
         of the merged hold of the budget at ``place``."""
@@ -284,6 +289,14 @@ def worst_case_tokens(request: Request, deployment: Deployment) -> tuple[int, in
         request.messages, sent_params(request), provider=deployment.provider_name, model=deployment.model_name
     )
     return prompt, max_output_tokens(request, deployment)
+
+
+def capped(request: Request, deployment: Deployment) -> Request:
+    """``request`` as a budgeted run sends it: with the deployment's ``default_max_tokens``
+    when it gives no output cap (a worst case needs one)."""
+    if request.max_tokens is None and _output_cap(request) is None:
+        return dataclasses.replace(request, max_tokens=deployment.default_max_tokens)
+    return request
 
 
 def _output_cap(request: Request) -> int | None:

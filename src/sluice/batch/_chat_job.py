@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import functools
 import itertools
-from collections.abc import AsyncIterator, Callable, Container, Iterator
+from collections.abc import AsyncIterator, Callable, Container, Iterable, Iterator
 
 from .._engine import Engine
 from .._errors import CancelledError, InvalidInputError, ParkedError, SluiceError
@@ -27,6 +27,7 @@ from ._offsets import LineOffsets
 from ._output import DoneLines, JobOutput, OutputFile, output_record
 from ._parked import ParkedLines
 from ._running import engine_for, running
+from ._writeback import WriteBack
 
 __all__ = ["stream_chat"]
 
@@ -64,11 +65,15 @@ async def stream_chat(
     first_over = False  # it ended (at the end, or stopped by --strict)
 
     def items(
-        only: Container[int] | None, into: dict[int, InputItem], numbering: Iterator[int]
+        only: Container[int] | None,
+        into: dict[int, InputItem],
+        numbering: Iterator[int],
+        source: Iterable[InputItem] | None = None,
     ) -> Iterator[Request | SluiceError]:
-        """The input's lines (``only``: those), each kept in ``into`` under its index in the
-        map that takes it (``numbering``: that map's count)."""
-        source = read_inputs(spec.input, spec.inputs, only, offsets)
+        """The input's lines (``only``: those; ``source``: these, read already), each kept in
+        ``into`` under its index in the map that takes it (``numbering``: that map's count)."""
+        if source is None:
+            source = read_inputs(spec.input, spec.inputs, only, offsets)
         if only is None and plan is not None and plan.reordered:  # group by group (see _cache_plan)
             source = read_jsonl_at(spec.input, spec.inputs, plan.order(chunk))
         for item in source:
@@ -118,10 +123,12 @@ async def stream_chat(
             due = await parking.next_due(lambda: first_over and not pending and not again, lambda: progress.stopping)
             if not due:
                 return
-            for each in items(due, again, numbering):
-                yield each
-                while len(again) >= again_room and not progress.stopping:
-                    await parking.changed()
+            for read in WriteBack.groups(read_inputs(spec.input, spec.inputs, due, offsets)):
+                rest = read if writeback is None else await writeback.write(read)  # plain answers: written now
+                for each in items(due, again, numbering, rest):
+                    yield each
+                    while len(again) >= again_room and not progress.stopping:
+                        await parking.changed()
 
     plan = await cache_plan(spec, engine, done)
     output = JobOutput(file, progress)
@@ -130,6 +137,8 @@ async def stream_chat(
         def written(result: Result, sent: Request | None) -> None:
             progress.count(result, sent)
             watch(result)
+
+        writeback = None if parking is None else WriteBack(spec, engine, store, output, progress, parking, watch)
 
         def unwritten(result: Result, sent: Request | None, line: int) -> None:
             """The output could not take it: the state has it, or it was never sent (the

@@ -136,6 +136,9 @@ class JobProgress:
     #: Lines a batch answered after ``--tier auto`` had moved them to synchronous requests
     #: that answered them too (both billed).
     answered_twice: int = 0
+    #: Parked lines a batch answered plainly, written from the state without a second pass
+    #: through the engine (see ``_writeback``).
+    written_back: int = 0
     #: ``--tier auto``: the provider ids (custom ids) of the lines answered synchronously,
     #: in a Bloom filter (a set of them grew with the job: ~100 bytes a line).
     answered_sync: KeyFilter | None = None

@@ -432,6 +432,12 @@ class JobOutput:
         self.flush()  # after what was queued before it
         return self._write([_json.dumps_line(record)])
 
+    def write_now(self, lines: list[bytes]) -> bool:
+        """Write encoded records now, after what is queued, in one write; False (and the
+        job stops) when the file cannot take them (the caller counts where they are kept)."""
+        self.flush()
+        return self._write(lines, count=False)
+
     def write_soon(
         self, record: dict[str, object], then: Callable[[], None], unwritten: Callable[[], None] | None = None
     ) -> None:

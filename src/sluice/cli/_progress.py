@@ -222,6 +222,8 @@ def _tier_rows(progress: JobProgress) -> list[tuple[str, str]]:
         if running:
             text += f"; {running} still running at the provider: rerun the same command to collect them"
         rows.append(("provider batches", text))
+    if progress.written_back:
+        rows.append(("written back", f"{progress.written_back:,} answers straight from the batches' results"))
     if progress.answered_twice:
         rows.append(
             (

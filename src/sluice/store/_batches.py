@@ -39,6 +39,7 @@ __all__ = [
     "new_chunk_op",
     "note_batch_op",
     "save_results_op",
+    "saved_lines_op",
 ]
 
 _SCHEMA = """
@@ -197,6 +198,21 @@ def line_state_op(db: sqlite3.Connection, custom_id: str) -> tuple[tuple[str, by
     ).fetchone()
     saved = None if row[0] is None else (str(row[0]), bytes(row[1]), int(row[2]))
     return saved, None if row[3] is None else int(row[3])
+
+
+def saved_lines_op(db: sqlite3.Connection, custom_ids: Sequence[str]) -> dict[str, tuple[str, bytes, int]]:
+    """The downloaded result lines of ``custom_ids`` that have one: (batch id, line, chunk) by
+    custom id, one query per 500 ids (a write-back asks for a wave of lines at once, where
+    ``line_state_op`` is a query a line)."""
+    found: dict[str, tuple[str, bytes, int]] = {}
+    for start in range(0, len(custom_ids), 500):
+        part = custom_ids[start : start + 500]
+        marks = ",".join("?" * len(part))
+        query = f"SELECT custom_id, batch_id, line, chunk FROM tier_results WHERE custom_id IN ({marks})"
+        rows = db.execute(query, part)
+        for custom_id, batch_id, line, chunk in rows:
+            found[custom_id] = (batch_id, line, chunk)
+    return found
 
 
 def chunk_states_op(db: sqlite3.Connection) -> dict[int, Chunk]:

@@ -266,6 +266,37 @@ class SqliteStore:
 
         await self._write().run(op)
 
+    def keys_stored(self, keys: Sequence[str]) -> set[str]:
+        """Those of ``keys`` with a stored result (one query per 500; none for a first run's
+        keys never put, which its filter rules out)."""
+        if self._fresh is not None:
+            keys = [key for key in keys if self._fresh.may_hold(key)]
+        if not keys:
+            return set()
+        with contextlib.suppress(StoreError):
+            self._index_keys()
+        found: set[str] = set()
+        for start in range(0, len(keys), 500):
+            part = keys[start : start + 500]
+            query = f"SELECT key FROM results WHERE key IN ({','.join('?' * len(part))})"
+            found.update(key for (key,) in self._db.execute(query, part))
+        return found
+
+    async def put_answered(self, rows: Sequence[tuple[Any, ...]], charges: Sequence[tuple[str, float]]) -> None:
+        """Answers that were never an attempt of this run (a provider batch's, written back
+        at once): their result rows (as :meth:`put` writes them) and what each cost, in one
+        transaction; durable on return. The charges go with the results, so a crash leaves
+        both or neither: a rerun serves the answer from here and charges nothing again."""
+        for row in rows:
+            self._note_key(row[0])
+        charge_sql = self._charge
+
+        def op(db: sqlite3.Connection) -> None:
+            db.executemany(_PUT, rows)
+            db.executemany(charge_sql, [(key, usd, 0.0) for key, usd in charges])
+
+        await self._write().run(op)
+
     def close(self) -> None:
         if self.timeline is not None:
             self.timeline.flush()  # queued before the writer's last commit
@@ -352,6 +383,14 @@ class SqliteStore:
         saved, chunk = _batches.line_state_op(self._db, custom_id)
         held = self._chunks().get(chunk) if chunk is not None else None
         return saved, held if held is not None and held.status in ("submitting", "submitted") else None
+
+    def lines_saved(self, custom_ids: Sequence[str]) -> dict[str, tuple[str, bytes, int]]:
+        """The downloaded (batch id, result line, chunk) of each of ``custom_ids`` that has one."""
+        if self._fresh_lines is not None:
+            custom_ids = [c for c in custom_ids if self._fresh_lines.may_hold(c)]
+        if not custom_ids or not (self._batch_tables or _batches.has_tables_op(self._db)):
+            return {}
+        return _batches.saved_lines_op(self._db, custom_ids)
 
     def chunk_ids(self, chunk: int) -> tuple[str, ...]:
         """The custom ids ``chunk`` was submitted with."""

@@ -112,7 +112,7 @@ class AnthropicBatches(BatchAPI):
             if isinstance(item, Mapping) and isinstance(item.get("custom_id"), str):
                 result = item.get("result")
                 ok = isinstance(result, Mapping) and result.get("type") == "succeeded"
-                yield str(item["custom_id"]), ok, line
+                yield str(item["custom_id"]), ok, line, item
 
     async def cancel(self, batch_id: str) -> dict[str, Any]:
         return await self.call("POST", f"{self._url}/{batch_id}/cancel")

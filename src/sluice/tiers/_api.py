@@ -33,8 +33,9 @@ _TRIES = 6
 #: Tries of a batch's create, each followed by a search for it (see ``create_once``).
 _CREATE_TRIES = 4
 
-#: A result line: (custom id, answered with a 200, the line as the provider wrote it).
-Outcome = tuple[str, bool, bytes]
+#: A result line: (custom id, answered with a 200, the line as the provider wrote it, the
+#: line decoded: read once, see ``_readback``).
+Outcome = tuple[str, bool, bytes, Any]
 
 
 class BatchAPI(ABC):

@@ -46,6 +46,7 @@ from .._errors import (
     SluiceError,
 )
 from .._models import Deployment, Request, Usage, store_key
+from .._readback import item_reply, plain_reply
 from ..providers import AnthropicProvider, HttpProvider, HttpTransport, OpenAIProvider, Reply
 from ._anthropic_api import AnthropicBatches
 from ._api import BatchAPI
@@ -435,12 +436,12 @@ class BatchTier(DeadlinePlan, Recovery):
         seen: set[str] = set()  # parking: lines the result files named
         while True:
             try:
-                answered: list[tuple[str, bytes]] = []
-                async for custom_id, ok, line in api.results(batch):
+                answered: list[tuple[str, bytes, Any]] = []
+                async for custom_id, ok, line, item in api.results(batch):
                     if ok or self.parks:  # parked lines' failures are journalled too (the request's own)
                         if self.parks:
                             seen.add(custom_id)
-                        answered.append((custom_id, line))
+                        answered.append((custom_id, line, item))
                         if len(answered) >= 1000:
                             await self._hand_out(chunk, batch_id, answered, waiting, failed)
                             answered = []
@@ -481,7 +482,7 @@ class BatchTier(DeadlinePlan, Recovery):
         self,
         chunk: int,
         batch_id: str,
-        answered: list[tuple[str, bytes]],
+        answered: list[tuple[str, bytes, Any]],
         waiting: dict[str, _Answer],
         failed: dict[str, SluiceError],
     ) -> None:
@@ -493,9 +494,10 @@ class BatchTier(DeadlinePlan, Recovery):
             return
         usable = []
         billed: list[tuple[str, Usage]] = []  # parking: what each kept line cost there
-        for custom_id, line in answered:
-            try:
-                reply = self._reply(batch_id, line)
+        api, kind = self._api_ready(), self._real.provider_name
+        for custom_id, line, item in answered:
+            try:  # read once (the line was decoded on download); the API's reader says why it is not an answer
+                reply = item_reply(kind, item, self._inner) or api.reply(batch_id, line)
             except SluiceError as exc:  # not kept: a rerun must be able to ask again
                 if self.parks and not (isinstance(exc, ProviderError) and exc.retryable):
                     usable.append((custom_id, line))  # the request's own: asked again, it gets this
@@ -579,8 +581,18 @@ class BatchTier(DeadlinePlan, Recovery):
 
     # -- a line's outcome ------------------------------------------------------------------
 
+    @property
+    def real_label(self) -> str:
+        """The label of the deployment whose Batch API this is (its chunks' in the journal)."""
+        return self._real.label
+
+    def read_back(self, line: bytes) -> Reply | None:
+        """The answer a result line holds, read in one pass (see ``_readback``); None when it
+        holds none that reads plainly (``_reply`` says why)."""
+        return plain_reply(self._real.provider_name, line, self._inner)
+
     def _reply(self, batch_id: str, line: bytes, *, read_back: bool = False) -> Reply:
-        reply = self._api_ready().reply(batch_id, line)
+        reply = self.read_back(line) or self._api_ready().reply(batch_id, line)  # the API's says why
         return Reply(
             reply.text, reply.usage, reply.raw, reply.finish_reason, reply.request_id, None, batch_id, read_back
         )

@@ -134,7 +134,7 @@ class OpenAIBatches(BatchAPI):
                 if isinstance(item, Mapping) and isinstance(item.get("custom_id"), str):
                     response = item.get("response")
                     ok = isinstance(response, Mapping) and response.get("status_code") == 200
-                    yield str(item["custom_id"]), ok, line
+                    yield str(item["custom_id"]), ok, line, item
 
     async def cancel(self, batch_id: str) -> dict[str, Any]:
         return await self.call("POST", f"{self._base}/batches/{batch_id}/cancel")
