@@ -65,8 +65,10 @@ async def _metrics(url: str) -> dict[str, float]:
 
 async def _ask_chat(setting: str, tmp_path: Path, requests: int) -> tuple[FakeServer, dict[str, float]]:
     async with _upstream() as upstream:
-        async with serving([_claude(upstream)], tmp_path / setting, clients=CLIENTS, prompt_cache=setting) as url:
-            client = sdk(url, ALICE_KEY)
+        async with (
+            serving([_claude(upstream)], tmp_path / setting, clients=CLIENTS, prompt_cache=setting) as url,
+            sdk(url, ALICE_KEY) as client,
+        ):
             for number in range(requests):
                 await client.chat.completions.create(model=CLAUDE, messages=_chat(number), max_tokens=8)
             counted = await _metrics(url)
@@ -148,8 +150,7 @@ async def test_messages_keep_the_clients_marks_and_gain_one_at_the_shared_docume
     tmp_path: Path, recorded: tuple[Recorder, Deployment]
 ) -> None:
     recorder, claude = recorded
-    async with serving([claude], tmp_path, clients=CLIENTS) as url:
-        client = _messages_sdk(url)
+    async with serving([claude], tmp_path, clients=CLIENTS) as url, _messages_sdk(url) as client:
         for number in range(3):
             await client.messages.create(**_document_body(number))
         for number in range(3):
@@ -171,16 +172,18 @@ async def test_off_sends_every_request_as_its_client_wrote_it(
     tmp_path: Path, recorded: tuple[Recorder, Deployment]
 ) -> None:
     recorder, claude = recorded
-    async with serving([claude], tmp_path, clients=CLIENTS, prompt_cache="off") as url:
-        client = _messages_sdk(url)
+    async with serving([claude], tmp_path, clients=CLIENTS, prompt_cache="off") as url, _messages_sdk(url) as client:
         for number in range(4):
             await client.messages.create(**_document_body(number))
     assert recorder.bodies == [_as_sent(_document_body(number)) for number in range(4)]
 
 
 async def test_a_streamed_request_is_marked_and_reads_the_cache(tmp_path: Path) -> None:
-    async with _upstream() as upstream, serving([_claude(upstream)], tmp_path, clients=CLIENTS) as url:
-        client = _messages_sdk(url)
+    async with (
+        _upstream() as upstream,
+        serving([_claude(upstream)], tmp_path, clients=CLIENTS) as url,
+        _messages_sdk(url) as client,
+    ):
         await client.messages.create(**_document_body(0))
         assert upstream.prompt_cache.stats.written_tokens == 0
         usages = []
@@ -195,8 +198,12 @@ async def test_a_streamed_request_is_marked_and_reads_the_cache(tmp_path: Path) 
 
 
 async def test_openai_keys_are_per_client_and_sharded_under_15_rpm(tmp_path: Path) -> None:
-    async with _upstream() as upstream, serving([deployment_at(upstream)], tmp_path, clients=CLIENTS) as url:
-        alice, bob = sdk(url, ALICE_KEY), sdk(url, BOB_KEY)
+    async with (
+        _upstream() as upstream,
+        serving([deployment_at(upstream)], tmp_path, clients=CLIENTS) as url,
+        sdk(url, ALICE_KEY) as alice,
+        sdk(url, BOB_KEY) as bob,
+    ):
         for number in range(3):
             for client in (alice, bob):
                 await client.chat.completions.create(model="openai/gpt-test", messages=_chat(number))
