@@ -211,6 +211,9 @@ async def test_the_data_says_what_the_server_is_doing(tmp_path: Path) -> None:
     assert d["configured"] == {"rpm": 600.0, "tpm": 100000.0, "itpm": None, "otpm": None, "max_in_flight": 8}
     assert d["answered"] == 4
     assert d["state"] == "ok"
+    cache = data["prompt_cache"]  # short prompts: every token uncached, as the upstream billed them
+    assert cache["uncached_tokens"] == d_input_tokens(data) > 0
+    assert (cache["read_tokens"], cache["written_tokens"], cache["duplicate_writes"]) == (0, 0, 0)
     clients = {c["name"]: c for c in data["clients"]}
     assert set(clients) == {"alice", "bob"}
     assert clients["alice"]["budget_usd"] == 1.0
@@ -314,8 +317,15 @@ async def test_the_dashboard_renders_live_data_in_headless_chromium(tmp_path: Pa
     assert set(visit.requested) <= own, set(visit.requested) - own  # nothing from anywhere else
 
 
+def d_input_tokens(data: Any) -> int:
+    """The input tokens the dashboard's totals say the answers took."""
+    return int(data["totals"]["input_tokens"])
+
+
 async def _check_page(visit: Any) -> None:
     """Every table and chart holds the server's data; nothing hostile became markup."""
+    (cache,) = await visit.texts("#prompt-cache")
+    assert all(word in cache for word in ("read", "written", "uncached", "saved")), cache
     deployments = await visit.texts("#deployments tbody tr")
     assert len(deployments) == 2
     assert any("east" in row for row in deployments)

@@ -13,11 +13,16 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .._models import Usage
 from ._rules import KEY_RPM
 
-__all__ = ["CacheTally", "Group", "Groups"]
+if TYPE_CHECKING:
+    from .._models import Deployment
+    from .._pricing import Pricing
+
+__all__ = ["CacheCount", "CacheTally", "Group", "Groups", "cache_count"]
 
 #: Seconds before an entry's lifetime ends that the planner stops counting on it (a tenth
 #: of a lifetime learnt to be short).
@@ -67,6 +72,30 @@ class CacheTally:
         }
 
 
+class CacheCount(NamedTuple):
+    """One answer's prompt tokens split as the provider billed them, and what that saved
+    against sending them uncached."""
+
+    uncached: int
+    written: int
+    read: int
+    saved_usd: float
+    #: A write of a prefix the plan expected to read (its entry had gone, or was being written).
+    duplicate: bool
+
+
+def cache_count(pricing: Pricing, deployment: Deployment, usage: Usage, *, expected_read: bool) -> CacheCount:
+    """``usage``'s prompt tokens read, written and uncached, and the dollars saved."""
+    read = min(usage.cached_input_tokens, usage.input_tokens)
+    written = min(usage.cache_write_tokens, usage.input_tokens - read)
+    saved = 0.0
+    cost = pricing.cost(deployment, usage)
+    if cost is not None and (read or written):
+        plain = Usage(usage.input_tokens, usage.output_tokens, reasoning_tokens=usage.reasoning_tokens)
+        saved = (pricing.cost(deployment, plain) or 0.0) - cost
+    return CacheCount(usage.input_tokens - read - written, written, read, saved, written > 0 and expected_read)
+
+
 @dataclass(slots=True, eq=False)
 class Group:
     """One shared prefix (see the module docstring)."""
@@ -89,6 +118,8 @@ class Group:
     #: OpenAI: each key shard's sends in the last minute.
     shards: list[deque[float]] = field(default_factory=list)
     tally: CacheTally = field(default_factory=CacheTally)
+    #: When it was last asked for (:meth:`Groups.get`; the loop's clock, 0: not said).
+    asked: float = 0.0
 
     def live(self, now: float) -> bool:
         """Its entry is counted on: used within its lifetime (less a margin)."""
@@ -134,7 +165,8 @@ class Groups:
     def __iter__(self) -> Any:
         return iter(self._groups.values())
 
-    def get(self, digest: int, tokens: int) -> Group:
+    def get(self, digest: int, tokens: int, now: float = 0.0) -> Group:
+        """The group of ``digest`` (made when new), as asked for at ``now``."""
         group = self._groups.get(digest)
         if group is None:
             group = self._groups[digest] = Group(digest, tokens)
@@ -142,10 +174,27 @@ class Groups:
                 self._forget()
         else:
             self._groups.move_to_end(digest)
+        group.asked = max(group.asked, now)
         return group
 
     def find(self, digest: int) -> Group | None:
         return self._groups.get(digest)
+
+    def expire(self, now: float, idle: float) -> int:
+        """Forget the groups not asked for (:meth:`get`) in ``idle`` seconds and not
+        priming nor holding anyone (a server's: it runs for weeks, and a group whose entry
+        is long gone knows nothing worth keeping); returns how many went. The groups are in
+        the order last asked for, so it stops at the first one still in use."""
+        groups = self._groups
+        old = []
+        for digest, group in groups.items():  # lazily: it stops at the first one in use
+            if now - max(group.asked, group.last_used) < idle:
+                break  # this one and all after it were asked for since
+            if not group.held and not group.priming:
+                old.append(digest)
+        for digest in old:
+            del groups[digest]
+        return len(old)
 
     def _forget(self) -> None:
         for digest in list(self._groups)[: len(self._groups) - self.most * 3 // 4]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._models import Usage
 from ._fingerprint import Boundary, Cut, fingerprint, marked_positions
-from ._groups import CacheTally, Group, Groups
+from ._groups import CacheTally, Group, Groups, cache_count
 from ._index import PrefixIndex
 from ._marks import legal_ttls, with_breakpoints, with_key
 from ._rules import LOWEST_MINIMUM, MAX_BREAKPOINTS, TTL_1H, TTL_5M, CacheRules, rules_for
@@ -34,7 +34,7 @@ __all__ = ["CacheRates", "Planned", "PromptCache", "cache_rates", "shared_chain"
 
 #: A boundary counts only this far past its model's minimum (sluice's estimate of tokens
 #: is not the provider's count).
-_MARGIN = 1.05
+MINIMUM_MARGIN = 1.05
 #: How far a prediction of what a request reads moves with each answer.
 _LEARNING = 0.3
 #: Seconds: the shortest entry lifetime learnt from misses (a read sent right after its
@@ -131,7 +131,7 @@ def shared_chain(
     model's minimum and where caching pays, the deepest of each level of sharing, outer
     first; at most ``room`` of them, the deepest (Anthropic: the breakpoints left; OpenAI:
     one, a key per group, since an outer group's entry is on another machine)."""
-    least = rules.minimum * _MARGIN
+    least = rules.minimum * MINIMUM_MARGIN
     shared: list[tuple[Boundary, int]] = []
     for boundary in boundaries:
         if boundary.tokens < least:
@@ -297,17 +297,10 @@ class PromptCache:
             reads.ttl = min(reads.ttl, self.lifetimes[label])
 
     def _count(self, job: Job, planned: Planned, usage: Usage, rewrote: bool) -> None:
-        read = min(usage.cached_input_tokens, usage.input_tokens)
-        written = min(usage.cache_write_tokens, usage.input_tokens - read)
-        uncached = usage.input_tokens - read - written
+        deployment = job.route.deployment
+        uncached, written, read, saved, _ = cache_count(self.pricing, deployment, usage, expected_read=False)
         if planned.expect_read:
             self.borne_out = min(1.0, (1 - _LEARNING) * self.borne_out + _LEARNING * read / planned.expect_read)
-        deployment = job.route.deployment
-        saved = 0.0
-        cost = self.pricing.cost(deployment, usage)
-        if cost is not None:
-            plain = Usage(usage.input_tokens, usage.output_tokens, reasoning_tokens=usage.reasoning_tokens)
-            saved = (self.pricing.cost(deployment, plain) or 0.0) - cost
         duplicate = written > 0 and (rewrote or not planned.primes)
         tallies = [self.total, self.by_deployment.setdefault(deployment.label, CacheTally())]
         group = planned.primes[-1] if planned.primes else planned.reads

@@ -61,6 +61,7 @@ from .core._errors import openai_error
 from .core._key_rules import bearer, operator_key, same_key
 from .core._keys import BATCH_ENGINE, CLIENT, ENGINE, STATE_DIR, ClientLike
 from .core._metrics import CONTENT_TYPE, Metrics
+from .core._prompt_cache import ServePromptCache
 from .core._queue import Admission, serve_limiter
 from .core._replicas import REPLICAS, Replicas
 from .core._settings import ClientSpec, ServeSettings
@@ -127,6 +128,7 @@ def build_app(
                 f"client {spec.name!r}: models names {unknown}, which no [[deployment]] serves; known: {sorted(names)}"
             )
     state_dir.mkdir(parents=True, exist_ok=True)
+    config = dataclasses.replace(config, prompt_cache=settings.prompt_cache)  # clients' batches too
     middlewares: list[Middleware] = [_errors, _plain_body, _auth]
     if config.tracing is not None:  # --otel: a SERVER span per authenticated API request (opentelemetry only then)
         from ._tracing import server_spans
@@ -204,6 +206,7 @@ def build_app(
         models=names,
         secrets=upstream_secrets(config.deployments),
         redis=redis,
+        prompt_cache=ServePromptCache(engine, metrics, on=settings.prompt_cache == "auto"),
     )
     app[ENGINE] = engine
     if batch_engine is not None:

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from ..._models import Request, Result
 from ..._streaming import Delta, Stream
+from ...caching._served import Ticket
 from ..core._clients import Client
 from ..core._context import ServeContext
 from ._cache import fits_budget
@@ -64,9 +65,12 @@ def _estimate(ctx: ServeContext, request: Request, deployment: Any) -> int:
     return int(route.provider.estimate_tokens(request, deployment))
 
 
-def settled(ctx: ServeContext, client: Client, result: Result) -> None:
-    """A finished request counted for /metrics, and the clients' spend written when it matters."""
+def settled(ctx: ServeContext, client: Client, result: Result, ticket: Ticket | None = None) -> None:
+    """A finished request counted for /metrics (and its prompt-cache plan told), and the
+    clients' spend written when it matters."""
     ctx.metrics.result(client.name, result)
+    if ctx.prompt_cache is not None:
+        ctx.prompt_cache.done(client.name, ticket, result)
     if client.budget is not None or ctx.clients.engine_budget is not None:
         ctx.clients.save()
 
@@ -75,26 +79,45 @@ async def complete(ctx: ServeContext, client: Client, http: web.Request, request
     """``request`` run to its result through the client's limits and the queue (a Refused
     when it cannot be admitted in time), settled."""
     engine = ctx.engine
+    request, ticket = _marked(ctx, client, request)
     tokens, limiters = ctx.estimated_tokens(request.model, lambda d: _estimate(ctx, request, d))
 
     async def run() -> Result:
         await fits_budget(engine, request, client.budget)  # a hit is free, but only to a client that could pay
         return await engine.complete(request, budget=client.budget)
 
-    result = await ctx.admit(client, http, tokens, limiters, run, used)
-    settled(ctx, client, result)
+    try:
+        result = await ctx.admit(client, http, tokens, limiters, run, used)
+    except BaseException:
+        _never_sent(ctx, client, ticket)
+        raise
+    settled(ctx, client, result, ticket)
     return result
+
+
+def _marked(ctx: ServeContext, client: Client, request: Request) -> tuple[Request, Ticket | None]:
+    """``request`` as it goes upstream: marked for the providers' prompt caches (``[serve] prompt_cache``)."""
+    if ctx.prompt_cache is None:
+        return request, None
+    return ctx.prompt_cache.mark(client.name, request)
+
+
+def _never_sent(ctx: ServeContext, client: Client, ticket: Ticket | None) -> None:
+    if ticket is not None and ctx.prompt_cache is not None:
+        ctx.prompt_cache.done(client.name, ticket, None)
 
 
 class Opened:
     """A stream entered, and its first delta (None: it ended before one came)."""
 
-    __slots__ = ("deltas", "first", "stream")
+    __slots__ = ("deltas", "first", "stream", "ticket")
 
     def __init__(self, stream: Stream, deltas: AsyncIterator[Delta], first: Delta | None) -> None:
         self.stream = stream
         self.deltas = deltas
         self.first = first
+        #: Its prompt-cache plan's ticket (None: sent as it came).
+        self.ticket: Ticket | None = None
 
 
 async def _open(stream: Stream) -> Opened:
@@ -112,13 +135,20 @@ async def _open(stream: Stream) -> Opened:
 async def open_stream(ctx: ServeContext, client: Client, http: web.Request, request: Request) -> Opened:
     """``request`` streamed, admitted like :func:`complete`, up to its first delta."""
     engine = ctx.engine
+    request, ticket = _marked(ctx, client, request)
     tokens, limiters = ctx.estimated_tokens(request.model, lambda d: _estimate(ctx, request, d))
 
     async def run() -> Opened:
         await fits_budget(engine, request, client.budget)
         return await _open(engine.stream(request, budget=client.budget))
 
-    return await ctx.admit(client, http, tokens, limiters, run)
+    try:
+        opened = await ctx.admit(client, http, tokens, limiters, run)
+    except BaseException:
+        _never_sent(ctx, client, ticket)
+        raise
+    opened.ticket = ticket
+    return opened
 
 
 async def _write(
@@ -160,4 +190,6 @@ async def relay(
     finally:
         await stream.__aexit__(None, None, None)
         if stream.done:
-            settled(ctx, client, stream.result)
+            settled(ctx, client, stream.result, opened.ticket)
+        else:
+            _never_sent(ctx, client, opened.ticket)

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ..._engine import Engine
     from ..._models import Deployment
     from ._metrics import Metrics
+    from ._prompt_cache import ServePromptCache
     from ._redis import ServeRedis
 
 __all__ = ["CONTEXT", "BadBody", "Refused", "ServeContext", "error_for"]
@@ -88,6 +89,8 @@ class ServeContext:
     secrets: tuple[str, ...]
     #: ``--redis``: limits, budgets and client spend shared with the other replicas.
     redis: ServeRedis | None = None
+    #: ``[serve] prompt_cache``: requests marked for the providers' caches, answers counted.
+    prompt_cache: ServePromptCache | None = None
 
     # -- models -----------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from ..._engine import Engine, RetryEvent
     from ..._models import Result
+    from ...caching._groups import CacheCount
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -60,6 +61,21 @@ class Metrics:
         self.cost = Counter(
             "sluice_serve_cost_usd", "US dollars spent on served requests", ["client", "deployment"], registry=r
         )
+        self.cache_tokens = Counter(
+            "sluice_serve_prompt_cache_tokens",
+            "Prompt tokens of served requests as the provider billed them: uncached, written to its cache, read",
+            ["client", "deployment", "kind"], registry=r,
+        )  # fmt: skip
+        self.cache_duplicates = Counter(
+            "sluice_serve_prompt_cache_duplicate_writes",
+            "Answers that wrote a prefix the prompt-cache plan expected them to read", ["client", "deployment"],
+            registry=r,
+        )  # fmt: skip
+        self.cache_saved = Gauge(  # a gauge: a write's premium may cost more than it saved so far
+            "sluice_serve_prompt_cache_saved_usd",
+            "US dollars the providers' prompt caches saved against the same requests uncached (net of write premiums)",
+            ["client", "deployment"], registry=r,
+        )  # fmt: skip
         self.refused = Counter(
             "sluice_serve_refused", "429s sluice sent itself, by client and reason", ["client", "reason"], registry=r
         )
@@ -102,6 +118,15 @@ class Metrics:
             self.upstream.labels(deployment).observe(timings.latency)
             if timings.first_token is not None:
                 self.first_token.labels(deployment).observe(timings.first_token)
+
+    def prompt_cache(self, client: str, deployment: str, count: CacheCount) -> None:
+        """Count one answer's prompt tokens as cached and uncached (see ``_prompt_cache``)."""
+        for kind, tokens in (("uncached", count.uncached), ("written", count.written), ("read", count.read)):
+            self.cache_tokens.labels(client, deployment, kind).inc(tokens)
+        if count.duplicate:
+            self.cache_duplicates.labels(client, deployment).inc()
+        if count.saved_usd:
+            self.cache_saved.labels(client, deployment).inc(count.saved_usd)
 
     def retry(self, event: RetryEvent) -> None:
         """``Engine(on_retry=...)``."""

@@ -19,6 +19,8 @@
     cache = false            # false: every request goes upstream; "deterministic": identical
                              # requests at temperature 0 are answered from the state; true: all
     batch_tier = "sync"      # "batch": clients' chat batches through the upstream's Batch API
+    prompt_cache = "auto"    # "auto": breakpoints / cache keys for the prefixes clients repeat;
+                             # "off": requests go upstream as the clients wrote them
     validate_json = false    # true: answers to a json_schema response_format are validated and
                              # re-asked (up to 5 times); still invalid: a 502 invalid_output
     admin_key_env = "SLUICE_ADMIN_KEY"  # the variable holding the key of /dashboard (see _dashboard)
@@ -87,6 +89,10 @@ class ServeSettings:
     batch_tier: str = "sync"
     #: Seconds between two looks at a provider batch (``batch_tier = "batch"``).
     batch_poll_every: float = 30.0
+    #: The providers' prompt caches: ``"auto"`` marks the prefixes clients keep repeating
+    #: (Anthropic breakpoints, OpenAI cache keys per client: ``serve.core._prompt_cache``),
+    #: ``"off"`` sends every request as its client wrote it.
+    prompt_cache: str = "auto"
     #: Validate answers to a ``response_format`` with a JSON schema (non-streamed chat), for
     #: deployments that cannot guarantee it (see :mod:`sluice.structured`): a client gets JSON
     #: that matches its schema, or a 502 ``invalid_output`` saying what was wrong.
@@ -104,6 +110,7 @@ class ServeSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache", _cache_setting(self.cache, "ServeSettings"))
+        _prompt_cache_setting(self.prompt_cache, "ServeSettings")
         if self.batch_tier not in ("sync", "batch"):
             raise ConfigError(f"[serve] batch_tier must be 'sync' or 'batch', got {self.batch_tier!r}")
         if self.admin_key_env is not None:
@@ -164,7 +171,15 @@ def serve_tables(data: Mapping[str, Any], where: str) -> tuple[ServeSettings, tu
 def _settings(table: Any, where: str) -> ServeSettings:
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: [serve] must be a table")
-    known = {*_SERVE_NUMBERS, "cache", "batch_tier", "validate_json", "admin_key_env", "metrics_key_env"}
+    known = {
+        *_SERVE_NUMBERS,
+        "cache",
+        "prompt_cache",
+        "batch_tier",
+        "validate_json",
+        "admin_key_env",
+        "metrics_key_env",
+    }
     extra = sorted(set(table) - known)
     if extra:
         raise ConfigError(f"{where}: [serve]: unknown key(s) {extra}; known: {sorted(known)}")
@@ -178,6 +193,8 @@ def _settings(table: Any, where: str) -> ServeSettings:
             raise ConfigError(f"{where}: [serve] {key} must be {what} >= {minimum}, got {value!r}")
     if "cache" in table:
         _cache_setting(table["cache"], where)  # a bad one named with its file
+    if "prompt_cache" in table:
+        _prompt_cache_setting(table["prompt_cache"], where)
     if not isinstance(table.get("validate_json", False), bool):
         raise ConfigError(f"{where}: [serve] validate_json must be true or false, got {table['validate_json']!r}")
     if table.get("batch_tier", "sync") not in ("sync", "batch"):
@@ -205,6 +222,11 @@ def _cache_setting(value: Any, where: str) -> str:
     if not isinstance(value, (bool, str)) or value not in _CACHE_WORDS:
         raise ConfigError(f'{where}: [serve] cache must be false, true or "deterministic", got {value!r}')
     return _CACHE_WORDS[value]
+
+
+def _prompt_cache_setting(value: Any, where: str) -> None:
+    if value not in ("auto", "off") or not isinstance(value, str):
+        raise ConfigError(f'{where}: [serve] prompt_cache must be "auto" or "off", got {value!r}')
 
 
 def cached_request(setting: str, header: str | None, temperature: object) -> bool:

@@ -218,6 +218,7 @@ class Live:
         return {
             "server": self._server(engines, now),
             "totals": _totals(engines),
+            "prompt_cache": self._prompt_cache(),
             "deployments": [self._deployment(route) for engine in engines for route in engine.router.routes],
             "clients": self._clients(now),
             "queue": self._queue(engines),
@@ -245,6 +246,18 @@ class Live:
             "budget_usd": None if budget is None else budget.limit,
             "spent_usd": now_sample.spent,
         }
+
+    def _prompt_cache(self) -> dict[str, Any]:
+        """The prompt tokens answers read, wrote and sent uncached, as ``/metrics`` counts them."""
+        metrics = self.ctx.metrics
+        tokens = _totals_by(metrics.cache_tokens, ("kind",))
+        figures: dict[str, Any] = {
+            f"{kind}_tokens": int(tokens.get((kind,), 0)) for kind in ("uncached", "written", "read")
+        }
+        figures["duplicate_writes"] = int(sum(_totals_by(metrics.cache_duplicates, ()).values()))
+        saved = sum(sample.value for metric in metrics.cache_saved.collect() for sample in metric.samples)
+        figures["saved_usd"] = round(saved, 6)
+        return figures
 
     def _deployment(self, route: Route) -> dict[str, Any]:
         deployment, limiter, health = route.deployment, route.limiter, route.health
