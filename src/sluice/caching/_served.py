@@ -125,7 +125,6 @@ class ServedCache:
             group.priming = False
             if answered:
                 group.used(now)
-                group.route = deployment
         if answered and ticket.reads is not None:
             ticket.reads.used(now)
 
