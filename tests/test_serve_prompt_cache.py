@@ -255,3 +255,20 @@ def test_the_servers_index_and_groups_stay_bounded() -> None:
     assert marked >= 250  # a prefix forgotten between its two requests (the index full) is the exception
     plan.groups.expire(300.0 + 601.0, 600.0)
     assert len(plan.groups) == 0
+
+
+@pytest.mark.parametrize("model", [CLAUDE, "openai/gpt-4o-mini"])
+async def test_marks_do_not_change_what_the_answer_cache_keys_a_request_by(tmp_path: Path, model: str) -> None:
+    """``[serve] cache`` answers a repeated request from the store; the prompt-cache marks a
+    request gets (none the first time, breakpoints or a key shard later) are how it is
+    sent, not what was asked: the same request asked again is a hit, not sent again."""
+    async with _upstream() as upstream:
+        deployment = deployment_at(upstream, model)
+        async with (
+            serving([deployment], tmp_path, clients=CLIENTS, cache=True, prompt_cache="auto") as url,
+            sdk(url, ALICE_KEY) as client,
+        ):
+            for _ in range(3):
+                await client.chat.completions.create(model=model, messages=_chat(1), temperature=0, max_tokens=8)
+            await client.chat.completions.create(model=model, messages=_chat(2), temperature=0, max_tokens=8)
+        assert upstream.stats.accepted == 2  # each question once

@@ -33,6 +33,7 @@ __all__ = [
     "Usage",
     "asked_as",
     "idempotency_key_of",
+    "keyed_as",
     "request_key",
     "store_key",
 ]
@@ -224,9 +225,16 @@ def asked_as(request: Request, model: str) -> Request:
     """The same request asked under another name of the same model (its batch tier,
     ``model@batch``), keeping its store key: the answer is the model's either way, so a
     rerun in another tier finds it, and a provider batch's lines keep their ids."""
-    asked = dataclasses.replace(request, model=model)
-    object.__setattr__(asked, "_key", store_key(request))
-    return asked
+    return keyed_as(dataclasses.replace(request, model=model), request)
+
+
+def keyed_as(sent: Request, asked: Request) -> Request:
+    """``sent`` (``asked`` changed only in how it is sent: another name of its model,
+    prompt-cache marks) keeping ``asked``'s store key: stored answers and twins in flight
+    are found as for ``asked``."""
+    if sent is not asked:
+        object.__setattr__(sent, "_key", store_key(asked))
+    return sent
 
 
 def _number(value: object) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from ..._models import keyed_as
 from ...caching._groups import cache_count
 from ...caching._served import ServedCache, Ticket
 
@@ -37,7 +38,9 @@ class ServePromptCache:
         if self.plan is None:
             return request, None
         deployments = [route.deployment for group in self._engine.router.chain(request.model) for route in group.routes]
-        return self.plan.mark(request, deployments, client, asyncio.get_running_loop().time())
+        sent, ticket = self.plan.mark(request, deployments, client, asyncio.get_running_loop().time())
+        # marks are how it is sent, not what was asked: [serve] cache finds its answer as for the request
+        return keyed_as(sent, request), ticket
 
     def done(self, client: str, ticket: Ticket | None, result: Result | None) -> None:
         """A request's result (None: it was never sent): its groups learn, its tokens are counted."""
