@@ -4,6 +4,8 @@ as the providers document), checked by the fake's own counts."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 import re
 from collections.abc import AsyncIterator
@@ -272,3 +274,62 @@ async def test_marks_do_not_change_what_the_answer_cache_keys_a_request_by(tmp_p
                 await client.chat.completions.create(model=model, messages=_chat(1), temperature=0, max_tokens=8)
             await client.chat.completions.create(model=model, messages=_chat(2), temperature=0, max_tokens=8)
         assert upstream.stats.accepted == 2  # each question once
+
+
+async def _chat_batch(setting: str, tmp_path: Path) -> FakeServer:
+    """Eight chat lines sharing the long system prompt, as one Batch API job (OpenAI's
+    Files and Batches) through the server, to the Anthropic model."""
+    lines = [
+        {
+            "custom_id": f"q-{n}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": CLAUDE, "max_tokens": 8, "messages": _chat(n)},
+        }
+        for n in range(8)
+    ]
+    raw = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    async with _upstream() as upstream:
+        async with (
+            serving([_claude(upstream)], tmp_path / setting, clients=CLIENTS, prompt_cache=setting) as url,
+            sdk(url, ALICE_KEY) as client,
+        ):
+            upload = await client.files.create(file=("in.jsonl", raw), purpose="batch")
+            batch = await client.batches.create(
+                input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            for _ in range(300):
+                batch = await client.batches.retrieve(batch.id)
+                if batch.status in ("completed", "failed", "expired", "cancelled"):
+                    break
+                await asyncio.sleep(0.1)
+            assert batch.status == "completed"
+            assert batch.request_counts is not None
+            assert batch.request_counts.completed == 8
+        return upstream
+
+
+async def test_a_clients_chat_batch_is_planned_and_off_turns_that_off_too(tmp_path: Path) -> None:
+    """A client's Batch API job runs through the ``sluice run`` path (``Engine.map``), whose
+    planner marks the shared system prompt: a line writes it, the rest read it.
+    ``prompt_cache = "off"`` sends the lines as written: nothing asked of the fake's cache."""
+    planned = await _chat_batch("auto", tmp_path)
+    assert planned.prompt_cache.stats.hits >= 5
+    plain = await _chat_batch("off", tmp_path)
+    assert plain.prompt_cache.stats.requests == 0
+    assert sum(e.cost_usd for e in planned.ledger) < 0.5 * sum(e.cost_usd for e in plain.ledger)
+
+
+def test_a_model_whose_deployments_cache_by_different_rules_is_not_marked() -> None:
+    """A model served by an Anthropic deployment and an OpenAI one (or falling back from one
+    to the other): a breakpoint one would refuse, a key the other ignores; nothing is marked."""
+    plan = ServedCache(Pricing())
+    both = [Deployment(CLAUDE, api_key="sk-a"), Deployment("openai/gpt-4o-mini", api_key="sk-o")]
+    request = Request(messages=_chat(1), model=CLAUDE, max_tokens=8)
+    for now in (1.0, 2.0, 3.0):
+        sent, ticket = plan.mark(request, both, "alice", now)
+        assert sent is request
+        assert ticket is None
+    alone = [Deployment(CLAUDE, api_key="sk-a")]
+    plan.mark(request, alone, "alice", 4.0)  # counted now (a prefix's first request goes as it came)
+    assert plan.mark(request, alone, "alice", 5.0)[0] is not request  # the same request, one kind: marked
