@@ -333,3 +333,36 @@ def test_a_model_whose_deployments_cache_by_different_rules_is_not_marked() -> N
     alone = [Deployment(CLAUDE, api_key="sk-a")]
     plan.mark(request, alone, "alice", 4.0)  # counted now (a prefix's first request goes as it came)
     assert plan.mark(request, alone, "alice", 5.0)[0] is not request  # the same request, one kind: marked
+
+
+async def test_a_clients_message_batch_is_planned_in_the_bodies_as_written(tmp_path: Path) -> None:
+    """An Anthropic Message Batch's requests are sent as their clients wrote them (bodies
+    as written): the planner reads the body's system and messages and marks them there, so
+    one request writes the shared system prompt and the rest read it."""
+    requests = [
+        {
+            "custom_id": f"q-{n}",
+            "params": {
+                "model": CLAUDE,
+                "max_tokens": 8,
+                "system": SYSTEM,
+                "messages": [{"role": "user", "content": f"Question {n}: why?"}],
+            },
+        }
+        for n in range(8)
+    ]
+    async with _upstream() as upstream, serving([_claude(upstream)], tmp_path, clients=CLIENTS) as url:
+        client = _messages_sdk(url)
+        try:
+            batch = await client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
+            for _ in range(300):
+                batch = await client.messages.batches.retrieve(batch.id)
+                if batch.processing_status == "ended":
+                    break
+                await asyncio.sleep(0.1)
+            assert batch.request_counts.succeeded == 8
+        finally:
+            await client.close()
+    stats = upstream.prompt_cache.stats
+    assert stats.hits >= 6
+    assert stats.duplicate_writes == 0

@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._models import Request
+from .._models import Native, Request
 from ._fingerprint import Cut, marked_positions
 
-__all__ = ["asks_an_hour", "with_breakpoints", "with_key"]
+if TYPE_CHECKING:
+    from ._rules import CacheRules
+
+__all__ = ["anthropic_view", "asks_an_hour", "native_marked", "with_breakpoints", "with_key"]
+
+#: The blocks of a Messages body before its messages that a breakpoint may end.
+_TEXT_BLOCKS = ("system", "tools")
 
 _5M: Mapping[str, str] = {"type": "ephemeral"}
 _1H: Mapping[str, str] = {"type": "ephemeral", "ttl": "1h"}
@@ -113,3 +119,25 @@ def asks_an_hour(request: Request) -> bool:
     if not request.params and all(isinstance(m.get("content"), str) for m in request.messages):
         return False  # the common case: nothing can carry a mark
     return any(ttl == "1h" for _, ttl in marked_positions(request))
+
+
+def anthropic_view(request: Request, rules: CacheRules) -> Request:
+    """What the deployment is sent, as a Request the fingerprint reads: an Anthropic
+    Messages body as written (an Anthropic deployment is sent it as it is), else the
+    request's common fields."""
+    native = request.native
+    if native is None or native.api != "anthropic" or rules.kind != "anthropic":
+        return request
+    body = native.body
+    messages = body.get("messages")
+    params = {key: body[key] for key in _TEXT_BLOCKS if body.get(key)}
+    return dataclasses.replace(request, messages=messages if isinstance(messages, list) else [], params=params)
+
+
+def native_marked(request: Request, sent: Request) -> Request:
+    """``request`` whose Messages body carries the marks made on its view (:func:`anthropic_view`)."""
+    native = request.native
+    assert native is not None
+    body = {**native.body, "messages": list(sent.messages)}
+    body.update({key: sent.params[key] for key in _TEXT_BLOCKS if key in sent.params})
+    return dataclasses.replace(request, native=Native(native.api, body, native.lost))

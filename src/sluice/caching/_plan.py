@@ -22,7 +22,7 @@ from .._models import Usage
 from ._fingerprint import Boundary, Cut, fingerprint, marked_positions
 from ._groups import CacheTally, Group, Groups, cache_count
 from ._index import PrefixIndex
-from ._marks import legal_ttls, with_breakpoints, with_key
+from ._marks import anthropic_view, legal_ttls, native_marked, with_breakpoints, with_key
 from ._rules import LOWEST_MINIMUM, MAX_BREAKPOINTS, TTL_1H, TTL_5M, CacheRules, rules_for
 
 if TYPE_CHECKING:
@@ -90,7 +90,9 @@ class Planned:
                 return request
             marked = self._marked
             if marked is None or marked[0] is not request:
-                marked = self._marked = (request, with_breakpoints(request, self.cuts))
+                view = anthropic_view(request, rules)  # an Anthropic body as written: marked in it
+                sent = with_breakpoints(view, self.cuts)
+                marked = self._marked = (request, sent if view is request else native_marked(request, sent))
             return marked[1]
         group = self.primes[-1] if self.primes else self.reads
         return with_key(request, group.key(now)) if group is not None else request
@@ -174,12 +176,15 @@ class PromptCache:
         """The job's boundaries, counted in the index; None when its model caches nothing
         the planner knows, or its prompt is shorter than any cache takes (no fingerprint:
         the common case of short prompts costs one test)."""
-        if job.tokens - job.output < LOWEST_MINIMUM or job.request.native is not None:
+        if job.tokens - job.output < LOWEST_MINIMUM:
             return None
         rules = rules_for(job.route.deployment)
         if rules is None:
             return None
-        found = fingerprint(job.request)
+        native = job.request.native  # a body sent as written: only an Anthropic one is read (and marked)
+        if native is not None and (native.api != "anthropic" or rules.kind != "anthropic"):
+            return None
+        found = fingerprint(anthropic_view(job.request, rules))
         if self.counting:
             self.index.add(found)
         return found
@@ -197,7 +202,7 @@ class PromptCache:
         assert rules is not None
         rates = self.rates(deployment, rules)
         hour = deployment.tier == "batch"
-        room = MAX_BREAKPOINTS - len(marked_positions(job.request)) if rules.breakpoints else 1
+        room = MAX_BREAKPOINTS - len(marked_positions(anthropic_view(job.request, rules))) if rules.breakpoints else 1
         shared = shared_chain(boundaries, self.index, rules, rates, room)
         chain = []
         for boundary, lines in shared:
@@ -236,7 +241,7 @@ class PromptCache:
         if rules is None or not rules.breakpoints:
             return ()
         wanted = [(boundary.order, "1h" if group.ttl == TTL_1H else "5m") for boundary, group in chain]
-        ttls = legal_ttls(wanted, marked_positions(job.request))
+        ttls = legal_ttls(wanted, marked_positions(anthropic_view(job.request, rules)))
         return tuple((boundary.cut, ttl) for (boundary, _), ttl in zip(chain, ttls, strict=True))
 
     def rates(self, deployment: Deployment, rules: CacheRules) -> CacheRates:

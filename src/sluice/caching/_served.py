@@ -28,7 +28,7 @@ from .._tokens import estimate_message_tokens
 from ._fingerprint import Boundary, fingerprint, marked_positions
 from ._groups import Group, Groups
 from ._index import PrefixIndex
-from ._marks import legal_ttls, with_breakpoints, with_key
+from ._marks import anthropic_view, legal_ttls, native_marked, with_breakpoints, with_key
 from ._plan import MINIMUM_MARGIN, CacheRates, cache_rates, shared_chain
 from ._rules import LOWEST_MINIMUM, MAX_BREAKPOINTS, TTL_5M, CacheRules, rules_for
 
@@ -44,7 +44,6 @@ _IDLE = 2 * TTL_5M
 _SWEEP_EVERY = 256
 #: Seconds after which a primer that never said it ended no longer keeps others from writing.
 _LONGEST_PRIME = 120.0
-_TEXT_BLOCKS = ("system", "tools")
 
 
 class Ticket:
@@ -75,7 +74,7 @@ class ServedCache:
         rules = _common_rules(deployments)
         if rules is None:
             return request, None
-        view = _view(request, rules)
+        view = anthropic_view(request, rules)
         if estimate_message_tokens(view.messages, view.params) < LOWEST_MINIMUM:
             return request, None  # the common case of short prompts: no fingerprint
         boundaries = fingerprint(view)
@@ -116,7 +115,7 @@ class ServedCache:
         ttls = legal_ttls([(b.order, "5m") for b, _ in marked], marked_positions(view))
         sent = with_breakpoints(view, [(b.cut, ttl) for (b, _), ttl in zip(marked, ttls, strict=True)])
         reads = chain[deepest][1] if deepest >= 0 else None
-        return (sent if view is request else _native_marked(request, sent)), Ticket(primes, reads)
+        return (sent if view is request else native_marked(request, sent)), Ticket(primes, reads)
 
     def done(self, ticket: Ticket, result: Result | None, deployment: Deployment | None, now: float) -> None:
         """The request's answer is in (None: it was never sent): its groups learn."""
@@ -158,28 +157,6 @@ def _common_rules(deployments: Sequence[Deployment]) -> CacheRules | None:
     assert first is not None
     highest = max(r.minimum for r in found if r is not None)
     return first if highest == first.minimum else dataclasses.replace(first, minimum=highest)
-
-
-def _view(request: Request, rules: CacheRules) -> Request:
-    """What the deployment is sent, as a Request the fingerprint reads: an Anthropic
-    Messages body as written (an Anthropic deployment is sent it as it is), else the
-    request's common fields."""
-    native = request.native
-    if native is None or native.api != "anthropic" or rules.kind != "anthropic":
-        return request
-    body = native.body
-    messages = body.get("messages")
-    params = {key: body[key] for key in _TEXT_BLOCKS if body.get(key)}
-    return dataclasses.replace(request, messages=messages if isinstance(messages, list) else [], params=params)
-
-
-def _native_marked(request: Request, sent: Request) -> Request:
-    """``request`` whose Messages body carries the marks made on its view (:func:`_view`)."""
-    native = request.native
-    assert native is not None
-    body = {**native.body, "messages": list(sent.messages)}
-    body.update({key: sent.params[key] for key in _TEXT_BLOCKS if key in sent.params})
-    return dataclasses.replace(request, native=Native(native.api, body, native.lost))
 
 
 def _own_key(request: Request) -> bool:
