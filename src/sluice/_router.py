@@ -430,9 +430,10 @@ class Router:
             timer = None
             next_back = self._next_back(group, loop.time()) if guarded else math.inf
             holders = [r for r in candidates if r in prefer] if loop.time() < stick_until else []
+            alone = None  # wakes this wait only (not the group's every waiter) at stick_until
             if holders and len(holders) < len(candidates):
                 candidates = holders  # until stick_until: then the race is run again on every one
-                next_back = min(next_back, stick_until)
+                alone = loop.call_at(stick_until, _wake, watcher)
             if next_back < math.inf:
                 timer = loop.call_at(next_back, group.changed)
             won = None
@@ -444,7 +445,9 @@ class Router:
             finally:
                 if timer is not None:
                     timer.cancel()
-                if not watcher.done():  # not left behind in the group's list (a million waits)
+                if alone is not None:
+                    alone.cancel()
+                if not watcher.done() or alone is not None:  # not left behind in the group's list
                     with contextlib.suppress(ValueError):
                         group.watchers.remove(watcher)
             if won is not None:
@@ -599,6 +602,11 @@ class Router:
 
     def route_named(self, label: str) -> Route | None:
         return self._labels.get(label)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 async def _withdraw(waits: Mapping[asyncio.Future[Any], Route], keep: asyncio.Future[Any] | None) -> None:
